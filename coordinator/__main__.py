@@ -1,0 +1,38 @@
+"""`python -m omniload.coordinator`: the coordinator process that `omniload.Job` starts.
+
+Reads the spec as JSON on stdin and the token from OMNILOAD_TOKEN; prints one JSON line
+`{"addr": "HOST:PORT", "job": ID}` on stdout when ranks can connect; exits with the job's code.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from omniload.coordinator.logs import setup_logging
+from omniload.coordinator.server import Coordinator
+from omniload.errors import ConfigError
+from omniload.spec import Spec
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m omniload.coordinator")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--job-id", default=None)
+    args = parser.parse_args()
+    setup_logging()
+    try:
+        spec = Spec.from_dict(json.load(sys.stdin))
+        coordinator = Coordinator(spec, os.environ["OMNILOAD_TOKEN"], args.host, args.port,
+                                  announce=lambda addr: print(json.dumps({"addr": addr}), flush=True),
+                                  job_id=args.job_id, exit_with_parent=True)
+        return coordinator.run()
+    except ConfigError as exc:
+        print(f"omniload: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Find and index every source's files at startup, so bad input fails before any worker runs."""
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from dataclasses import dataclass
+
+from omniload.errors import ConfigError
+from omniload.order import MAX_ORDINAL
+from omniload.spec import Source, Spec
+from omniload.workers.readers import BadFile, Shard, detect_format, index_file
+from omniload.workers.transforms import load_transform
+
+log = logging.getLogger("omniload")
+
+
+@dataclass(frozen=True, slots=True)
+class SourceCatalog:
+    index: int
+    name: str
+    column: str
+    tokenizer: str
+    shards: tuple[Shard, ...]
+    rows: int
+
+
+def build_catalog(spec: Spec) -> list[SourceCatalog]:
+    return [_index_source(i, source, spec) for i, source in enumerate(spec.sources)]
+
+
+def _index_source(index: int, source: Source, spec: Spec) -> SourceCatalog:
+    tokenizer = source.tokenizer or spec.tokenizer
+    try:
+        load_transform(tokenizer)
+    except ConfigError as exc:
+        raise ConfigError(f"source '{source.name}': {exc}") from None
+    shards: list[Shard] = []
+    rows = 0
+    for path in _match_files(source):
+        fmt = source.format if source.format != "auto" else detect_format(path)
+        if fmt is None:
+            raise ConfigError(f"source '{source.name}': cannot tell the format of {path!r} from its name; "
+                              "add format=parquet|jsonl|arrow to the source")
+        try:
+            file_shards = index_file(path, fmt, source.column, rows)
+        except BadFile as exc:
+            if spec.on_bad_file == "stop":
+                raise ConfigError(f"source '{source.name}': {path}: {exc} (the job stops on a bad file; "
+                                  "--on-bad-file skip skips it instead)") from None
+            log.warning("source '%s': skipping %s: %s", source.name, path, exc)
+            continue
+        shards.extend(file_shards)
+        rows += sum(s.rows for s in file_shards)
+    if rows == 0:
+        raise ConfigError(f"source '{source.name}': its files hold no rows")
+    if rows >= MAX_ORDINAL:
+        raise ConfigError(f"source '{source.name}': {rows} rows exceed the limit of {MAX_ORDINAL}; split the source")
+    return SourceCatalog(index, source.name, source.column, tokenizer, tuple(shards), rows)
+
+
+def _match_files(source: Source) -> list[str]:
+    files: set[str] = set()
+    for pattern in source.path:
+        matched = [p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p)]
+        if not matched:
+            raise ConfigError(f"source '{source.name}': no files match '{pattern}'")
+        files.update(matched)
+    return sorted(files)

@@ -1,0 +1,366 @@
+"""The coordinator: one asyncio process per job.
+
+It reads top to bottom: index sources and fork the worker pool (before the loop) -> bind and
+announce -> plan steps ahead of the slowest rank while serving ranks -> shut down (close
+connections, stop workers, unlink rings). A second Ctrl-C forces the exit.
+
+Rank sessions: STARTING (HELLO with the token within the handshake timeout) -> SERVING
+(batches while the rank has credit; each ACK returns a credit and moves the rank's consumed
+position) -> CLOSED. A reconnecting rank resumes after the last step it acknowledged.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import signal
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from omniload.errors import ConfigError, OmniloadError, ProtocolError, SourceFailed
+from omniload.layout import Layout
+from omniload.protocol import FrameDecoder, Kind, Message, encode
+from omniload.spec import Spec
+from omniload.workers.ring import remove_stale_segments
+
+from omniload.coordinator.batches import encode_batch
+from omniload.coordinator.catalog import build_catalog
+from omniload.coordinator.intake import SourceIntake
+from omniload.coordinator.lanes import assign_lanes
+from omniload.coordinator.pool import WorkerPool
+from omniload.coordinator.stepper import Stepper
+
+log = logging.getLogger("omniload")
+_HANDSHAKE_S = 10.0
+_TICK_S = 0.5
+_RANK_WAIT_WARN_S = 60.0
+_READ_CHUNK = 64 * 1024
+
+
+@dataclass(slots=True)
+class RankState:
+    rank: int
+    dp_rank: int
+    consumed: int = 0  # steps acknowledged
+    sent: int = 0  # steps written to the socket
+    credits: int = 0
+    writer: asyncio.StreamWriter | None = None
+    ended: bool = False
+
+
+@dataclass(slots=True)
+class _Steps:
+    """Planned steps not yet consumed by every rank: step number -> one frame per dp rank."""
+
+    frames: dict[int, list[tuple[bytes, bytes]]] = field(default_factory=dict)
+    planned: int = 0
+    final: int | None = None  # set when the data has ended: the number of steps there are
+
+
+class Coordinator:
+    def __init__(self, spec: Spec, token: str, host: str = "127.0.0.1", port: int = 0,
+                 announce: Callable[[str], None] = print, job_id: str | None = None,
+                 exit_with_parent: bool = False) -> None:
+        self.spec = spec
+        self._token = token.encode()
+        self._host, self._port = host, port
+        self._announce = announce
+        self.job_id = job_id or os.urandom(4).hex()
+        self._parent = os.getppid() if exit_with_parent else None
+        self._ranks: dict[int, RankState] = {}
+        self._steps = _Steps()
+        self._layout: Layout | None = None
+        self._exit_code = 0
+        self._should_exit: asyncio.Event
+        self._progress: asyncio.Event
+        self._world_known: asyncio.Event
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run the job to its end; returns the process exit code. Call with no loop running."""
+        for path in remove_stale_segments():
+            log.info("removed %s, left by a job that died", path.name)
+        catalog = build_catalog(self.spec)
+        budget = self.spec.workers or min(len(catalog), os.cpu_count() or 1)
+        plan = assign_lanes(self.spec.weights(), budget)
+        self._pool = WorkerPool(self.spec, catalog, plan, self.job_id, os.getpid())
+        try:
+            self._intakes = [SourceIntake(src, self._pool.source_rings(src.index), self.spec.seed, self.spec.epochs)
+                             for src in catalog]
+            for worker_id in range(len(plan)):
+                self._pool.start(worker_id, self._cursor_of)
+            log.info("job %s: %d sources, %d workers, %d lanes", self.job_id, len(catalog), len(plan),
+                     sum(self._pool.lane_counts))
+            _run_loop(self._main())
+        finally:
+            self._pool.stop()
+        return self._exit_code
+
+    async def _main(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._should_exit, self._progress, self._world_known = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self._install_signal_handlers(loop)
+        for worker_id, worker in enumerate(self._pool.workers):
+            loop.add_reader(worker.sentinel, self._on_worker_exit, worker_id)
+        server = await asyncio.start_server(self._serve_rank, self._host, self._port)
+        host, port = server.sockets[0].getsockname()[:2]
+        self._announce(f"{_public_host(host)}:{port}")
+        planner = asyncio.create_task(self._plan_loop())
+        ticker = asyncio.create_task(self._tick_loop())
+        try:
+            await self._should_exit.wait()
+        finally:
+            server.close()
+            for task in (planner, ticker):
+                task.cancel()
+            for state in self._ranks.values():
+                if state.writer is not None:
+                    state.writer.close()
+            for worker in self._pool.workers:
+                loop.remove_reader(worker.sentinel)
+            await asyncio.gather(planner, ticker, return_exceptions=True)
+
+    def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
+        def on_signal(signum: int) -> None:
+            if self._should_exit.is_set():
+                log.warning("second %s: exiting now", signal.Signals(signum).name)
+                self._pool.stop()
+                os._exit(130)
+            log.info("%s: shutting down (again to force)", signal.Signals(signum).name)
+            self._exit_code = self._exit_code or 128 + signum
+            self._should_exit.set()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, on_signal, signum)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Stop the job: tell every rank why, exit 2 for bad config and 1 otherwise."""
+        if self._should_exit.is_set():
+            return
+        log.error("%s", exc)
+        self._exit_code = 2 if isinstance(exc, ConfigError) else 1
+        frame = encode(Message(Kind.ERROR, {"message": str(exc)}))
+        for state in self._ranks.values():
+            if state.writer is not None:
+                state.writer.write(frame)
+        self._should_exit.set()
+
+    # -- supervision ------------------------------------------------------------------------
+    def _cursor_of(self, source: int) -> tuple[int, int]:
+        return self._intakes[source].cursor
+
+    def _on_worker_exit(self, worker_id: int) -> None:
+        loop = asyncio.get_running_loop()
+        worker = self._pool.workers[worker_id]
+        loop.remove_reader(worker.sentinel)
+        worker.join(1.0)
+        if worker.exitcode == 0:
+            return  # its lanes are done
+        sources = ", ".join(f"'{s}'" for s in self._pool.sources_of(worker_id))
+        cause = f"worker {worker.pid} for source {sources} {worker.describe_exit()}"
+        if self._pool.restarts[worker_id] >= self.spec.max_restarts:
+            self._fail(SourceFailed(sources.strip("'"), f"{cause}; gave up after {self.spec.max_restarts} "
+                                    "restarts (--max-restarts)"))
+            return
+        self._pool.restarts[worker_id] += 1
+        log.warning("%s; restarting it at the source cursor (restart %d of %d)", cause,
+                    self._pool.restarts[worker_id], self.spec.max_restarts)
+        self._pool.reset_rings(worker_id)
+        replacement = self._pool.start(worker_id, self._cursor_of)
+        loop.add_reader(replacement.sentinel, self._on_worker_exit, worker_id)
+
+    async def _tick_loop(self) -> None:
+        started = time.monotonic()
+        warned = False
+        while True:
+            await asyncio.sleep(_TICK_S)
+            if self._parent is not None and os.getppid() != self._parent:
+                log.error("the launching process is gone; shutting down")
+                self._exit_code = 1
+                self._should_exit.set()
+            if self._layout and not warned and time.monotonic() - started > _RANK_WAIT_WARN_S:
+                missing = sorted(set(range(self._layout.world)) - set(self._ranks))
+                if missing:
+                    log.warning("still waiting for rank(s) %s to connect", missing)
+                    warned = True
+
+    # -- planning ---------------------------------------------------------------------------
+    async def _plan_loop(self) -> None:
+        try:
+            await self._world_known.wait()
+            stepper = Stepper(self.spec, self._intakes, self._layout.dp)
+            while True:
+                while self._steps.planned - self._slowest() >= self.spec.plan_ahead:
+                    self._progress.clear()
+                    await self._progress.wait()
+                step = await stepper.next_step()
+                if step is None:
+                    self._steps.final = self._steps.planned
+                    log.info("data ended after %d steps", self._steps.final)
+                    self._pump_all()
+                    return
+                meta = {"tokens": step.tokens, "dp": self._layout.dp}
+                self._steps.frames[step.number] = [encode_batch(step.number, arrays, meta) for arrays in step.batches]
+                self._steps.planned = step.number + 1
+                self._pump_all()
+        except asyncio.CancelledError:
+            raise
+        except OmniloadError as exc:
+            self._fail(exc)
+        except Exception as exc:  # a bug must stop the job loudly, not hang the ranks
+            log.exception("planner crashed")
+            self._fail(OmniloadError(f"planner crashed: {type(exc).__name__}: {exc}"))
+
+    def _slowest(self) -> int:
+        if self._layout is None or len(self._ranks) < self._layout.world:
+            return 0
+        return min(state.consumed for state in self._ranks.values())
+
+    def _pump_all(self) -> None:
+        for state in self._ranks.values():
+            self._pump(state)
+
+    def _pump(self, state: RankState) -> None:
+        """Send what the rank has credit for; END once it has every step."""
+        writer = state.writer
+        if writer is None or writer.is_closing():
+            return
+        while state.credits > 0 and state.sent < self._steps.planned:
+            head, payload = self._steps.frames[state.sent][state.dp_rank]
+            writer.write(head)
+            writer.write(payload)
+            state.sent += 1
+            state.credits -= 1
+        if self._steps.final is not None and state.sent >= self._steps.final and not state.ended:
+            writer.write(encode(Message(Kind.END, {"steps": self._steps.final})))
+            state.ended = True
+
+    def _forget_consumed(self) -> None:
+        slowest = self._slowest()
+        for number in [n for n in self._steps.frames if n < slowest]:
+            del self._steps.frames[number]
+
+    # -- rank sessions ----------------------------------------------------------------------
+    async def _serve_rank(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        _nodelay(writer)
+        state = None
+        try:
+            inbox = _Inbox(reader)
+            async with asyncio.timeout(_HANDSHAKE_S):
+                hello = await inbox.next()
+            state = self._accept(hello, writer)
+            if state is None:
+                return
+            while (message := await inbox.next()) is not None:
+                if message.kind is not Kind.ACK:
+                    raise ProtocolError(f"unexpected {message.kind.name} from rank {state.rank}")
+                state.consumed = max(state.consumed, int(message.header["step"]) + 1)
+                state.credits += 1
+                self._pump(state)
+                self._forget_consumed()
+                self._progress.set()
+        except (ProtocolError, TimeoutError, KeyError, ValueError, TypeError) as exc:
+            log.warning("dropped connection from %s: %s", peer, exc or type(exc).__name__)
+            writer.write(encode(Message(Kind.ERROR, {"message": f"protocol error: {exc}"})))
+        except ConnectionError:
+            pass
+        finally:
+            if state is not None:
+                state.writer = None
+                if not state.ended and not self._should_exit.is_set():
+                    log.warning("rank %d disconnected after consuming %d steps; it may reconnect", state.rank,
+                                state.consumed)
+                self._maybe_finish()
+            writer.close()
+
+    def _accept(self, hello: Message | None, writer: asyncio.StreamWriter) -> RankState | None:
+        """Check a HELLO; register the rank or answer ERROR and return None."""
+        if hello is None:
+            return None
+        if hello.kind is not Kind.HELLO:
+            raise ProtocolError(f"expected HELLO, got {hello.kind.name}")
+        if not hmac.compare_digest(str(hello.header.get("token", "")).encode(), self._token):
+            return self._refuse(writer, "authentication failed: wrong OMNILOAD_TOKEN")
+        rank, world = int(hello.header["rank"]), int(hello.header["world_size"])
+        try:
+            if self._layout is None:
+                self._layout = Layout(world=world, tp=self.spec.tp, pp=self.spec.pp, cp=self.spec.cp)
+                self._world_known.set()
+            elif world != self._layout.world:
+                raise ConfigError(f"rank {rank} says the world has {world} ranks; earlier ranks said "
+                                  f"{self._layout.world}")
+            dp_rank = self._layout.dp_rank(rank)
+        except ConfigError as exc:
+            self._refuse(writer, str(exc))
+            self._fail(exc)
+            return None
+        state = self._ranks.get(rank)
+        if state is not None and state.writer is not None:
+            return self._refuse(writer, f"rank {rank} is already connected")
+        if state is None:
+            state = self._ranks[rank] = RankState(rank, dp_rank)
+        state.writer, state.sent, state.ended = writer, state.consumed, False
+        state.credits = max(1, int(hello.header.get("credits", 1)))
+        writer.write(encode(Message(Kind.WELCOME, {
+            "job": self.job_id, "fingerprint": self.spec.fingerprint(), "dp": self._layout.dp, "dp_rank": dp_rank,
+            "seq_len": self.spec.seq_len, "rows": self.spec.rows, "resume_step": state.consumed,
+            "sources": [s.name for s in self.spec.sources]})))
+        self._pump(state)
+        return state
+
+    def _refuse(self, writer: asyncio.StreamWriter, message: str) -> None:
+        log.warning("refused a rank: %s", message)
+        writer.write(encode(Message(Kind.ERROR, {"message": message})))
+
+    def _maybe_finish(self) -> None:
+        """The job is done when every rank has been sent END and has hung up."""
+        if self._layout and len(self._ranks) == self._layout.world and all(
+                s.ended and s.writer is None for s in self._ranks.values()):
+            log.info("every rank has its data; exiting")
+            self._should_exit.set()
+
+
+class _Inbox:
+    """Control messages from one rank's stream, decoded by the sans-I/O FrameDecoder."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+        self._decoder = FrameDecoder()
+        self._queued: deque[Message] = deque()
+
+    async def next(self) -> Message | None:
+        """The next message, or None at end of stream."""
+        while not self._queued:
+            data = await self._reader.read(_READ_CHUNK)
+            if not data:
+                if self._decoder.pending:
+                    raise ProtocolError(f"connection closed inside a frame ({self._decoder.pending} bytes pending)")
+                return None
+            self._queued.extend(self._decoder.feed(data))
+        return self._queued.popleft()
+
+
+def _nodelay(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _public_host(host: str) -> str:
+    if host in ("0.0.0.0", "::"):
+        return socket.gethostbyname(socket.gethostname())
+    return host
+
+
+def _run_loop(main) -> None:
+    try:
+        import uvloop
+    except ImportError:  # uvloop is not on every platform; asyncio's loop works the same, slower
+        asyncio.run(main)
+        return
+    uvloop.run(main)

@@ -1,0 +1,158 @@
+"""The rank client: `omniload.connect()` inside a training script.
+
+A background thread receives whole BATCH frames into fresh buffers; tensors are views of
+them (`torch.frombuffer`), so a batch is never copied after the socket. Every batch handed to
+the caller is acknowledged, which returns one credit: the coordinator never sends more than
+`prefetch` batches ahead of what this rank consumed.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+
+from omniload.errors import ConfigError, OmniloadError, ProtocolError
+from omniload.protocol import PREFIX, Kind, Message, encode, parse_header, parse_prefix
+
+_CONNECT_S = 30.0
+_WAIT_WARN_S = 60.0
+_MAX_HEADER = 16 << 20
+_MAX_PAYLOAD = 1 << 40
+_DTYPES = {"int64": torch.int64, "int32": torch.int32, "float32": torch.float32, "uint8": torch.uint8}
+
+
+def connect(addr: str | None = None, token: str | None = None, *, rank: int | None = None,
+            world_size: int | None = None, prefetch: int = 4) -> Loader:
+    """Connect this rank to its job's coordinator.
+
+    Defaults come from the environment that `omniload launch` and torchrun set:
+    OMNILOAD_ADDR, OMNILOAD_TOKEN, RANK and WORLD_SIZE."""
+    addr = addr or os.environ.get("OMNILOAD_ADDR")
+    token = token or os.environ.get("OMNILOAD_TOKEN")
+    if not addr or not token:
+        raise ConfigError("OMNILOAD_ADDR and OMNILOAD_TOKEN are not set: start the job with "
+                          "`omniload launch ... -- CMD`, or pass addr= and token= from `omniload serve`")
+    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    return Loader(addr, token, rank, world_size, prefetch)
+
+
+class Loader:
+    """Iterate to get `dict[str, torch.Tensor]` batches; see the README's batch schema."""
+
+    def __init__(self, addr: str, token: str, rank: int, world_size: int, prefetch: int) -> None:
+        host, _, port = addr.rpartition(":")
+        self.addr, self.rank, self.world_size = addr, rank, world_size
+        try:
+            self._sock = socket.create_connection((host, int(port)), timeout=_CONNECT_S)
+        except (OSError, ValueError) as exc:
+            raise OmniloadError(f"cannot reach the coordinator at {addr}: {exc}") from None
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock.sendall(encode(Message(Kind.HELLO, {"token": token, "rank": rank, "world_size": world_size,
+                                                       "credits": max(1, prefetch)})))
+        kind, header, _ = self._receive_frame()
+        if kind is Kind.ERROR:
+            self._sock.close()
+            raise OmniloadError(f"coordinator at {addr} refused rank {rank}: {header.get('message')}")
+        if kind is not Kind.WELCOME:
+            raise ProtocolError(f"expected WELCOME from {addr}, got {kind.name}")
+        self._sock.settimeout(None)
+        self.info: dict[str, Any] = header
+        self.step: int | None = None  # the last step handed out
+        self.meta: dict[str, Any] = {}
+        self.wait_seconds = 0.0  # time spent waiting for data inside __next__
+        self._inbox: queue.Queue = queue.Queue()
+        self._done = False
+        self._thread = threading.Thread(target=self._receive_loop, name=f"omniload-rank{rank}", daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> Loader:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if self._done:
+            raise StopIteration
+        started = time.perf_counter()
+        item = self._take()
+        self.wait_seconds += time.perf_counter() - started
+        kind, header, payload = item
+        if kind is Kind.END:
+            self._done = True
+            raise StopIteration
+        if kind is Kind.ERROR:
+            self._done = True
+            raise OmniloadError(f"coordinator at {self.addr}: {header.get('message')}")
+        batch = {t["name"]: _tensor(payload, t) for t in header["tensors"]}
+        self.step = header["step"]
+        self.meta = {k: v for k, v in header.items() if k != "tensors"}
+        self._sock.sendall(encode(Message(Kind.ACK, {"step": self.step})))
+        return batch
+
+    def close(self) -> None:
+        self._done = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _take(self) -> tuple:
+        while True:
+            try:
+                item = self._inbox.get(timeout=_WAIT_WARN_S)
+            except queue.Empty:
+                print(f"omniload: rank {self.rank}: no batch from {self.addr} for {_WAIT_WARN_S:.0f}s; "
+                      "still waiting (is a source slow or the coordinator stuck?)", file=sys.stderr)
+                continue
+            if isinstance(item, BaseException):
+                self._done = True
+                raise OmniloadError(f"lost the coordinator at {self.addr}: {item}") from item
+            return item
+
+    def _receive_loop(self) -> None:
+        try:
+            while True:
+                frame = self._receive_frame()
+                self._inbox.put(frame)
+                if frame[0] in (Kind.END, Kind.ERROR):
+                    return
+        except Exception as exc:  # handed to the training thread, which raises it
+            self._inbox.put(exc)
+
+    def _receive_frame(self) -> tuple[Kind, dict[str, Any], bytearray]:
+        prefix = self._receive_exactly(PREFIX.size)
+        kind, header_len, payload_len = parse_prefix(prefix, _MAX_HEADER, _MAX_PAYLOAD)
+        header = parse_header(self._receive_exactly(header_len))
+        return kind, header, self._receive_exactly(payload_len)
+
+    def _receive_exactly(self, size: int) -> bytearray:
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        while view:
+            got = self._sock.recv_into(view)
+            if not got:
+                raise ConnectionError("the coordinator closed the connection")
+            view = view[got:]
+        return buffer
+
+
+def _tensor(payload: bytearray, spec: dict[str, Any]) -> torch.Tensor:
+    dtype = _DTYPES[spec["dtype"]]
+    count = 1
+    for dim in spec["shape"]:
+        count *= dim
+    if count == 0:
+        return torch.empty(spec["shape"], dtype=dtype)
+    return torch.frombuffer(payload, dtype=dtype, count=count, offset=spec["offset"]).view(spec["shape"])

@@ -1,0 +1,115 @@
+"""`omniload.Job`: run a coordinator for a spec from Python, as a child process.
+
+The coordinator runs in a fresh interpreter (never a fork of the caller, which may hold
+torch and threads). The child leaves with its parent: it watches for the parent's death, and
+`stop()` terminates it and removes any shared memory it could not.
+
+    with omniload.Job(spec) as job:
+        subprocess.run(cmd, env={**os.environ, **job.env()})
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import secrets
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from omniload.errors import ConfigError, OmniloadError
+from omniload.spec import Spec
+
+_STOP_S = 15.0
+
+
+class Job:
+    def __init__(self, spec: Spec | dict[str, Any], *, host: str = "127.0.0.1", port: int = 0,
+                 token: str | None = None, startup_timeout: float = 600.0) -> None:
+        self.spec = spec if isinstance(spec, Spec) else Spec.from_dict(spec)
+        self.token = token or secrets.token_hex(16)
+        self.job_id = secrets.token_hex(4)
+        self.addr: str | None = None
+        self._host, self._port = host, port
+        self._startup_timeout = startup_timeout
+        self._process: subprocess.Popen | None = None
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+
+    def start(self) -> Job:
+        """Start the coordinator and wait until ranks can connect; raises ConfigError for bad input."""
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "omniload.coordinator", "--host", self._host, "--port", str(self._port),
+             "--job-id", self.job_id],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**os.environ, "OMNILOAD_TOKEN": self.token}, start_new_session=True)
+        threading.Thread(target=self._relay_stderr, daemon=True).start()
+        self._process.stdin.write(json.dumps(self.spec.to_dict()).encode())
+        self._process.stdin.close()
+        line = self._read_ready_line()
+        self.addr = json.loads(line)["addr"]
+        return self
+
+    def env(self) -> dict[str, str]:
+        """What a rank's environment needs for `omniload.connect()` to find this job."""
+        return {"OMNILOAD_ADDR": self.addr or "", "OMNILOAD_TOKEN": self.token}
+
+    def poll(self) -> int | None:
+        return self._process.poll() if self._process else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._process.wait(timeout)
+
+    def stop(self) -> int:
+        """Shut the coordinator down (SIGTERM, then SIGKILL) and clean up after it."""
+        process = self._process
+        if process is None:
+            return 0
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(_STOP_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        from omniload.workers.ring import job_segments  # not a rank's import: keeps psutil off ranks
+
+        for path in job_segments(self.job_id):
+            path.unlink(missing_ok=True)
+        return process.returncode
+
+    def __enter__(self) -> Job:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _read_ready_line(self) -> str:
+        selector = selectors.DefaultSelector()
+        selector.register(self._process.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + self._startup_timeout
+        while time.monotonic() < deadline:
+            if selector.select(timeout=0.2):
+                line = self._process.stdout.readline().decode()
+                if line:
+                    return line
+            if self._process.poll() is not None:
+                self._process.wait()
+                time.sleep(0.1)  # let the relay thread take the last lines
+                reason = next((l for l in reversed(self._stderr_tail) if "error" in l), None) or \
+                    f"the coordinator exited with code {self._process.returncode} before it was ready"
+                reason = reason.removeprefix("omniload: error: ").removeprefix("omniload: ")
+                error = ConfigError if self._process.returncode == 2 else OmniloadError
+                raise error(reason)
+        self.stop()
+        raise OmniloadError(f"the coordinator was not ready after {self._startup_timeout:.0f}s")
+
+    def _relay_stderr(self) -> None:
+        for raw in self._process.stderr:
+            line = raw.decode(errors="replace")
+            self._stderr_tail.append(line.rstrip())
+            sys.stderr.write(line)
+            sys.stderr.flush()

@@ -1,0 +1,108 @@
+"""The rank <-> coordinator wire protocol, sans I/O: bytes in, messages out.
+
+A frame is a 16-byte prefix, an orjson header and raw payload bytes:
+
+    magic b"OL" | version u8 | kind u8 | header length u32 | payload length u64 | header | payload
+
+Rank -> coordinator: HELLO (token, rank, world size, initial credit), ACK (a consumed step,
+which also returns one credit). Coordinator -> rank: WELCOME, BATCH (tensor layout in the
+header, tensor bytes in the payload), END, ERROR. Either side may send ERROR and close.
+"""
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from omniload.errors import ProtocolError
+
+VERSION = 1
+MAGIC = b"OL"
+PREFIX = struct.Struct("<2sBBIQ")
+MAX_CONTROL_HEADER = 64 * 1024
+
+
+class Kind(enum.IntEnum):
+    HELLO = 1
+    WELCOME = 2
+    BATCH = 3
+    ACK = 4
+    END = 5
+    ERROR = 6
+
+
+@dataclass(slots=True)
+class Message:
+    kind: Kind
+    header: dict[str, Any] = field(default_factory=dict)
+    payload: bytes | bytearray | memoryview = b""
+
+
+def encode_parts(kind: Kind, header: dict[str, Any], payload: bytes | memoryview = b"") -> tuple[bytes, bytes | memoryview]:
+    """Prefix+header as one bytes object and the payload untouched, so big payloads are not copied."""
+    head = orjson.dumps(header)
+    return PREFIX.pack(MAGIC, VERSION, kind, len(head), len(payload)) + head, payload
+
+
+def encode(msg: Message) -> bytes:
+    head, payload = encode_parts(msg.kind, msg.header, msg.payload)
+    return head + bytes(payload)
+
+
+def parse_prefix(data: bytes | bytearray | memoryview, max_header: int, max_payload: int) -> tuple[Kind, int, int]:
+    """Validate a 16-byte prefix; return (kind, header length, payload length)."""
+    magic, version, kind, header_len, payload_len = PREFIX.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError(f"not an omniload frame (magic {bytes(magic)!r})")
+    if version != VERSION:
+        raise ProtocolError(f"protocol version {version} is not supported (this side speaks {VERSION}): "
+                            "install the same omniload version on the ranks and the coordinator")
+    try:
+        kind = Kind(kind)
+    except ValueError:
+        raise ProtocolError(f"unknown frame kind {kind}") from None
+    if header_len > max_header:
+        raise ProtocolError(f"frame header of {header_len} bytes exceeds the limit of {max_header}")
+    if payload_len > max_payload:
+        raise ProtocolError(f"frame payload of {payload_len} bytes exceeds the limit of {max_payload}")
+    return kind, header_len, payload_len
+
+
+def parse_header(data: bytes | bytearray | memoryview) -> dict[str, Any]:
+    try:
+        header = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"frame header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError("frame header must be a JSON object")
+    return header
+
+
+class FrameDecoder:
+    """Incremental decoder: feed any split of the byte stream, get whole messages back."""
+
+    def __init__(self, max_header: int = MAX_CONTROL_HEADER, max_payload: int = 0) -> None:
+        self._buf = bytearray()
+        self._max_header = max_header
+        self._max_payload = max_payload
+
+    def feed(self, data: bytes) -> list[Message]:
+        self._buf += data
+        out: list[Message] = []
+        while len(self._buf) >= PREFIX.size:
+            kind, hlen, plen = parse_prefix(self._buf[: PREFIX.size], self._max_header, self._max_payload)
+            end = PREFIX.size + hlen + plen
+            if len(self._buf) < end:
+                break
+            header = parse_header(self._buf[PREFIX.size : PREFIX.size + hlen])
+            payload = bytes(self._buf[PREFIX.size + hlen : end])
+            del self._buf[:end]
+            out.append(Message(kind, header, payload))
+        return out
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)

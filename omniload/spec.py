@@ -1,0 +1,189 @@
+"""The job spec: what to read, how to mix and pack it, and the parallel layout.
+
+Flags, a YAML/JSON file and Python all build the same frozen `Spec` through `Spec.from_dict`,
+which validates every field and names it in the error. `Spec.to_dict()` is what the launcher
+hands to the coordinator process.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from omniload.errors import ConfigError
+
+FORMATS = ("auto", "parquet", "jsonl", "arrow")
+ON_BAD_FILE = ("stop", "skip")
+_FROZEN = dict(frozen=True, slots=True, kw_only=True)
+
+
+@dataclass(**_FROZEN)
+class Source:
+    """One data source: files matching `path` (a glob, or several), mixed in by `weight`."""
+
+    name: str
+    path: tuple[str, ...]
+    weight: float = 1.0
+    column: str = "text"
+    format: str = "auto"
+    tokenizer: str | None = None  # None: the job's tokenizer
+
+    def __post_init__(self) -> None:
+        if isinstance(self.path, str):
+            object.__setattr__(self, "path", (self.path,))
+        else:
+            object.__setattr__(self, "path", tuple(self.path))
+        if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
+            raise ConfigError(f"source name {self.name!r}: use letters, digits, '-' and '_'")
+        if not self.path or not all(self.path):
+            raise ConfigError(f"source '{self.name}': give a path (a glob of files)")
+        if not math.isfinite(self.weight) or self.weight < 0:
+            raise ConfigError(f"source '{self.name}': weight must be >= 0, got {self.weight}")
+        if self.format not in FORMATS:
+            raise ConfigError(f"source '{self.name}': format must be one of {FORMATS}, got {self.format!r}")
+
+
+@dataclass(**_FROZEN)
+class Spec:
+    """Everything that decides which batches a job yields (plus a few runtime knobs)."""
+
+    sources: tuple[Source, ...]
+    seq_len: int = 2048
+    rows: int = 1
+    tokenizer: str = "bytes"
+    workers: int = 0  # total worker processes; 0: one per source, at most the CPU count
+    seed: int = 0
+    epochs: int = 1  # passes over each source; 0: repeat with a new shuffle forever
+    steps: int = 0  # stop after this many steps; 0: when every source is exhausted
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    on_bad_file: str = "stop"
+    ring_mb: int = 16
+    plan_ahead: int = 8
+    max_restarts: int = 3
+    worker_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sources", tuple(self.sources))
+        if not self.sources:
+            raise ConfigError("no sources: give at least one --source NAME=GLOB")
+        names = [s.name for s in self.sources]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError(f"source names must be unique, repeated: {', '.join(dupes)}")
+        if sum(s.weight for s in self.sources) <= 0:
+            raise ConfigError("source weights are all zero: give at least one source a weight > 0")
+        _at_least("seq_len", self.seq_len, 2)
+        for name, low in [("rows", 1), ("workers", 0), ("epochs", 0), ("steps", 0), ("tp", 1),
+                          ("pp", 1), ("cp", 1), ("ring_mb", 1), ("plan_ahead", 1), ("max_restarts", 0)]:
+            _at_least(name, getattr(self, name), low)
+        if self.on_bad_file not in ON_BAD_FILE:
+            raise ConfigError(f"on_bad_file must be one of {ON_BAD_FILE}, got {self.on_bad_file!r}")
+        if self.worker_timeout <= 0:
+            raise ConfigError(f"worker_timeout must be > 0 seconds, got {self.worker_timeout}")
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp * self.cp
+
+    def weights(self) -> list[float]:
+        total = sum(s.weight for s in self.sources)
+        return [s.weight / total for s in self.sources]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["sources"] = [dict(s, path=list(s["path"])) for s in d["sources"]]
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "spec") -> Spec:
+        data = dict(data)
+        _reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
+        raw_sources = data.pop("sources", None)
+        if not isinstance(raw_sources, (list, tuple)):
+            raise ConfigError(f"{where}: 'sources' must be a list of sources")
+        sources = [parse_source(s, where) for s in raw_sources]
+        return cls(sources=sources, **{k: _coerce(cls, k, v, where) for k, v in data.items()})
+
+    def fingerprint(self) -> str:
+        """A short hash of the fields that decide the data (not runtime knobs)."""
+        keep = {k: v for k, v in self.to_dict().items()
+                if k not in ("workers", "ring_mb", "plan_ahead", "max_restarts", "worker_timeout")}
+        return hashlib.blake2b(orjson.dumps(keep, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()
+
+
+def parse_source(value: str | dict[str, Any] | Source, where: str = "spec") -> Source:
+    """Build a Source from `NAME=GLOB[,weight=W][,column=C][,format=F][,tokenizer=T]` or a dict."""
+    if isinstance(value, Source):
+        return value
+    if isinstance(value, str):
+        head, *options = value.split(",")
+        name, sep, path = head.partition("=")
+        if not sep:
+            raise ConfigError(f"{where}: source {value!r}: expected NAME=GLOB[,weight=W][,column=C]")
+        fields: dict[str, Any] = {"name": name.strip(), "path": path.strip()}
+        for option in options:
+            key, sep, val = option.partition("=")
+            if not sep:
+                raise ConfigError(f"{where}: source '{name}': option {option!r} is not KEY=VALUE")
+            fields[key.strip()] = val.strip()
+        value = fields
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: a source must be a string or a mapping, got {value!r}")
+    value = dict(value)
+    if "path" not in value and "paths" in value:
+        value["path"] = value.pop("paths")
+    label = f"{where}: source '{value.get('name', '?')}'"
+    _reject_unknown(value, {f.name for f in dataclasses.fields(Source)}, label)
+    return Source(**{k: _coerce(Source, k, v, label) for k, v in value.items()})
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON job file into a dict of Spec fields (names as the flags, - or _)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r}: {exc.strerror}") from None
+    import yaml  # JSON is YAML; imported here so ranks never pay for it
+
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML/JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r}: expected a mapping of options at the top")
+    data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    if "source" in data:  # the flag's name, as a list of NAME=GLOB strings
+        data.setdefault("sources", []).extend(data.pop("source"))
+    return data
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    if not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
+
+
+def _reject_unknown(data: dict[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+
+
+def _coerce(cls: type, name: str, value: Any, where: str) -> Any:
+    """Turn strings from flags and files into the field's type, naming the field on failure."""
+    kind = {f.name: f.type for f in dataclasses.fields(cls)}[name]
+    try:
+        if kind == "int" and not isinstance(value, int):
+            return int(value)
+        if kind == "float" and not isinstance(value, float):
+            return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: {name.replace('_', '-')} must be a number, got {value!r}") from None
+    return value

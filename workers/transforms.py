@@ -1,0 +1,72 @@
+"""Transforms turn a shard's values into token arrays (int32), one per value.
+
+`bytes`: UTF-8 bytes as tokens (vocabulary 256). A path to a Hugging Face `tokenizer.json`:
+the `tokenizers` library (extra `omniload[tokenizers]`), no download. `module:function`: the
+user's function, called on each value and returning a sequence of ints. Values that are
+already token arrays (a list<int> column) pass through whatever the transform.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from omniload.errors import ConfigError
+
+Transform = Callable[[Sequence[object]], list[np.ndarray]]
+
+
+def load_transform(name: str) -> Transform:
+    """Resolve a tokenizer name; raises ConfigError saying what to fix."""
+    if name == "bytes":
+        return _bytes_transform
+    if name.endswith(".json"):
+        return _hf_transform(name)
+    module, sep, func = name.partition(":")
+    if not sep or not module or not func:
+        raise ConfigError(f"tokenizer {name!r}: expected 'bytes', a tokenizer.json path or module:function")
+    try:
+        fn = getattr(importlib.import_module(module), func)
+    except ImportError as exc:
+        raise ConfigError(f"tokenizer {name!r}: cannot import module '{module}': {exc}") from None
+    except AttributeError:
+        raise ConfigError(f"tokenizer {name!r}: module '{module}' has no function '{func}'") from None
+    return _per_value(fn)
+
+
+def _bytes_transform(values: Sequence[object]) -> list[np.ndarray]:
+    return [v if isinstance(v, np.ndarray) else np.frombuffer(_text(v).encode("utf-8"), np.uint8).astype(np.int32)
+            for v in values]
+
+
+def _hf_transform(path: str) -> Transform:
+    if not os.path.isfile(path):
+        raise ConfigError(f"tokenizer file {path!r} does not exist")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ConfigError(f"tokenizer {path!r} needs the tokenizers library: pip install 'omniload[tokenizers]'") from None
+    try:
+        tokenizer = Tokenizer.from_file(path)
+    except Exception as exc:  # the library raises plain Exception for malformed files
+        raise ConfigError(f"tokenizer file {path!r} cannot be loaded: {exc}") from None
+
+    def transform(values: Sequence[object]) -> list[np.ndarray]:
+        texts = [_text(v) for v in values if not isinstance(v, np.ndarray)]
+        encoded = iter(tokenizer.encode_batch(texts, add_special_tokens=False))
+        return [v if isinstance(v, np.ndarray) else np.asarray(next(encoded).ids, dtype=np.int32) for v in values]
+
+    return transform
+
+
+def _per_value(fn: Callable[[object], Sequence[int]]) -> Transform:
+    def transform(values: Sequence[object]) -> list[np.ndarray]:
+        return [v if isinstance(v, np.ndarray) else np.asarray(fn(v), dtype=np.int32).reshape(-1) for v in values]
+
+    return transform
+
+
+def _text(value: object) -> str:
+    return "" if value is None else value if isinstance(value, str) else str(value)

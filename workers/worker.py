@@ -1,0 +1,136 @@
+"""The source-worker process: read shards, transform, write records into its rings.
+
+A worker serves one or more lanes; a lane is one source's share of shards (see
+omniload.order) with its own ring. The worker never blocks on one full ring while another
+has room, so a worker serving several sources cannot stall the coordinator. It exits when
+its lanes are done, when its parent is gone, or (killed) when the coordinator stops it.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from omniload.order import row_permutation, shard_at
+from omniload.workers.readers import BadFile, Shard, read_shard
+from omniload.workers.records import doc_record, error_record, skip_record
+from omniload.workers.ring import RecordTooLarge, Ring
+from omniload.workers.transforms import Transform, load_transform
+
+_BURST = 64  # records per lane before the worker looks at its other lanes
+_IDLE_MIN_S, _IDLE_MAX_S = 50e-6, 5e-3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaneConfig:
+    source_index: int
+    source_name: str
+    column: str
+    tokenizer: str
+    lane: int
+    num_lanes: int
+    ring_path: str
+    shards: tuple[Shard, ...]
+    seed: int
+    epochs: int  # 0: forever
+    start_g: int  # the first global shard number this lane produces
+    start_row: int  # row to start at within start_g (non-zero after a restart)
+    skip_bad_files: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerConfig:
+    worker_id: int
+    lanes: tuple[LaneConfig, ...]
+
+
+def run_worker(config: WorkerConfig) -> None:
+    """Process entry point (forked by the coordinator's pool)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the coordinator's to handle
+    _die_with_parent()
+    parent = os.getppid()
+    rings = [Ring.attach(Path(lane.ring_path)) for lane in config.lanes]
+    producers = [_produce(lane) for lane in config.lanes]
+    pending: list[tuple | None] = [None] * len(producers)
+    live = list(range(len(producers)))
+    idle = _IDLE_MIN_S
+    while live:
+        progressed = False
+        for i in list(live):
+            for _ in range(_BURST):
+                if pending[i] is None:
+                    pending[i] = next(producers[i], None)
+                    if pending[i] is None:
+                        live.remove(i)
+                        break
+                if not _write(rings[i], pending[i], config.lanes[i]):
+                    break
+                pending[i] = None
+                progressed = True
+        if not progressed:
+            if os.getppid() != parent:
+                return  # the coordinator is gone; nobody will read
+            time.sleep(idle)
+            idle = min(idle * 2, _IDLE_MAX_S)
+        else:
+            idle = _IDLE_MIN_S
+    for ring in rings:
+        ring.close()
+
+
+def _write(ring: Ring, record: tuple, lane: LaneConfig) -> bool:
+    try:
+        return ring.try_write(*record)
+    except RecordTooLarge as exc:
+        return ring.try_write(*error_record(0, 0, f"{exc}: raise --ring-mb (now {ring.capacity >> 20} MB)"))
+
+
+def _produce(lane: LaneConfig) -> Iterator[tuple]:
+    """Records of this lane in the source's deterministic order, from (start_g, start_row)."""
+    transform = load_transform(lane.tokenizer)
+    num_shards = len(lane.shards)
+    end = lane.epochs * num_shards if lane.epochs else None
+    g, first_row = lane.start_g, lane.start_row
+    while end is None or g < end:
+        epoch, index = shard_at(g, num_shards, lane.seed, lane.source_index)
+        shard = lane.shards[index]
+        order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index)[first_row:]
+        try:
+            values = read_shard(shard, lane.column)
+        except BadFile as exc:
+            message = f"{shard.file}: {exc}"
+            if not lane.skip_bad_files:
+                yield error_record(g, first_row, message)
+                return
+            yield skip_record(g, first_row, shard.rows - first_row, message)
+        else:
+            try:
+                tokens = _transform(transform, [values[i] for i in order])
+            except Exception as exc:  # the user's transform; its error must reach the user
+                yield error_record(g, first_row, f"{shard.file}: transform failed: {type(exc).__name__}: {exc}")
+                return
+            for row, (i, doc) in enumerate(zip(order, tokens), start=first_row):
+                yield doc_record(g, row, shard.first_ordinal + int(i), doc)
+        g += lane.num_lanes
+        first_row = 0
+
+
+def _transform(transform: Transform, values: list) -> list[np.ndarray]:
+    tokens = transform(values)
+    if len(tokens) != len(values):
+        raise ValueError(f"returned {len(tokens)} results for {len(values)} values")
+    return [np.ascontiguousarray(t, dtype=np.int32) for t in tokens]
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when its parent dies, even mid-transform."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the parent check in the idle loop still ends the worker
