@@ -1,0 +1,175 @@
+"""`omniload launch | serve | demo`.
+
+Every spec option maps onto one `Spec` field (same name in `--config` files, also settable as
+OMNILOAD_<NAME>); a flag given on the command line overrides the file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from omniload.errors import ConfigError, OmniloadError
+from omniload.spec import Spec, load_config, parse_source
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Spec) if f.name != "sources"}
+_CHILD_STOP_S = 10.0
+
+_SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [
+    ("--seq-len", dict(type=int, help="Tokens per row.")),
+    ("--rows", dict(type=int, help="Rows per batch on each data-parallel rank.")),
+    ("--tokenizer", dict(help="'bytes', a tokenizer.json path, or module:function.")),
+    ("--workers", dict(type=int, help="Total source-worker processes (0: one per source, at most the CPU count).")),
+    ("--seed", dict(type=int, help="Seed of every shuffle: same seed, spec and files give the same batches.")),
+    ("--epochs", dict(type=int, help="Passes over each source (0: repeat forever, reshuffled).")),
+    ("--steps", dict(type=int, help="Stop after this many steps (0: when the data ends).")),
+    ("--tp", dict(type=int, help="Tensor-parallel size.")),
+    ("--pp", dict(type=int, help="Pipeline-parallel size.")),
+    ("--cp", dict(type=int, help="Context-parallel size.")),
+    ("--on-bad-file", dict(type=click.Choice(["stop", "skip"]), help="Stop the job at an unreadable file, or skip it.")),
+    ("--ring-mb", dict(type=int, help="Shared-memory ring size per worker lane, in MB.")),
+    ("--plan-ahead", dict(type=int, help="Steps planned ahead of the slowest rank.")),
+    ("--max-restarts", dict(type=int, help="Restarts of a crashed worker before the job fails.")),
+    ("--worker-timeout", dict(type=float, help="Seconds without a sample from a source before the job fails.")),
+]
+
+
+def spec_options(command: Callable) -> Callable:
+    for flag, kwargs in reversed(_SPEC_OPTIONS):
+        field = flag[2:].replace("-", "_")
+        kwargs = dict(kwargs, default=None, envvar=f"OMNILOAD_{field.upper()}")
+        kwargs["help"] = f"{kwargs['help']}  [default: {_DEFAULTS[field]}]"
+        command = click.option(flag, field, **kwargs)(command)
+    command = click.option("--source", "sources", multiple=True, metavar="NAME=GLOB[,weight=W][,column=C]",
+                           help="A data source; repeat for several. Options: weight, column, format, tokenizer.")(command)
+    return click.option("--config", "config", type=click.Path(dir_okay=False),
+                        help="YAML/JSON file with the same options; flags override it.")(command)
+
+
+def build_spec(config: str | None, sources: tuple[str, ...], options: dict[str, Any]) -> Spec:
+    data = load_config(config) if config else {}
+    where = f"config file {config!r}" if config else "flags"
+    if sources:
+        data["sources"] = [parse_source(s, "--source") for s in sources]
+    data.update({k: v for k, v in options.items() if v is not None})
+    data["sources"] = [dataclasses.asdict(parse_source(s, where)) for s in data.get("sources", [])]
+    return Spec.from_dict(data, where)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.version_option(package_name="omniload")
+def main() -> None:
+    """omniload: one data coordinator per training job."""
+
+
+@main.command(context_settings={"ignore_unknown_options": False})
+@spec_options
+@click.option("--host", default="127.0.0.1", help="Address the coordinator listens on.")
+@click.option("--port", default=0, type=int, help="Port (0: any free port).")
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+def launch(config: str | None, sources: tuple[str, ...], host: str, port: int, cmd: tuple[str, ...],
+           **options: Any) -> None:
+    """Start the coordinator, run CMD (e.g. torchrun ...) beside it, stop it when CMD exits.
+
+    CMD gets OMNILOAD_ADDR and OMNILOAD_TOKEN in its environment; the exit code is CMD's."""
+    spec = _or_exit(lambda: build_spec(config, sources, options))
+    sys.exit(run_launch(spec, list(cmd), host=host, port=port))
+
+
+@main.command()
+@spec_options
+@click.option("--host", default="0.0.0.0", help="Address to listen on (reachable by every node).")
+@click.option("--port", default=0, type=int, help="Port (0: any free port).")
+def serve(config: str | None, sources: tuple[str, ...], host: str, port: int, **options: Any) -> None:
+    """Run the coordinator alone (multi-node jobs); prints OMNILOAD_ADDR and OMNILOAD_TOKEN for the ranks."""
+    from omniload.coordinator.logs import setup_logging
+    from omniload.coordinator.server import Coordinator
+
+    spec = _or_exit(lambda: build_spec(config, sources, options))
+    token = os.environ.get("OMNILOAD_TOKEN") or secrets.token_hex(16)
+    setup_logging()
+
+    def announce(addr: str) -> None:
+        click.echo(f"OMNILOAD_ADDR={addr}\nOMNILOAD_TOKEN={token}")
+        sys.stdout.flush()
+
+    sys.exit(_or_exit(lambda: Coordinator(spec, token, host, port, announce=announce).run()))
+
+
+@main.command()
+@click.option("--steps", default=40, type=int, help="Training steps.")
+@click.option("--nproc", default=2, type=int, help="Ranks (torchrun --nproc_per_node).")
+@click.option("--dir", "directory", default=None, help="Where the generated corpus goes [default: ~/.cache/omniload/demo].")
+def demo(steps: int, nproc: int, directory: str | None) -> None:
+    """Generate a small corpus and train a tiny GPT on it with torchrun through omniload (CPU)."""
+    from omniload.demo.corpus import demo_spec, make_corpus
+
+    root = make_corpus(directory)
+    spec = demo_spec(root, steps=steps)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "omniload.demo.train"]
+    click.echo(f"omniload demo: corpus in {root}; {nproc} ranks, {steps} steps", err=True)
+    sys.exit(run_launch(spec, cmd))
+
+
+def run_launch(spec: Spec, cmd: list[str], host: str = "127.0.0.1", port: int = 0) -> int:
+    """Run CMD beside a coordinator for `spec`; returns CMD's exit code (or the coordinator's, if it failed)."""
+    from omniload.job import Job
+
+    job = Job(spec, host=host, port=port)
+    _or_exit(job.start, quiet=True)  # the coordinator has printed the reason
+    child = None
+    try:
+        child = subprocess.Popen(cmd, env={**os.environ, **job.env()})
+        while (code := child.poll()) is None:
+            coordinator = job.poll()
+            if coordinator not in (None, 0):
+                click.echo(f"omniload: the coordinator exited with code {coordinator}; stopping {cmd[0]}", err=True)
+                _stop_child(child)
+                return coordinator
+            time.sleep(0.2)
+        return code if code >= 0 else 128 - code
+    except KeyboardInterrupt:
+        if child is not None:  # it got the same Ctrl-C; give it time to exit on its own
+            _stop_child(child)
+        return 130
+    except FileNotFoundError:
+        click.echo(f"omniload: error: command not found: {cmd[0]}", err=True)
+        return 127
+    finally:
+        job.stop()
+
+
+def _stop_child(child: subprocess.Popen) -> None:
+    try:
+        child.wait(_CHILD_STOP_S)
+        return
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(_CHILD_STOP_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+def _or_exit(action: Callable[[], Any], quiet: bool = False) -> Any:
+    """Run `action`; turn omniload's errors into a one-line message and exit code (2 for bad input)."""
+    try:
+        return action()
+    except OmniloadError as exc:
+        if not quiet:
+            click.echo(f"omniload: error: {exc}", err=True)
+        sys.exit(exc.exit_code if isinstance(exc, ConfigError) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""A tiny GPT-style model trained through omniload; run by `omniload demo` under torchrun (gloo, CPU).
+
+Attention is causal within each packed segment (built from `cu_seqlens`), and positions come
+from the batch's `position_ids`, as a varlen-attention model would use them. Rank 0 prints
+per step: loss (mean over ranks), tokens/s, and the share of time the ranks waited for data.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import omniload
+
+VOCAB = 256
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1))
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, seq_len: int, dim: int = 96, layers: int = 2, heads: int = 4) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(VOCAB, dim), nn.Embedding(seq_len, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.head = nn.Linear(dim, VOCAB)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        rows, seq_len = input_ids.shape
+        x = self.tok(input_ids) + self.pos(position_ids)
+        mask = segment_causal_mask(cu_seqlens, rows, seq_len)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(x)
+
+
+def segment_causal_mask(cu_seqlens: torch.Tensor, rows: int, seq_len: int) -> torch.Tensor:
+    """[rows, seq, seq] bool: position i may attend to j iff same segment and j <= i."""
+    flat = torch.arange(rows * seq_len)
+    segment = (torch.searchsorted(cu_seqlens.long(), flat, right=True) - 1).view(rows, seq_len)
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+    return (segment.unsqueeze(2) == segment.unsqueeze(1)) & causal
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
+    loader = omniload.connect()
+    model = nn.parallel.DistributedDataParallel(TinyGPT(loader.info["seq_len"]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses: list[float] = []
+    started = last = time.perf_counter()
+    for step, batch in enumerate(loader):
+        logits = model(batch["input_ids"], batch["position_ids"], batch["cu_seqlens"])
+        loss = F.cross_entropy(logits.view(-1, VOCAB), batch["labels"].view(-1), ignore_index=-100)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        figures = torch.tensor([loss.item(), float((batch["labels"] != -100).sum()), loader.wait_seconds])
+        dist.all_reduce(figures)
+        now = time.perf_counter()
+        losses.append(figures[0].item() / world)
+        if rank == 0:
+            print(f"step {step:3d}  loss {losses[-1]:.3f}  tokens/s {figures[1].item() / (now - last):8.0f}  "
+                  f"data wait {figures[2].item() / world / (now - started):.1%}", flush=True)
+        last = now
+    if rank == 0 and losses:
+        k = max(1, len(losses) // 5)
+        first, final = sum(losses[:k]) / k, sum(losses[-k:]) / k
+        print(f"demo: {len(losses)} steps, loss {first:.3f} -> {final:.3f} "
+              f"({'decreased' if final < first else 'did NOT decrease'})", flush=True)
+    loader.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
