@@ -1,0 +1,86 @@
+"""The shared-memory ring with a real producer process."""
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import time
+
+import pytest
+
+from omniload.workers.ring import RecordTooLarge, Ring, segment_path
+
+pytestmark = pytest.mark.timeout(60)
+_CAPACITY = 4096
+
+
+def _payload(i: int) -> bytes:
+    # sizes sweep from 0 to well over half the ring, so records wrap at every offset
+    size = (i * 397) % 2900
+    return hashlib.blake2b(str(i).encode()).digest()[:8] * (size // 8) + bytes(size % 8)
+
+
+def _produce(path: str, count: int, crash_after: int | None) -> None:
+    ring = Ring.attach(path)
+    for i in range(count):
+        if i == crash_after:
+            ring._publish = lambda write: os._exit(3)  # dies after copying, before publishing
+        while not ring.try_write(_payload(i)):
+            time.sleep(0.0001)
+
+
+@pytest.fixture
+def ring():
+    ring = Ring.create(segment_path(os.getpid(), "test", f"ring{time.monotonic_ns()}"), _CAPACITY)
+    yield ring
+    ring.close()
+    ring.unlink()
+
+
+def _consume(ring: Ring, producer: multiprocessing.Process) -> list[bytes]:
+    got = []
+    while True:
+        data = ring.read()
+        if data is not None:
+            got.append(data)
+        elif not producer.is_alive():
+            if ring.read() is None and ring.used() == 0:
+                return got
+        else:
+            time.sleep(0.0001)
+
+
+def test_consumer_sees_every_record_once_in_order_across_wrap_around(ring):
+    producer = multiprocessing.get_context("fork").Process(target=_produce, args=(str(ring.path), 500, None))
+    producer.start()
+    got = _consume(ring, producer)
+    producer.join()
+    assert producer.exitcode == 0
+    assert got == [_payload(i) for i in range(500)]
+    assert max(len(g) for g in got) > _CAPACITY // 2
+
+
+def test_producer_crash_mid_record_leaves_no_partial_record(ring):
+    producer = multiprocessing.get_context("fork").Process(target=_produce, args=(str(ring.path), 100, 37))
+    producer.start()
+    got = _consume(ring, producer)
+    producer.join()
+    assert producer.exitcode == 3
+    assert got == [_payload(i) for i in range(37)]
+    ring.reset()  # what the coordinator does before starting a replacement
+    assert ring.read() is None and ring.try_write(b"fresh") and ring.read() == b"fresh"
+
+
+def test_full_ring_refuses_instead_of_dropping(ring):
+    written = 0
+    while ring.try_write(b"x" * 1000):
+        written += 1
+    assert written == _CAPACITY // 1008
+    assert [len(ring.read()) for _ in range(written)] == [1000] * written
+    assert ring.read() is None
+
+
+def test_record_larger_than_the_ring_is_an_error(ring):
+    assert ring.try_write(b"y" * (_CAPACITY - 8))
+    with pytest.raises(RecordTooLarge, match="does not fit a ring"):
+        ring.try_write(b"z" * _CAPACITY)

@@ -1,0 +1,54 @@
+"""Run a real job with real rank processes and collect what each rank saw."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+import omniload
+
+PROBE = Path(__file__).parent / "rank_probe.py"
+ROOT = Path(__file__).parent.parent
+
+
+def start_ranks(job: omniload.Job, world: int, out_dir: Path, max_steps: int = 0,
+                env: dict[str, str] | None = None) -> list[tuple[subprocess.Popen, Path]]:
+    ranks = []
+    for rank in range(world):
+        out = out_dir / f"rank{rank}-{os.urandom(3).hex()}.json"
+        process = subprocess.Popen([sys.executable, str(PROBE), str(out), str(max_steps)],
+                                   env={**os.environ, **job.env(), "RANK": str(rank), "WORLD_SIZE": str(world),
+                                        **(env or {})},
+                                   stderr=subprocess.PIPE, text=True)
+        ranks.append((process, out))
+    return ranks
+
+
+def collect(ranks: list[tuple[subprocess.Popen, Path]], timeout: float = 90) -> list[dict[str, Any]]:
+    results = []
+    for process, out in ranks:
+        _, stderr = process.communicate(timeout=timeout)
+        assert process.returncode == 0, f"rank exited {process.returncode}: {stderr[-2000:]}"
+        results.append(json.loads(out.read_text()))
+    return results
+
+
+def run_ranks(spec: dict[str, Any], world: int, out_dir: Path, max_steps: int = 0) -> list[dict[str, Any]]:
+    with omniload.Job(spec) as job:
+        return collect(start_ranks(job, world, out_dir, max_steps))
+
+
+def workers_of(job: omniload.Job) -> list[psutil.Process]:
+    """The coordinator's worker processes (children of its forkserver)."""
+    coordinator = psutil.Process(job._process.pid)
+    return [p for server in coordinator.children() for p in server.children()]
+
+
+def omniload_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "omniload.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=ROOT)

@@ -1,0 +1,63 @@
+import pytest
+
+from omniload.coordinator.lanes import assign_lanes, lanes_per_source
+from omniload.errors import ConfigError
+from omniload.layout import Layout
+from omniload.order import first_shard_of_lane, lane_of, row_permutation, sample_id, shard_at, shard_permutation
+
+
+def test_budget_goes_to_heavier_sources():
+    assert lanes_per_source([0.6, 0.3, 0.1], 6) == [3, 2, 1]
+    assert sum(lanes_per_source([0.5, 0.25, 0.25], 11)) == 11
+    assert lanes_per_source([1, 1, 1], 2) == [1, 1, 1]
+
+
+def test_fewer_workers_than_sources_share_workers():
+    weights = [0.4] + [0.02] * 30
+    workers = assign_lanes(weights, 4)
+    assert len(workers) == 4
+    lanes = sorted(lane for w in workers for lane in w)
+    assert lanes == [(s, 0) for s in range(31)]
+    assert workers[0] == [(0, 0)]  # the heavy source gets a worker to itself
+
+
+def test_one_lane_per_worker_when_budget_allows():
+    workers = assign_lanes([0.6, 0.3, 0.1], 6)
+    assert sorted(w[0] for w in workers) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0)]
+
+
+def test_lanes_partition_global_shard_numbers():
+    for lanes in (1, 2, 3, 5):
+        owned = {lane: [g for g in range(40) if lane_of(g, lanes) == lane] for lane in range(lanes)}
+        assert sorted(g for gs in owned.values() for g in gs) == list(range(40))
+        for lane, gs in owned.items():
+            for start in range(40):
+                first = first_shard_of_lane(lane, lanes, start)
+                assert first >= start and lane_of(first, lanes) == lane and first - start < lanes
+
+
+def test_permutations_are_seeded_per_epoch_and_source():
+    assert (shard_permutation(10, 7, 0, 0) == shard_permutation(10, 7, 0, 0)).all()
+    assert sorted(shard_permutation(10, 7, 0, 1)) == list(range(10))
+    assert (shard_permutation(50, 7, 0, 0) != shard_permutation(50, 7, 0, 1)).any()
+    assert (shard_permutation(50, 7, 0, 0) != shard_permutation(50, 7, 1, 0)).any()
+    assert (row_permutation(50, 7, 0, 0, 3) != row_permutation(50, 7, 0, 0, 4)).any()
+    epoch, shard = shard_at(23, 10, 7, 0)
+    assert epoch == 2 and shard == shard_permutation(10, 7, 0, 2)[3]
+
+
+def test_sample_ids_are_distinct_across_sources_ordinals_and_chunks():
+    ids = {sample_id(s, o, c) for s in range(3) for o in (0, 1, 2**39) for c in (0, 1, 4095)}
+    assert len(ids) == 27 and all(0 <= i < 2**63 for i in ids)
+
+
+def test_megatron_rank_order():
+    layout = Layout(world=16, tp=2, cp=2, pp=2)
+    assert layout.dp == 2
+    # tp fastest, then cp, then dp, then pp
+    assert [layout.dp_rank(r) for r in range(16)] == [0, 0, 0, 0, 1, 1, 1, 1] * 2
+
+
+def test_world_not_divisible_by_the_layout():
+    with pytest.raises(ConfigError, match="world size 6 is not divisible by tp\\*pp\\*cp = 4\\*1\\*1 = 4"):
+        Layout(world=6, tp=4)
