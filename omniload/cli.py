@@ -136,6 +136,8 @@ def run_launch(spec: Spec, cmd: list[str], host: str = "127.0.0.1", port: int = 
                 _stop_child(child)
                 return coordinator
             time.sleep(0.2)
+        if code != 0 and _wait_quietly(job, _CHILD_STOP_S) == ConfigError.exit_code:
+            return ConfigError.exit_code  # CMD failed because the job's config is bad: say so
         return code if code >= 0 else 128 - code
     except KeyboardInterrupt:
         if child is not None:  # it got the same Ctrl-C; give it time to exit on its own
@@ -146,6 +148,13 @@ def run_launch(spec: Spec, cmd: list[str], host: str = "127.0.0.1", port: int = 
         return 127
     finally:
         job.stop()
+
+
+def _wait_quietly(job: Any, timeout: float) -> int | None:
+    try:
+        return job.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _stop_child(child: subprocess.Popen) -> None:

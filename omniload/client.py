@@ -22,6 +22,7 @@ from omniload.protocol import PREFIX, Kind, Message, encode, parse_header, parse
 
 _CONNECT_S = 30.0
 _WAIT_WARN_S = 60.0
+_CLOSE_S = 5.0
 _MAX_HEADER = 16 << 20
 _MAX_PAYLOAD = 1 << 40
 _DTYPES = {"int64": torch.int64, "int32": torch.int32, "float32": torch.float32, "uint8": torch.uint8}
@@ -95,11 +96,13 @@ class Loader:
         return batch
 
     def close(self) -> None:
+        """Hang up gracefully: the coordinator reads every ACK sent before it sees the end."""
         self._done = True
         try:
-            self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
+        self._thread.join(_CLOSE_S)  # it ends when the coordinator closes its side
         self._sock.close()
 
     def __enter__(self) -> Loader:

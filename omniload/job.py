@@ -37,7 +37,7 @@ class Job:
         self._host, self._port = host, port
         self._startup_timeout = startup_timeout
         self._process: subprocess.Popen | None = None
-        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=20)
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=50)
 
     def start(self) -> Job:
         """Start the coordinator and wait until ranks can connect; raises ConfigError for bad input."""
@@ -56,6 +56,10 @@ class Job:
     def env(self) -> dict[str, str]:
         """What a rank's environment needs for `omniload.connect()` to find this job."""
         return {"OMNILOAD_ADDR": self.addr or "", "OMNILOAD_TOKEN": self.token}
+
+    def log_tail(self) -> list[str]:
+        """The coordinator's last lines of log (it also relays them to this process's stderr)."""
+        return list(self._stderr_tail)
 
     def poll(self) -> int | None:
         return self._process.poll() if self._process else None

@@ -1,12 +1,15 @@
 """A rank process for the tests: consume a job and write what it saw as JSON.
 
-Usage: python tests/rank_probe.py OUT.json [MAX_STEPS]   (OMNILOAD_*, RANK, WORLD_SIZE from env)
+Usage: python tests/rank_probe.py OUT.json [MAX_STEPS]   (OMNILOAD_*, RANK, WORLD_SIZE from env;
+PROBE_STEP_S: seconds each step takes, like a training step)
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
+import time
 
 import omniload
 
@@ -14,8 +17,10 @@ import omniload
 def main() -> None:
     out, max_steps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0
     loader = omniload.connect()
+    step_seconds = float(os.environ.get("PROBE_STEP_S", 0))
     hashes, sample_ids, source_tokens, steps = [], [], {}, []
     for batch in loader:
+        time.sleep(step_seconds)
         digest = hashlib.blake2b(digest_size=16)
         for name in sorted(batch):
             digest.update(name.encode() + batch[name].numpy().tobytes())

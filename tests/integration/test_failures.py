@@ -1,0 +1,103 @@
+"""Failure modes as ordinary cases: dead workers, stuck transforms, bad clients (invariants 2 and 4)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import pytest
+import torch
+
+import omniload
+from tests.corpus import mixed_sources
+from tests.jobs import ROOT, collect, run_ranks, start_ranks, workers_of
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+def importable_tests(monkeypatch):
+    """Workers import the user's transform module; make `tests.*` importable there."""
+    monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+
+
+def test_killed_worker_is_replaced_with_nothing_lost_or_repeated(corpus, tmp_path, importable_tests):
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "seed": 2, "epochs": 0,
+            "steps": 80, "tokenizer": "tests.transforms_for_tests:slow_bytes", "ring_mb": 1}
+    reference = run_ranks(spec, world=2, out_dir=tmp_path)
+    with omniload.Job(spec) as job:
+        ranks = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.05"})  # ~4 s of "training"
+        time.sleep(2.0)  # mid-run; with epochs=0 the workers never finish on their own
+        victims = workers_of(job)
+        assert victims, "no worker processes found"
+        for victim in victims[:2]:
+            victim.send_signal(signal.SIGKILL)
+        crashed = collect(ranks)
+    for rank in range(2):
+        assert crashed[rank]["hashes"] == reference[rank]["hashes"], f"rank {rank} saw different data after the crash"
+
+
+def test_worker_that_keeps_exiting_stops_the_job_naming_source_and_exit_code(corpus, tmp_path, importable_tests):
+    sources = mixed_sources(corpus)
+    sources[1]["tokenizer"] = "tests.transforms_for_tests:exit3"
+    spec = {"sources": sources, "seq_len": 64, "workers": 3, "max_restarts": 1}
+    with omniload.Job(spec) as job:
+        assert job.wait(60) == 1
+        log = "\n".join(job.log_tail())
+    assert "source 'code'" in log and "exited with code 3" in log and "--max-restarts" in log
+
+
+def test_stuck_transform_fails_after_the_worker_timeout(corpus, tmp_path, importable_tests):
+    sources = mixed_sources(corpus)
+    sources[2]["tokenizer"] = "tests.transforms_for_tests:hang"
+    spec = {"sources": sources, "seq_len": 64, "workers": 3, "worker_timeout": 3}
+    with omniload.Job(spec) as job:
+        (rank, out), = start_ranks(job, 1, tmp_path)
+        _, stderr = rank.communicate(timeout=60)
+        assert rank.returncode != 0
+        assert "source 'books'" in stderr and "is a transform stuck" in stderr
+
+
+def test_transform_error_reaches_the_rank_with_file_and_cause(corpus, tmp_path, importable_tests):
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "workers": 3,
+            "tokenizer": "tests.transforms_for_tests:fail_on_seven"}
+    with omniload.Job(spec) as job:
+        (rank, out), = start_ranks(job, 1, tmp_path)
+        _, stderr = rank.communicate(timeout=60)
+        assert "transform failed: ValueError: seven is not allowed" in stderr
+
+
+def test_wrong_token_and_garbage_clients_do_not_disturb_a_good_rank(corpus, tmp_path):
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "steps": 40}
+    reference = run_ranks(spec, world=1, out_dir=tmp_path)
+    with omniload.Job(spec) as job:
+        host, port = job.addr.rsplit(":", 1)
+        garbage = socket.create_connection((host, int(port)))
+        garbage.sendall(b"GET / HTTP/1.1\r\nHost: omniload\r\n\r\n")
+        silent = socket.create_connection((host, int(port)))  # says nothing at all
+        with pytest.raises(omniload.OmniloadError, match="authentication failed"):
+            omniload.connect(job.addr, "not-the-token", rank=0, world_size=1)
+        good = collect(start_ranks(job, 1, tmp_path))
+        assert garbage.recv(4096)[:2] == b"OL"  # an ERROR frame, then the connection is closed
+        assert garbage.recv(4096) == b""
+        garbage.close()
+        silent.close()
+    assert good[0]["hashes"] == reference[0]["hashes"]
+
+
+def test_rank_that_disconnects_resumes_after_its_last_consumed_step(corpus, tmp_path):
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "workers": 3, "steps": 12}
+    with omniload.Job(spec) as job:
+        with omniload.connect(job.addr, job.token, rank=0, world_size=1) as loader:
+            reference = [batch["input_ids"].clone() for batch in loader]
+    with omniload.Job(spec) as job:
+        first = omniload.connect(job.addr, job.token, rank=0, world_size=1, prefetch=4)
+        seen = [next(first)["input_ids"].clone() for _ in range(5)]
+        first.close()  # with batches prefetched but never consumed
+        second = omniload.connect(job.addr, job.token, rank=0, world_size=1)
+        assert second.info["resume_step"] == 5
+        seen += [batch["input_ids"].clone() for batch in second]
+        second.close()
+    assert len(reference) == len(seen) == 12
+    assert all(torch.equal(a, b) for a, b in zip(reference, seen)), "nothing skipped, nothing repeated"
