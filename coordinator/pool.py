@@ -75,6 +75,7 @@ class WorkerPool:
         self._spec = spec
         self._catalog = catalog
         self._plan = plan
+        self._coordinator_pid = coordinator_pid
         self.lane_counts = [sum(1 for w in plan for s, _ in w if s == src.index) for src in catalog]
         capacity = spec.ring_mb << 20
         self.rings: dict[tuple[int, int], Ring] = {}
@@ -104,7 +105,8 @@ class WorkerPool:
                 shards=src.shards, seed=self._spec.seed, epochs=self._spec.epochs,
                 start_g=start_g, start_row=row if start_g == g else 0,
                 skip_bad_files=self._spec.on_bad_file == "skip"))
-        process = WorkerProcess(self._ctx, WorkerConfig(worker_id=worker_id, lanes=tuple(lanes)))
+        process = WorkerProcess(self._ctx, WorkerConfig(worker_id=worker_id, coordinator_pid=self._coordinator_pid,
+                                                         lanes=tuple(lanes)))
         process.start()
         self.workers[worker_id] = process
         return process

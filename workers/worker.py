@@ -3,13 +3,14 @@
 A worker serves one or more lanes; a lane is one source's share of shards (see
 omniload.order) with its own ring. The worker never blocks on one full ring while another
 has room, so a worker serving several sources cannot stall the coordinator. It exits when
-its lanes are done, when its parent is gone, or (killed) when the coordinator stops it.
+its lanes are done, when the coordinator is gone, or (killed) when the coordinator stops it.
 """
 from __future__ import annotations
 
-import ctypes
 import os
+import select
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,14 +48,14 @@ class LaneConfig:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerConfig:
     worker_id: int
+    coordinator_pid: int
     lanes: tuple[LaneConfig, ...]
 
 
 def run_worker(config: WorkerConfig) -> None:
     """Process entry point (forked by the coordinator's pool)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the coordinator's to handle
-    _die_with_parent()
-    parent = os.getppid()
+    _exit_with(config.coordinator_pid)
     rings = [Ring.attach(Path(lane.ring_path)) for lane in config.lanes]
     producers = [_produce(lane) for lane in config.lanes]
     pending: list[tuple | None] = [None] * len(producers)
@@ -74,8 +75,6 @@ def run_worker(config: WorkerConfig) -> None:
                 pending[i] = None
                 progressed = True
         if not progressed:
-            if os.getppid() != parent:
-                return  # the coordinator is gone; nobody will read
             time.sleep(idle)
             idle = min(idle * 2, _IDLE_MAX_S)
         else:
@@ -128,9 +127,28 @@ def _transform(transform: Transform, values: list) -> list[np.ndarray]:
     return [np.ascontiguousarray(t, dtype=np.int32) for t in tokens]
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this worker when its parent dies, even mid-transform."""
+def _exit_with(pid: int) -> None:
+    """End this process as soon as the coordinator `pid` is gone, even mid-transform.
+
+    The worker's parent is the forkserver, which by design outlives the coordinator while
+    any worker lives, so the worker must watch the coordinator itself."""
+    def watch() -> None:
+        try:
+            pidfd = os.pidfd_open(pid)
+            select.select([pidfd], [], [])  # readable when the process exits
+        except (AttributeError, OSError):  # no pidfd (old kernel, not Linux): poll
+            while _alive(pid):
+                time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="omniload-watchdog", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the parent check in the idle loop still ends the worker
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
