@@ -50,6 +50,7 @@ class RankState:
     credits: int = 0
     writer: asyncio.StreamWriter | None = None
     ended: bool = False
+    said_bye: bool = False  # the rank closed on purpose (else it died or lost the network)
 
 
 @dataclass(slots=True)
@@ -257,6 +258,9 @@ class Coordinator:
             if state is None:
                 return
             while (message := await inbox.next()) is not None:
+                if message.kind is Kind.BYE:
+                    state.said_bye = True
+                    continue
                 if message.kind is not Kind.ACK:
                     raise ProtocolError(f"unexpected {message.kind.name} from rank {state.rank}")
                 state.consumed = max(state.consumed, int(message.header["step"]) + 1)
@@ -273,7 +277,7 @@ class Coordinator:
             if state is not None:
                 state.writer = None
                 if not state.ended and not self._should_exit.is_set():
-                    log.warning("rank %d disconnected after consuming %d steps; it may reconnect", state.rank,
+                    (log.info if state.said_bye else log.warning)("rank %d disconnected after consuming %d steps; it may reconnect", state.rank,
                                 state.consumed)
                 self._maybe_finish()
             writer.close()
@@ -304,7 +308,7 @@ class Coordinator:
             return self._refuse(writer, f"rank {rank} is already connected")
         if state is None:
             state = self._ranks[rank] = RankState(rank, dp_rank)
-        state.writer, state.sent, state.ended = writer, state.consumed, False
+        state.writer, state.sent, state.ended, state.said_bye = writer, state.consumed, False, False
         state.credits = max(1, int(hello.header.get("credits", 1)))
         writer.write(encode(Message(Kind.WELCOME, {
             "job": self.job_id, "fingerprint": self.spec.fingerprint(), "dp": self._layout.dp, "dp_rank": dp_rank,

@@ -54,7 +54,7 @@ class Stepper:
             if doc is None:
                 continue
             self.tokens_drawn[source] += len(doc.tokens)
-            fresh.extend(_segments(doc, spec.seq_len))
+            fresh.extend(segments_of(doc, spec.seq_len))
             need -= len(doc.tokens)
         if not fresh and not self.carry:
             return None
@@ -81,7 +81,7 @@ class Stepper:
         return doc
 
 
-def _segments(doc: Doc, seq_len: int) -> list[Segment]:
+def segments_of(doc: Doc, seq_len: int) -> list[Segment]:
     bounds = chunk_bounds(len(doc.tokens), seq_len)
     if len(bounds) > MAX_CHUNKS:
         raise SourceFailed(str(doc.source), f"a document of {len(doc.tokens)} tokens makes more than "

@@ -99,6 +99,7 @@ class Loader:
         """Hang up gracefully: the coordinator reads every ACK sent before it sees the end."""
         self._done = True
         try:
+            self._sock.sendall(encode(Message(Kind.BYE, {"step": self.step})))
             self._sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass

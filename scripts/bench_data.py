@@ -1,0 +1,59 @@
+"""Generated corpora for the benchmarks: K sources of text in parquet, JSON lines and Arrow IPC.
+
+Document lengths are lognormal (median `median_bytes`); words come from a fixed vocabulary so
+text compresses like real text. Written once per (name, size) into the cache folder.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+CACHE = Path.home() / ".cache" / "omniload" / "bench"
+_FORMATS = ("parquet", "jsonl", "arrow")
+_WORDS = np.array([f"{w}{i}" for i, w in enumerate(
+    "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore "
+    "et dolore magna aliqua enim ad minim veniam quis nostrud exercitation ullamco laboris nisi aliquip".split()
+    * 40)])
+
+
+def documents(n: int, seed: int, median_bytes: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    words = np.maximum(1, rng.lognormal(np.log(median_bytes / 7), 0.8, n).astype(int))
+    flat = _WORDS[rng.integers(0, len(_WORDS), int(words.sum()))]
+    bounds = np.concatenate([[0], np.cumsum(words)])
+    return [" ".join(flat[bounds[i] : bounds[i + 1]]) for i in range(n)]
+
+
+def make_sources(k: int, docs_per_source: int, median_bytes: int = 600, files_per_source: int = 2) -> list[dict]:
+    """K sources (cycling through the formats); returns Spec source dicts with equal weights."""
+    root = CACHE / f"k{k}-d{docs_per_source}-m{median_bytes}-f{files_per_source}"
+    sources = []
+    for s in range(k):
+        fmt = _FORMATS[s % len(_FORMATS)]
+        folder = root / f"s{s}"
+        if not (folder / ".complete").exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            texts = documents(docs_per_source, s, median_bytes)
+            per_file = -(-len(texts) // files_per_source)
+            for f in range(files_per_source):
+                _write(folder / f"part{f}", fmt, texts[f * per_file : (f + 1) * per_file])
+            (folder / ".complete").touch()
+        sources.append({"name": f"s{s}", "path": str(folder / "part*"), "weight": 1.0})
+    return sources
+
+
+def _write(stem: Path, fmt: str, texts: list[str]) -> None:
+    if fmt == "parquet":
+        pq.write_table(pa.table({"text": texts}), stem.with_suffix(".parquet"), row_group_size=1000)
+    elif fmt == "jsonl":
+        with open(stem.with_suffix(".jsonl"), "w") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    else:
+        table = pa.table({"text": texts})
+        with pa.OSFile(str(stem.with_suffix(".arrow")), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            for start in range(0, len(table), 1000):
+                w.write_batch(table.slice(start, 1000).to_batches()[0])

@@ -1,0 +1,74 @@
+"""The colocated baseline: what users run today, one DataLoader per rank over every source.
+
+Each rank builds its own index of every source, and each of its DataLoader workers opens
+every source, reads its share of shards, tokenizes, mixes by tokens and packs into
+`rows x seq_len` with the same functions omniload uses, so the two sides do the same work
+and differ only in where it happens.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from omniload.coordinator.catalog import SourceCatalog, build_catalog
+from omniload.coordinator.intake import Doc
+from omniload.coordinator.mixture import next_source
+from omniload.coordinator.packer import build_batch, plan_step
+from omniload.coordinator.stepper import segments_of
+from omniload.order import row_permutation, shard_permutation
+from omniload.spec import Spec
+from omniload.workers.readers import read_shard
+from omniload.workers.transforms import load_transform
+
+
+class ColocatedDataset(IterableDataset):
+    def __init__(self, spec: Spec, rank: int, world: int) -> None:
+        self.spec, self.rank, self.world = spec, rank, world
+        self.catalog = build_catalog(spec)  # every rank indexes every source
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        part, parts = self.rank * workers + worker, self.world * workers
+        spec = self.spec
+        streams = [self._documents(src, part, parts) for src in self.catalog]
+        weights, tokens, live = spec.weights(), [0] * len(streams), [True] * len(streams)
+        carry: list = []
+        while True:
+            need = spec.rows * spec.seq_len - sum(s.length for s in carry)
+            fresh = []
+            while need > 0 and (s := next_source(tokens, weights, live)) is not None:
+                doc = next(streams[s], None)
+                if doc is None:
+                    live[s] = False
+                    continue
+                tokens[s] += len(doc.tokens)
+                fresh.extend(segments_of(doc, spec.seq_len))
+                need -= len(doc.tokens)
+            if not fresh and not carry:
+                return
+            plan = plan_step(carry, fresh, 1, spec.rows, spec.seq_len)
+            carry = plan.carry
+            yield {k: torch.from_numpy(v) for k, v in build_batch(plan.rows[0], spec.seq_len).items()}
+
+    def _documents(self, src: SourceCatalog, part: int, parts: int) -> Iterator[Doc]:
+        transform = load_transform(src.tokenizer)
+        n = len(src.shards)
+        epochs = range(self.spec.epochs) if self.spec.epochs else itertools.count()
+        for epoch in epochs:
+            order = shard_permutation(n, self.spec.seed, src.index, epoch)
+            for position in range(part, n, parts):
+                index = int(order[position])
+                shard = src.shards[index]
+                values = read_shard(shard, src.column)
+                rows = row_permutation(shard.rows, self.spec.seed, src.index, epoch, index)
+                for i, tokens in zip(rows, transform([values[i] for i in rows])):
+                    yield Doc(src.index, shard.first_ordinal + int(i), tokens)
+
+
+def colocated_loader(spec: Spec, rank: int, world: int, workers: int) -> DataLoader:
+    return DataLoader(ColocatedDataset(spec, rank, world), batch_size=None, num_workers=workers,
+                      prefetch_factor=4 if workers else None, persistent_workers=False)
