@@ -23,6 +23,7 @@ class SourceCatalog:
     tokenizer: str
     shards: tuple[Shard, ...]
     rows: int
+    epochs: int  # passes over this source; 0: forever
 
 
 def build_catalog(spec: Spec) -> list[SourceCatalog]:
@@ -56,7 +57,8 @@ def _index_source(index: int, source: Source, spec: Spec) -> SourceCatalog:
         raise ConfigError(f"source '{source.name}': its files hold no rows")
     if rows >= MAX_ORDINAL:
         raise ConfigError(f"source '{source.name}': {rows} rows exceed the limit of {MAX_ORDINAL}; split the source")
-    return SourceCatalog(index, source.name, source.column, tokenizer, tuple(shards), rows)
+    epochs = spec.epochs if source.epochs is None else source.epochs
+    return SourceCatalog(index, source.name, source.column, tokenizer, tuple(shards), rows, epochs)
 
 
 def _match_files(source: Source) -> list[str]:

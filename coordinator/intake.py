@@ -29,12 +29,11 @@ class Doc:
 
 
 class SourceIntake:
-    def __init__(self, catalog: SourceCatalog, rings: list[Ring], seed: int, epochs: int,
-                 g: int = 0, row: int = 0) -> None:
+    def __init__(self, catalog: SourceCatalog, rings: list[Ring], seed: int, g: int = 0, row: int = 0) -> None:
         self.catalog = catalog
         self.rings = rings
         self._seed = seed
-        self._end = epochs * len(catalog.shards) if epochs else None
+        self._end = catalog.epochs * len(catalog.shards) if catalog.epochs else None
         self._rows_by_epoch: tuple[int, np.ndarray] | None = None
         self.g, self.row = g, row
         self._advance(0)

@@ -1,9 +1,8 @@
-"""Packing documents into fixed rows, and building a rank's batch arrays; pure.
+"""Segments (documents or chunks of them) and a rank's batch arrays built from its rows; pure.
 
-A document longer than a row is split into row-sized chunks, each its own segment. Segments
-are placed into `dp * rows` bins by first-fit decreasing; what does not fit waits for the next
-step (the carry-over), which is placed first then, so nothing waits for long. Bin `b` is row
-`b // dp` of data-parallel rank `b % dp`, so the first-filled bins are spread over the ranks.
+A document longer than a row is split into row-sized chunks, each its own segment. Where the
+segments go is the planner's decision (planner.py, balance.py); this module turns one rank's
+rows of segments into the arrays of the batch schema.
 """
 from __future__ import annotations
 
@@ -24,43 +23,14 @@ class Segment:
     sample_id: int
     length: int
     tokens: np.ndarray = field(compare=False, repr=False)
+    position_start: int = 0  # > 0 for a later chunk of a document kept whole (long_docs=bucket)
+    group: int = -1  # chunks of one bucketed document share a group id (their first sample_id)
+    delay: int = 0  # steps this segment has waited in the carry-over
 
 
 def chunk_bounds(length: int, seq_len: int) -> list[tuple[int, int]]:
     """(start, stop) of the row-sized chunks of a document of `length` tokens."""
     return [(start, min(start + seq_len, length)) for start in range(0, length, seq_len)]
-
-
-def first_fit_decreasing(lengths: Sequence[int], free: list[int]) -> list[int]:
-    """Bin index for each length (-1 if it fits nowhere); `free` is updated in place.
-
-    Ties keep input order, so the result is a function of the inputs alone."""
-    placed = [-1] * len(lengths)
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        need = lengths[i]
-        for b, room in enumerate(free):
-            if room >= need:
-                free[b] = room - need
-                placed[i] = b
-                break
-    return placed
-
-
-@dataclass(frozen=True, slots=True)
-class StepPlan:
-    rows: list[list[list[Segment]]]  # [dp rank][row] -> segments in order
-    carry: list[Segment]  # chosen for this step but did not fit; first in line next step
-
-
-def plan_step(carry: Sequence[Segment], fresh: Sequence[Segment], dp: int, rows: int, seq_len: int) -> StepPlan:
-    free = [seq_len] * (dp * rows)
-    bins: list[list[Segment]] = [[] for _ in free]
-    left: list[Segment] = []
-    for group in (carry, fresh):
-        for segment, b in zip(group, first_fit_decreasing([s.length for s in group], free)):
-            (bins[b] if b >= 0 else left).append(segment)
-    per_rank = [[bins[row * dp + rank] for row in range(rows)] for rank in range(dp)]
-    return StepPlan(per_rank, left)
 
 
 def build_batch(rows: Sequence[Sequence[Segment]], seq_len: int) -> dict[str, np.ndarray]:
@@ -70,6 +40,9 @@ def build_batch(rows: Sequence[Sequence[Segment]], seq_len: int) -> dict[str, np
     labels = np.full(n, IGNORE_INDEX, dtype=np.int64)
     position_ids = np.empty(n, dtype=np.int64)
     ramp = np.arange(seq_len, dtype=np.int64)
+    longest = max((s.position_start + s.length for row in rows for s in row), default=0)
+    if longest > seq_len:
+        ramp = np.arange(longest, dtype=np.int64)
     lengths: list[int] = []
     sources: list[int] = []
     sample_ids: list[int] = []
@@ -79,7 +52,7 @@ def build_batch(rows: Sequence[Sequence[Segment]], seq_len: int) -> dict[str, np
             stop = offset + segment.length
             input_ids[offset:stop] = segment.tokens
             labels[offset : stop - 1] = segment.tokens[1:]
-            position_ids[offset:stop] = ramp[: segment.length]
+            position_ids[offset:stop] = ramp[segment.position_start : segment.position_start + segment.length]
             lengths.append(segment.length)
             sources.append(segment.source)
             sample_ids.append(segment.sample_id)

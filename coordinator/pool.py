@@ -102,7 +102,7 @@ class WorkerPool:
             lanes.append(LaneConfig(
                 source_index=source, source_name=src.name, column=src.column, tokenizer=src.tokenizer,
                 lane=lane, num_lanes=num_lanes, ring_path=str(self.rings[(source, lane)].path),
-                shards=src.shards, seed=self._spec.seed, epochs=self._spec.epochs,
+                shards=src.shards, seed=self._spec.seed, epochs=src.epochs,
                 start_g=start_g, start_row=row if start_g == g else 0,
                 skip_bad_files=self._spec.on_bad_file == "skip"))
         process = WorkerProcess(self._ctx, WorkerConfig(worker_id=worker_id, coordinator_pid=self._coordinator_pid,

@@ -32,19 +32,21 @@ from omniload.coordinator.catalog import build_catalog
 from omniload.coordinator.intake import SourceIntake
 from omniload.coordinator.lanes import assign_lanes
 from omniload.coordinator.pool import WorkerPool
-from omniload.coordinator.stepper import Stepper
+from omniload.coordinator.parallel import cp_slice
+from omniload.coordinator.stepper import Step, Stepper
 
 log = logging.getLogger("omniload")
 _HANDSHAKE_S = 10.0
 _TICK_S = 0.5
 _RANK_WAIT_WARN_S = 60.0
 _READ_CHUNK = 64 * 1024
+CONTROL = object()  # what _accept returns for a control (not rank) connection
 
 
 @dataclass(slots=True)
 class RankState:
     rank: int
-    dp_rank: int
+    variant: tuple[int, int, bool]  # (dp rank, cp rank, receives data): which frame of each step
     consumed: int = 0  # steps acknowledged
     sent: int = 0  # steps written to the socket
     credits: int = 0
@@ -57,7 +59,7 @@ class RankState:
 class _Steps:
     """Planned steps not yet consumed by every rank: step number -> one frame per dp rank."""
 
-    frames: dict[int, list[tuple[bytes, bytes]]] = field(default_factory=dict)
+    frames: dict[int, dict[tuple[int, int, bool], tuple[bytes, bytes]]] = field(default_factory=dict)
     planned: int = 0
     final: int | None = None  # set when the data has ended: the number of steps there are
 
@@ -72,9 +74,13 @@ class Coordinator:
         self._announce = announce
         self.job_id = job_id or os.urandom(4).hex()
         self._parent = os.getppid() if exit_with_parent else None
+        self._source_names = [s.name for s in spec.sources]
         self._ranks: dict[int, RankState] = {}
         self._steps = _Steps()
         self._layout: Layout | None = None
+        self._expected: set[int] = set()  # the ranks that connect (all, or tp rank 0 of each group)
+        self._live_changes: list[tuple[int, dict[str, float]]] = []
+        self._stepper: Stepper | None = None
         self._exit_code = 0
         self._should_exit: asyncio.Event
         self._progress: asyncio.Event
@@ -90,8 +96,7 @@ class Coordinator:
         plan = assign_lanes(self.spec.weights(), budget)
         self._pool = WorkerPool(self.spec, catalog, plan, self.job_id, os.getpid())
         try:
-            self._intakes = [SourceIntake(src, self._pool.source_rings(src.index), self.spec.seed, self.spec.epochs)
-                             for src in catalog]
+            self._intakes = [SourceIntake(src, self._pool.source_rings(src.index), self.spec.seed) for src in catalog]
             for worker_id in range(len(plan)):
                 self._pool.start(worker_id, self._cursor_of)
             log.info("job %s: %d sources, %d workers, %d lanes", self.job_id, len(catalog), len(plan),
@@ -184,7 +189,7 @@ class Coordinator:
                 self._exit_code = 1
                 self._should_exit.set()
             if self._layout and not warned and time.monotonic() - started > _RANK_WAIT_WARN_S:
-                missing = sorted(set(range(self._layout.world)) - set(self._ranks))
+                missing = sorted(self._expected - set(self._ranks))
                 if missing:
                     log.warning("still waiting for rank(s) %s to connect", missing)
                     warned = True
@@ -193,7 +198,7 @@ class Coordinator:
     async def _plan_loop(self) -> None:
         try:
             await self._world_known.wait()
-            stepper = Stepper(self.spec, self._intakes, self._layout.dp)
+            stepper = self._stepper = Stepper(self.spec, self._intakes, self._layout.dp, self._live_changes)
             while True:
                 while self._steps.planned - self._slowest() >= self.spec.plan_ahead:
                     self._progress.clear()
@@ -204,8 +209,7 @@ class Coordinator:
                     log.info("data ended after %d steps", self._steps.final)
                     self._pump_all()
                     return
-                meta = {"tokens": step.tokens, "dp": self._layout.dp}
-                self._steps.frames[step.number] = [encode_batch(step.number, arrays, meta) for arrays in step.batches]
+                self._steps.frames[step.number] = self._encode_step(step)
                 self._steps.planned = step.number + 1
                 self._pump_all()
         except asyncio.CancelledError:
@@ -216,8 +220,23 @@ class Coordinator:
             log.exception("planner crashed")
             self._fail(OmniloadError(f"planner crashed: {type(exc).__name__}: {exc}"))
 
+    def _encode_step(self, step: Step) -> dict[tuple[int, int, bool], tuple[bytes, bytes]]:
+        """One frame for each kind of rank that is connected or expected."""
+        meta = {"tokens": step.tokens, "dp": self._layout.dp, "plan": step.figures,
+                "weights": dict(zip(self._source_names, step.weights))}
+        frames = {}
+        for variant in sorted({self._variant(r) for r in self._expected}):
+            dp_rank, cp_rank, has_data = variant
+            arrays = cp_slice(step.batches[dp_rank], self.spec.cp, cp_rank) if has_data else {}
+            frames[variant] = encode_batch(step.number, arrays, meta)
+        return frames
+
+    def _variant(self, rank: int) -> tuple[int, int, bool]:
+        coords = self._layout.coords(rank)
+        return coords["dp"], coords["cp"], self._layout.needs_data(rank, self.spec.pp_data)
+
     def _slowest(self) -> int:
-        if self._layout is None or len(self._ranks) < self._layout.world:
+        if self._layout is None or len(self._ranks) < len(self._expected):
             return 0
         return min(state.consumed for state in self._ranks.values())
 
@@ -231,7 +250,7 @@ class Coordinator:
         if writer is None or writer.is_closing():
             return
         while state.credits > 0 and state.sent < self._steps.planned:
-            head, payload = self._steps.frames[state.sent][state.dp_rank]
+            head, payload = self._steps.frames[state.sent][state.variant]
             writer.write(head)
             writer.write(payload)
             state.sent += 1
@@ -255,6 +274,10 @@ class Coordinator:
             async with asyncio.timeout(_HANDSHAKE_S):
                 hello = await inbox.next()
             state = self._accept(hello, writer)
+            if state is CONTROL:
+                state = None
+                await self._serve_control(inbox, writer)
+                return
             if state is None:
                 return
             while (message := await inbox.next()) is not None:
@@ -290,32 +313,68 @@ class Coordinator:
             raise ProtocolError(f"expected HELLO, got {hello.kind.name}")
         if not hmac.compare_digest(str(hello.header.get("token", "")).encode(), self._token):
             return self._refuse(writer, "authentication failed: wrong OMNILOAD_TOKEN")
+        if hello.header.get("role") == "control":
+            return CONTROL
         rank, world = int(hello.header["rank"]), int(hello.header["world_size"])
         try:
             if self._layout is None:
-                self._layout = Layout(world=world, tp=self.spec.tp, pp=self.spec.pp, cp=self.spec.cp)
+                self._layout = Layout(world=world, tp=self.spec.tp, pp=self.spec.pp, cp=self.spec.cp,
+                                      order=self.spec.rank_order)
+                self._expected = {r for r in range(world) if self._layout.connects(r, self.spec.broadcast_at)}
                 self._world_known.set()
             elif world != self._layout.world:
                 raise ConfigError(f"rank {rank} says the world has {world} ranks; earlier ranks said "
                                   f"{self._layout.world}")
-            dp_rank = self._layout.dp_rank(rank)
+            variant = self._variant(rank)
         except ConfigError as exc:
             self._refuse(writer, str(exc))
             self._fail(exc)
             return None
+        if rank not in self._expected:
+            return self._refuse(writer, f"rank {rank} should not connect: with broadcast_at=tp only tp rank 0 "
+                                        "of each group connects (use omniload.connect(broadcast_at='tp') on every rank)")
         state = self._ranks.get(rank)
         if state is not None and state.writer is not None:
             return self._refuse(writer, f"rank {rank} is already connected")
         if state is None:
-            state = self._ranks[rank] = RankState(rank, dp_rank)
+            state = self._ranks[rank] = RankState(rank, variant)
         state.writer, state.sent, state.ended, state.said_bye = writer, state.consumed, False, False
         state.credits = max(1, int(hello.header.get("credits", 1)))
         writer.write(encode(Message(Kind.WELCOME, {
-            "job": self.job_id, "fingerprint": self.spec.fingerprint(), "dp": self._layout.dp, "dp_rank": dp_rank,
+            "job": self.job_id, "fingerprint": self.spec.fingerprint(), "dp": self._layout.dp, "dp_rank": variant[0],
             "seq_len": self.spec.seq_len, "rows": self.spec.rows, "resume_step": state.consumed,
-            "sources": [s.name for s in self.spec.sources]})))
+            "sources": self._source_names, "broadcast_at": self.spec.broadcast_at,
+            "layout": {"world": self._layout.world, "tp": self.spec.tp, "pp": self.spec.pp, "cp": self.spec.cp,
+                       "order": self.spec.rank_order}})))
         self._pump(state)
         return state
+
+    async def _serve_control(self, inbox: _Inbox, writer: asyncio.StreamWriter) -> None:
+        """`omniload mix`: each MIX sets the weights from the next step to be planned on."""
+        while (message := await inbox.next()) is not None:
+            if message.kind is not Kind.MIX:
+                raise ProtocolError(f"unexpected {message.kind.name} on a control connection")
+            try:
+                weights = self._check_weights(message.header.get("weights"))
+            except ConfigError as exc:
+                writer.write(encode(Message(Kind.ERROR, {"message": str(exc)})))
+                continue
+            at = self._stepper.step if self._stepper else 0
+            self._live_changes.append((at, weights))
+            log.info("mixture changed from step %d on: %s", at, weights)
+            writer.write(encode(Message(Kind.MIX, {"step": at, "weights": weights})))
+
+    def _check_weights(self, weights: object) -> dict[str, float]:
+        if not isinstance(weights, dict) or not weights:
+            raise ConfigError("give weights as NAME=WEIGHT for one or more sources")
+        unknown = sorted(set(weights) - set(self._source_names))
+        if unknown:
+            raise ConfigError(f"unknown source(s) {', '.join(unknown)}; sources: {', '.join(self._source_names)}")
+        if any(not isinstance(w, (int, float)) or w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+            raise ConfigError(f"weights must be numbers >= 0, not all zero, got {weights}")
+        # a change names the sources it sets; the others keep the weight they have now
+        current = dict(zip(self._source_names, self._stepper.weights if self._stepper else self.spec.weights()))
+        return {**current, **{k: float(v) for k, v in weights.items()}}
 
     def _refuse(self, writer: asyncio.StreamWriter, message: str) -> None:
         log.warning("refused a rank: %s", message)
@@ -323,7 +382,7 @@ class Coordinator:
 
     def _maybe_finish(self) -> None:
         """The job is done when every rank has been sent END and has hung up."""
-        if self._layout and len(self._ranks) == self._layout.world and all(
+        if self._layout and len(self._ranks) == len(self._expected) and all(
                 s.ended and s.writer is None for s in self._ranks.values()):
             log.info("every rank has its data; exiting")
             self._should_exit.set()

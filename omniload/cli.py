@@ -39,6 +39,15 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--plan-ahead", dict(type=int, help="Steps planned ahead of the slowest rank.")),
     ("--max-restarts", dict(type=int, help="Restarts of a crashed worker before the job fails.")),
     ("--worker-timeout", dict(type=float, help="Seconds without a sample from a source before the job fails.")),
+    ("--balance", dict(help="Cost model for balancing ranks: tokens, attention, or module:function.")),
+    ("--cost-coeffs", dict(help="a,b,c of the attention cost a*len^2 + b*len + c.")),
+    ("--balance-window", dict(type=int, help="Steps a hard-to-place document may wait for a better step.")),
+    ("--long-docs", dict(type=click.Choice(["split", "drop", "bucket"]),
+                         help="Documents longer than seq-len: split into chunks, drop, or keep whole rows together.")),
+    ("--rank-order", dict(help="Order of the parallel axes in the rank number, fastest first.")),
+    ("--pp-data", dict(type=click.Choice(["first-last", "all"]), help="Pipeline stages that receive data.")),
+    ("--broadcast-at", dict(type=click.Choice(["none", "tp"]),
+                            help="tp: one rank per tensor-parallel group connects and broadcasts to the others.")),
 ]
 
 
@@ -102,6 +111,18 @@ def serve(config: str | None, sources: tuple[str, ...], host: str, port: int, **
         sys.stdout.flush()
 
     sys.exit(_or_exit(lambda: Coordinator(spec, token, host, port, announce=announce).run()))
+
+
+@main.command()
+@click.option("--addr", envvar="OMNILOAD_ADDR", required=True, help="The coordinator's HOST:PORT.")
+@click.option("--token", envvar="OMNILOAD_TOKEN", required=True, help="The job's token.")
+@click.option("--set", "weights", required=True, metavar="NAME=W[,NAME=W]", help="New weights; others keep theirs.")
+def mix(addr: str, token: str, weights: str) -> None:
+    """Change the mixture of a running job from the next step it plans."""
+    from omniload.control import parse_weights, set_weights
+
+    step = _or_exit(lambda: set_weights(addr, token, parse_weights(weights)))
+    click.echo(f"omniload: new weights take effect at step {step}")
 
 
 @main.command()

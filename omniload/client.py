@@ -29,11 +29,12 @@ _DTYPES = {"int64": torch.int64, "int32": torch.int32, "float32": torch.float32,
 
 
 def connect(addr: str | None = None, token: str | None = None, *, rank: int | None = None,
-            world_size: int | None = None, prefetch: int = 4) -> Loader:
+            world_size: int | None = None, prefetch: int = 4, broadcast_at: str | None = None) -> Loader:
     """Connect this rank to its job's coordinator.
 
     Defaults come from the environment that `omniload launch` and torchrun set:
-    OMNILOAD_ADDR, OMNILOAD_TOKEN, RANK and WORLD_SIZE."""
+    OMNILOAD_ADDR, OMNILOAD_TOKEN, OMNILOAD_BROADCAST_AT, RANK and WORLD_SIZE. With
+    broadcast_at="tp", call it on every rank after torch.distributed.init_process_group."""
     addr = addr or os.environ.get("OMNILOAD_ADDR")
     token = token or os.environ.get("OMNILOAD_TOKEN")
     if not addr or not token:
@@ -41,6 +42,13 @@ def connect(addr: str | None = None, token: str | None = None, *, rank: int | No
                           "`omniload launch ... -- CMD`, or pass addr= and token= from `omniload serve`")
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    broadcast_at = broadcast_at or os.environ.get("OMNILOAD_BROADCAST_AT", "none")
+    if broadcast_at == "tp":
+        from omniload.broadcast import BroadcastLoader
+
+        return BroadcastLoader(addr, token, rank, world_size, prefetch)
+    if broadcast_at != "none":
+        raise ConfigError(f"broadcast_at must be 'none' or 'tp', got {broadcast_at!r}")
     return Loader(addr, token, rank, world_size, prefetch)
 
 

@@ -55,7 +55,14 @@ class Job:
 
     def env(self) -> dict[str, str]:
         """What a rank's environment needs for `omniload.connect()` to find this job."""
-        return {"OMNILOAD_ADDR": self.addr or "", "OMNILOAD_TOKEN": self.token}
+        return {"OMNILOAD_ADDR": self.addr or "", "OMNILOAD_TOKEN": self.token,
+                "OMNILOAD_BROADCAST_AT": self.spec.broadcast_at}
+
+    def set_weights(self, weights: dict[str, float]) -> int:
+        """Change the mixture while the job runs; returns the step the change takes effect at."""
+        from omniload.control import set_weights
+
+        return set_weights(self.addr, self.token, weights)
 
     def log_tail(self) -> list[str]:
         """The coordinator's last lines of log (it also relays them to this process's stderr)."""

@@ -5,7 +5,9 @@ A frame is a 16-byte prefix, an orjson header and raw payload bytes:
     magic b"OL" | version u8 | kind u8 | header length u32 | payload length u64 | header | payload
 
 Rank -> coordinator: HELLO (token, rank, world size, initial credit), ACK (a consumed step,
-which also returns one credit), BYE (the rank stops on purpose). Coordinator -> rank: WELCOME, BATCH (tensor layout in the
+which also returns one credit), BYE (the rank stops on purpose). A control client (`omniload
+mix`) sends HELLO with role "control", then MIX (new weights), answered by MIX (the step
+they take effect at). Coordinator -> rank: WELCOME, BATCH (tensor layout in the
 header, tensor bytes in the payload), END, ERROR. Either side may send ERROR and close.
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Kind(enum.IntEnum):
     END = 5
     ERROR = 6
     BYE = 7
+    MIX = 8  # control client -> coordinator: new weights; coordinator -> control client: applied
 
 
 @dataclass(slots=True)

@@ -19,6 +19,13 @@ from omniload.errors import ConfigError
 
 FORMATS = ("auto", "parquet", "jsonl", "arrow")
 ON_BAD_FILE = ("stop", "skip")
+LONG_DOCS = ("split", "drop", "bucket")
+PP_DATA = ("first-last", "all")
+BROADCAST_AT = ("none", "tp")
+RAMPS = ("constant", "linear")
+AXES = ("tp", "cp", "dp", "pp")
+# cost(len) = a*len^2 + b*len + c; see omniload.coordinator.cost for where these come from
+DEFAULT_COST_COEFFS = (1.0, 24576.0, 0.0)
 _FROZEN = dict(frozen=True, slots=True, kw_only=True)
 
 
@@ -32,6 +39,7 @@ class Source:
     column: str = "text"
     format: str = "auto"
     tokenizer: str | None = None  # None: the job's tokenizer
+    epochs: int | None = None  # None: the job's epochs
 
     def __post_init__(self) -> None:
         if isinstance(self.path, str):
@@ -46,6 +54,33 @@ class Source:
             raise ConfigError(f"source '{self.name}': weight must be >= 0, got {self.weight}")
         if self.format not in FORMATS:
             raise ConfigError(f"source '{self.name}': format must be one of {FORMATS}, got {self.format!r}")
+        if self.epochs is not None and self.epochs < 0:
+            raise ConfigError(f"source '{self.name}': epochs must be >= 0, got {self.epochs}")
+
+
+@dataclass(**_FROZEN)
+class Phase:
+    """One phase of the mixture schedule: `weights` until a step or a token count."""
+
+    weights: dict[str, float]
+    until_step: int | None = None
+    until_tokens: int | None = None
+    ramp: str = "constant"
+
+    def __post_init__(self) -> None:
+        if (self.until_step is None) == (self.until_tokens is None):
+            raise ConfigError(f"mixture phase {self.weights}: give exactly one of until_step or until_tokens")
+        if self.ramp not in RAMPS:
+            raise ConfigError(f"mixture phase: ramp must be one of {RAMPS}, got {self.ramp!r}")
+        if not isinstance(self.weights, dict) or any(not isinstance(w, (int, float)) or w < 0
+                                                     for w in self.weights.values()):
+            raise ConfigError(f"mixture phase: weights must map source names to numbers >= 0, got {self.weights!r}")
+        if sum(self.weights.values()) <= 0:
+            raise ConfigError(f"mixture phase {self.weights}: weights are all zero")
+
+    @property
+    def until(self) -> int:
+        return self.until_step if self.until_step is not None else self.until_tokens
 
 
 @dataclass(**_FROZEN)
@@ -68,6 +103,14 @@ class Spec:
     plan_ahead: int = 8
     max_restarts: int = 3
     worker_timeout: float = 300.0
+    mixture: tuple[Phase, ...] = ()
+    balance: str = "attention"  # tokens | attention | module:function
+    cost_coeffs: tuple[float, float, float] = DEFAULT_COST_COEFFS
+    balance_window: int = 0
+    long_docs: str = "split"
+    rank_order: str = "tp-cp-dp-pp"
+    pp_data: str = "first-last"
+    broadcast_at: str = "none"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", tuple(self.sources))
@@ -87,7 +130,34 @@ class Spec:
             raise ConfigError(f"on_bad_file must be one of {ON_BAD_FILE}, got {self.on_bad_file!r}")
         if self.worker_timeout <= 0:
             raise ConfigError(f"worker_timeout must be > 0 seconds, got {self.worker_timeout}")
+        _at_least("balance_window", self.balance_window, 0)
+        for name, allowed in [("long_docs", LONG_DOCS), ("pp_data", PP_DATA), ("broadcast_at", BROADCAST_AT)]:
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name.replace('_', '-')} must be one of {allowed}, got {getattr(self, name)!r}")
+        if sorted(self.rank_order.split("-")) != sorted(AXES):
+            raise ConfigError(f"rank-order must name each of tp, cp, dp, pp once, fastest first "
+                              f"(e.g. tp-cp-dp-pp), got {self.rank_order!r}")
+        if len(self.cost_coeffs) != 3:
+            raise ConfigError(f"cost-coeffs must be three numbers a,b,c, got {self.cost_coeffs!r}")
+        if self.cp > 1 and self.seq_len % (2 * self.cp):
+            raise ConfigError(f"seq-len {self.seq_len} must be divisible by 2*cp = {2 * self.cp} "
+                              "for the load-balanced context-parallel split")
+        self._check_mixture(names)
 
+    def _check_mixture(self, names: list[str]) -> None:
+        object.__setattr__(self, "mixture", tuple(self.mixture))
+        if not self.mixture:
+            return
+        if len({p.until_step is None for p in self.mixture}) > 1:
+            raise ConfigError("mixture: use until_step in every phase or until_tokens in every phase, not both")
+        untils = [p.until for p in self.mixture]
+        if untils != sorted(set(untils)):
+            raise ConfigError(f"mixture: phase ends must increase, got {untils}")
+        for phase in self.mixture:
+            unknown = sorted(set(phase.weights) - set(names))
+            if unknown:
+                raise ConfigError(f"mixture phase names unknown source(s) {', '.join(unknown)}; "
+                                  f"sources: {', '.join(names)}")
     @property
     def model_parallel(self) -> int:
         return self.tp * self.pp * self.cp
@@ -109,13 +179,27 @@ class Spec:
         if not isinstance(raw_sources, (list, tuple)):
             raise ConfigError(f"{where}: 'sources' must be a list of sources")
         sources = [parse_source(s, where) for s in raw_sources]
+        if "mixture" in data:
+            data["mixture"] = tuple(parse_phase(p, where) for p in data["mixture"] or ())
         return cls(sources=sources, **{k: _coerce(cls, k, v, where) for k, v in data.items()})
 
     def fingerprint(self) -> str:
         """A short hash of the fields that decide the data (not runtime knobs)."""
-        keep = {k: v for k, v in self.to_dict().items()
-                if k not in ("workers", "ring_mb", "plan_ahead", "max_restarts", "worker_timeout")}
+        keep = {k: v for k, v in self.to_dict().items() if k not in RUNTIME_FIELDS}
         return hashlib.blake2b(orjson.dumps(keep, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()
+
+
+# Fields that change how the job runs, never which batches it yields.
+RUNTIME_FIELDS = ("workers", "ring_mb", "plan_ahead", "max_restarts", "worker_timeout", "broadcast_at")
+
+
+def parse_phase(value: dict[str, Any] | Phase, where: str = "spec") -> Phase:
+    if isinstance(value, Phase):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: a mixture phase must be a mapping, got {value!r}")
+    _reject_unknown(value, {f.name for f in dataclasses.fields(Phase)}, f"{where}: mixture phase")
+    return Phase(**value)
 
 
 def parse_source(value: str | dict[str, Any] | Source, where: str = "spec") -> Source:
@@ -180,10 +264,13 @@ def _coerce(cls: type, name: str, value: Any, where: str) -> Any:
     """Turn strings from flags and files into the field's type, naming the field on failure."""
     kind = {f.name: f.type for f in dataclasses.fields(cls)}[name]
     try:
-        if kind == "int" and not isinstance(value, int):
+        if kind in ("int", "int | None") and value is not None and not isinstance(value, int):
             return int(value)
         if kind == "float" and not isinstance(value, float):
             return float(value)
+        if kind == "tuple[float, float, float]":
+            parts = value.split(",") if isinstance(value, str) else value
+            return tuple(float(p) for p in parts)
     except (TypeError, ValueError):
         raise ConfigError(f"{where}: {name.replace('_', '-')} must be a number, got {value!r}") from None
     return value

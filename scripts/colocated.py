@@ -15,8 +15,10 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from omniload.coordinator.catalog import SourceCatalog, build_catalog
 from omniload.coordinator.intake import Doc
-from omniload.coordinator.mixture import next_source
-from omniload.coordinator.packer import build_batch, plan_step
+from omniload.coordinator.cost import cost_function
+from omniload.coordinator.mixture import advance, next_source
+from omniload.coordinator.packer import build_batch
+from omniload.coordinator.planner import plan_step
 from omniload.coordinator.stepper import segments_of
 from omniload.order import row_permutation, shard_permutation
 from omniload.spec import Spec
@@ -35,22 +37,23 @@ class ColocatedDataset(IterableDataset):
         part, parts = self.rank * workers + worker, self.world * workers
         spec = self.spec
         streams = [self._documents(src, part, parts) for src in self.catalog]
-        weights, tokens, live = spec.weights(), [0] * len(streams), [True] * len(streams)
+        weights, passes, live = spec.weights(), [0.0] * len(streams), [True] * len(streams)
+        cost = cost_function(spec.balance, spec.cost_coeffs, [s.name for s in spec.sources])
         carry: list = []
         while True:
             need = spec.rows * spec.seq_len - sum(s.length for s in carry)
             fresh = []
-            while need > 0 and (s := next_source(tokens, weights, live)) is not None:
+            while need > 0 and (s := next_source(passes, weights, live)) is not None:
                 doc = next(streams[s], None)
                 if doc is None:
                     live[s] = False
                     continue
-                tokens[s] += len(doc.tokens)
+                advance(passes, s, len(doc.tokens), weights)
                 fresh.extend(segments_of(doc, spec.seq_len))
                 need -= len(doc.tokens)
             if not fresh and not carry:
                 return
-            plan = plan_step(carry, fresh, 1, spec.rows, spec.seq_len)
+            plan = plan_step(carry, fresh, 1, spec.rows, spec.seq_len, cost)
             carry = plan.carry
             yield {k: torch.from_numpy(v) for k, v in build_batch(plan.rows[0], spec.seq_len).items()}
 

@@ -1,18 +1,20 @@
 import numpy as np
 import pytest
 
-from omniload.coordinator.mixture import next_source, shares
+from omniload.coordinator.mixture import advance, join, next_source, shares
 
 
-def _draw(weights, lengths_by_source, n, until_tokens=None):
-    tokens = [0] * len(weights)
-    picks = []
-    for i in range(n):
-        if until_tokens and sum(tokens) >= until_tokens:
-            break
-        s = next_source(tokens, weights, [True] * len(weights))
-        tokens[s] += lengths_by_source[s][i % len(lengths_by_source[s])]
+def _draw(weights, lengths_by_source, until_tokens, passes=None, tokens=None):
+    passes = passes if passes is not None else [0.0] * len(weights)
+    tokens = tokens if tokens is not None else [0] * len(weights)
+    picks, i = [], 0
+    while sum(tokens) < until_tokens:
+        s = next_source(passes, weights, [True] * len(weights))
+        n = lengths_by_source[s][i % len(lengths_by_source[s])]
+        advance(passes, s, n, weights)
+        tokens[s] += n
         picks.append(s)
+        i += 1
     return tokens, picks
 
 
@@ -21,16 +23,29 @@ def test_token_shares_track_weights_whatever_the_document_lengths():
     lengths = [rng.integers(10, 3000, 500).tolist(), rng.integers(1, 50, 500).tolist(), [8000, 20000]]
     weights = [0.6, 0.3, 0.1]
     for budget in (50_000, 2_000_000):
-        tokens, _ = _draw(weights, lengths, 10**7, until_tokens=budget)
+        tokens, _ = _draw(weights, lengths, budget)
         # the share of each source is off by at most one (longest) document at any point
         assert shares(tokens) == pytest.approx(weights, abs=20000 / sum(tokens))
 
 
 def test_choices_are_a_function_of_weights_and_lengths():
     lengths = [[5, 7, 100], [3], [50, 1]]
-    assert _draw([0.5, 0.2, 0.3], lengths, 200) == _draw([0.5, 0.2, 0.3], lengths, 200)
+    assert _draw([0.5, 0.2, 0.3], lengths, 5000) == _draw([0.5, 0.2, 0.3], lengths, 5000)
 
 
 def test_dry_and_zero_weight_sources_are_never_chosen():
     assert next_source([0, 0, 0], [0.5, 0.0, 0.5], [False, True, True]) == 2
     assert next_source([0, 0], [0.5, 0.5], [False, False]) is None
+
+
+def test_a_source_that_gets_a_weight_joins_without_a_burst():
+    lengths = [[100], [100], [100]]
+    passes, tokens = [0.0] * 3, [0] * 3
+    _draw([0.5, 0.5, 0.0], lengths, 100_000, passes, tokens)
+    join(passes, [0.5, 0.5, 0.0], [0.4, 0.4, 0.2])
+    before = list(tokens)
+    _, picks = _draw([0.4, 0.4, 0.2], lengths, 110_000, passes, tokens)
+    # the newcomer gets its 20% share of what follows, not everything until it "catches up"
+    new = [t - b for t, b in zip(tokens, before)]
+    assert shares(new) == pytest.approx([0.4, 0.4, 0.2], abs=0.02)
+    assert picks[:5].count(2) <= 2

@@ -1,0 +1,53 @@
+"""What a document costs a rank to train on; pure.
+
+`attention`: a*len^2 + b*len + c per segment, since each segment is its own causal document.
+The default coefficients are a transformer layer's FLOPs divided by 2*d_model, for d_model =
+2048: attention 2*d*len^2 -> a = 1, the linear layers 24*d^2*len -> b = 12*d = 24576. So
+attention dominates from about 24k tokens up, as in a ~1B-parameter model. `tokens`: len.
+A user `module:function` receives a SampleMeta and returns a float (multimodal or measured costs).
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from omniload.errors import ConfigError
+
+DEFAULT_COEFFS = (1.0, 24576.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleMeta:
+    length: int
+    source: str
+    extra: dict = field(default_factory=dict)
+
+
+CostFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (lengths, source indices) -> costs
+
+
+def cost_function(balance: str, coeffs: tuple[float, float, float], sources: list[str]) -> CostFn:
+    """Resolve --balance into a vectorized cost function; raises ConfigError on a bad name."""
+    if balance == "tokens":
+        return lambda lengths, _sources: lengths.astype(np.float64)
+    if balance == "attention":
+        a, b, c = coeffs
+        return lambda lengths, _sources: (a * lengths.astype(np.float64) + b) * lengths + c
+    module, sep, name = balance.partition(":")
+    if not sep:
+        raise ConfigError(f"balance {balance!r}: expected 'tokens', 'attention' or module:function")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"balance {balance!r}: cannot load it: {exc}") from None
+
+    def user_cost(lengths: np.ndarray, source_idx: np.ndarray) -> np.ndarray:
+        return np.array([float(fn(SampleMeta(int(n), sources[s]))) for n, s in zip(lengths, source_idx)])
+
+    return user_cost
+
+
+BALANCERS = ("tokens", "attention")

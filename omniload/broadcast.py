@@ -1,0 +1,87 @@
+"""`broadcast_at="tp"`: one rank per tensor-parallel group talks to the coordinator.
+
+The group's first rank receives each batch and broadcasts it to the others over
+torch.distributed in the training process group, so the coordinator's connections and
+outbound bytes divide by tp. Every rank of the job must call `omniload.connect()`: the
+groups are created collectively, and rank 0 learns the layout from the coordinator first.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from omniload.client import Loader
+from omniload.errors import ConfigError, OmniloadError
+from omniload.layout import Layout
+
+
+class BroadcastLoader:
+    def __init__(self, addr: str, token: str, rank: int, world_size: int, prefetch: int) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise ConfigError("broadcast_at='tp' needs torch.distributed initialized "
+                              "(dist.init_process_group) before omniload.connect()")
+        own = Loader(addr, token, rank, world_size, prefetch) if rank == 0 else None
+        box: list[Any] = [own.info if own else None]
+        dist.broadcast_object_list(box, src=0)
+        self.info: dict[str, Any] = box[0]
+        layout = Layout(**self.info["layout"])
+        groups = {}
+        for r in range(world_size):  # every rank creates every group, in the same order
+            members = tuple(layout.group(r, "tp"))
+            if members not in groups:
+                groups[members] = dist.new_group(list(members))
+        members = tuple(layout.group(rank, "tp"))
+        self._group, self._leader = groups[members], members[0]
+        self.rank, self.world_size = rank, world_size
+        self._loader = own or (Loader(addr, token, rank, world_size, prefetch) if rank == self._leader else None)
+        self.step: int | None = None
+        self.meta: dict[str, Any] = {}
+        self.wait_seconds = 0.0
+        self._done = False
+
+    def __iter__(self) -> BroadcastLoader:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if self._done:
+            raise StopIteration
+        started = time.perf_counter()
+        batch, header = self._receive() if self._loader else ({}, None)
+        box = [header]
+        dist.broadcast_object_list(box, src=self._leader, group=self._group)
+        header = box[0]
+        if header.get("end") or header.get("error"):
+            self._done = True
+            if header.get("error"):
+                raise OmniloadError(header["error"])
+            raise StopIteration
+        if not self._loader:
+            batch = {name: torch.empty(shape, dtype=getattr(torch, dtype)) for name, dtype, shape in header["tensors"]}
+        for name, _, _ in header["tensors"]:
+            dist.broadcast(batch[name], src=self._leader, group=self._group)
+        self.wait_seconds += time.perf_counter() - started
+        self.step, self.meta = header["step"], header["meta"]
+        return batch
+
+    def _receive(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        try:
+            batch = next(self._loader)
+        except StopIteration:
+            return {}, {"end": True}
+        except OmniloadError as exc:
+            return {}, {"error": str(exc)}
+        tensors = [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in batch.items()]
+        return batch, {"step": self._loader.step, "meta": self._loader.meta, "tensors": tensors}
+
+    def close(self) -> None:
+        if self._loader:
+            self._loader.close()
+
+    def __enter__(self) -> BroadcastLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
