@@ -3,10 +3,11 @@
 The mixture decides which segments are in a step; this only decides where each one goes.
 Every rank has `rows` rows of `seq_len` tokens, and a segment must fit inside one row.
 
-1. Greedy longest-processing-time: segments by cost, highest first (carried segments before
-   fresh ones, so nothing waits more than it must). Each goes to the cheapest rank that has
-   a row it fits in, into the fullest such row (best fit keeps whole rows free for long
-   segments). A segment that fits nowhere is carried to the next step.
+1. Greedy longest-processing-time, in rounds of `dp` segments so that it vectorizes: segments
+   by cost, highest first (carried segments before fresh ones, so nothing waits more than it
+   must); in each round the most expensive goes to the cheapest rank, into the fullest row it
+   fits (best fit keeps whole rows free for long segments). A segment that does not fit its
+   rank goes to the cheapest rank with room; one that fits nowhere is carried to the next step.
 2. Refinement: while it lowers the most expensive rank's cost, move one of that rank's
    segments to the cheapest rank, or swap it with a cheaper segment there. Each move must fit
    the rows and bring both ranks under the old maximum.
@@ -15,13 +16,12 @@ The lower bound on the most expensive rank is max(mean rank cost, largest single
 """
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
 
 _MAX_REFINE = 4096
-_MAX_PROBES = 64  # ranks tried for one segment before it is carried
+_RETRY_ROUNDS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,27 +58,8 @@ def assign(lengths: np.ndarray, costs: np.ndarray, carried: int, dp: int, rows: 
         _place_group(group, costs, rank_of, row_of, free, rank_cost, seq_len)
     order = np.concatenate([_by_cost(costs[:carried]), carried + _by_cost(costs[carried:])])
     order = order[~pinned[order]]
-    limit = 1.1 * max(costs.sum() / dp, costs.max(initial=0.0))
-    heap = [(rank_cost[r], r) for r in range(dp)]
-    heapq.heapify(heap)
-    for i in order:
-        length = int(lengths[i])
-        if may_wait is not None and may_wait[i] and heap and heap[0][0] + costs[i] > limit:
-            continue  # even the cheapest rank would go well over the bound: wait for a later step
-        tried = []
-        while heap and len(tried) < _MAX_PROBES:
-            entry = heapq.heappop(heap)
-            r = entry[1]
-            row = _best_row(free[r], length)
-            if row >= 0:
-                free[r, row] -= length
-                rank_cost[r] += costs[i]
-                rank_of[i], row_of[i] = r, row
-                heapq.heappush(heap, (rank_cost[r], r))
-                break
-            tried.append(entry)
-        for entry in tried:
-            heapq.heappush(heap, entry)
+    _greedy(order, lengths, costs, rank_of, row_of, free, rank_cost,
+            1.1 * max(costs.sum() / dp, costs.max(initial=0.0)), may_wait)
     _refine(lengths, costs, rank_of, row_of, free, rank_cost, pinned)
     return Assignment(rank_of, row_of, rank_cost)
 
@@ -97,6 +78,61 @@ def _place_group(group, costs, rank_of, row_of, free, rank_cost, seq_len) -> Non
     rank_cost[r] += costs[group].sum()
 
 
+def _greedy(order, lengths, costs, rank_of, row_of, free, rank_cost, limit, may_wait) -> None:
+    """LPT in rounds: the next `dp` segments by cost go to the ranks by cost, most expensive
+    segment to the cheapest rank, each into its best-fitting row; vectorized per round.
+    Segments that do not fit their rank try again, a few times, with the cheapest ranks that
+    still have room for them, then one by one; what fits nowhere is carried."""
+    dp = len(rank_cost)
+    for start in range(0, len(order), dp):
+        items = order[start : start + dp]
+        if may_wait is not None:
+            waiting = may_wait[items] & (rank_cost.min() + costs[items] > limit)
+            items = items[~waiting]  # even the cheapest rank would go well over the bound: wait
+        ranks = np.argsort(rank_cost, kind="stable")
+        for _ in range(_RETRY_ROUNDS):
+            if not len(items):
+                break
+            items = _place_round(items, ranks[: len(items)], lengths, costs, rank_of, row_of, free, rank_cost)
+            ranks = ranks[free[ranks].max(axis=1) >= lengths[items].min(initial=0)] if len(items) else ranks
+        if len(items):
+            _place_anywhere(items, lengths, costs, rank_of, row_of, free, rank_cost)
+
+
+def _place_round(items, ranks, lengths, costs, rank_of, row_of, free, rank_cost) -> np.ndarray:
+    """Item k into rank k's best-fitting row where it fits; returns the items that did not."""
+    ranks = ranks[: len(items)]
+    items_here = items[: len(ranks)]
+    need = lengths[items_here]
+    rooms = free[ranks]
+    fits = rooms >= need[:, None]
+    rows = np.argmin(np.where(fits, rooms, np.iinfo(np.int64).max), axis=1)
+    ok = fits.any(axis=1)
+    placed, at_ranks, at_rows = items_here[ok], ranks[ok], rows[ok]
+    free[at_ranks, at_rows] -= need[ok]
+    rank_cost[at_ranks] += costs[placed]
+    rank_of[placed], row_of[placed] = at_ranks, at_rows
+    return np.concatenate([items_here[~ok], items[len(ranks):]])
+
+
+def _place_anywhere(items, lengths, costs, rank_of, row_of, free, rank_cost) -> None:
+    """Each of `items` to the cheapest rank with room for it; what fits nowhere is carried."""
+    room = free.max(axis=1)
+    largest = int(room.max())
+    for i in items.tolist():
+        length = int(lengths[i])
+        if length > largest:
+            continue  # carried to the next step
+        candidates = np.flatnonzero(room >= length)
+        r = int(candidates[np.argmin(rank_cost[candidates])])
+        row = _best_row(free[r], length)
+        free[r, row] -= length
+        rank_cost[r] += costs[i]
+        rank_of[i], row_of[i] = r, row
+        room[r] = free[r].max()
+        largest = int(room.max())
+
+
 def _by_cost(costs: np.ndarray) -> np.ndarray:
     return np.argsort(-costs, kind="stable")
 
@@ -111,7 +147,10 @@ def _best_row(free_rows: np.ndarray, length: int) -> int:
 def _refine(lengths, costs, rank_of, row_of, free, rank_cost, pinned) -> None:
     if len(rank_cost) < 2:
         return
-    members = {r: list(np.flatnonzero((rank_of == r) & ~pinned)) for r in range(len(rank_cost))}
+    movable = np.flatnonzero((rank_of >= 0) & ~pinned)
+    by_rank = movable[np.argsort(rank_of[movable], kind="stable")]
+    bounds = np.searchsorted(rank_of[by_rank], np.arange(len(rank_cost) + 1))
+    members = {r: by_rank[bounds[r] : bounds[r + 1]].tolist() for r in range(len(rank_cost))}
     for _ in range(_MAX_REFINE):
         hi, lo = int(np.argmax(rank_cost)), int(np.argmin(rank_cost))
         gap = rank_cost[hi] - rank_cost[lo]

@@ -28,8 +28,8 @@ class StepPlan:
 def plan_step(carry: Sequence[Segment], fresh: Sequence[Segment], dp: int, rows: int, seq_len: int,
               cost_fn: CostFn, window: int = 0) -> StepPlan:
     segments = [*carry, *fresh]
-    lengths = np.fromiter((s.length for s in segments), dtype=np.int64, count=len(segments))
-    sources = np.fromiter((s.source for s in segments), dtype=np.int64, count=len(segments))
+    lengths = np.array([s.length for s in segments], dtype=np.int64)
+    sources = np.array([s.source for s in segments], dtype=np.int64)
     costs = cost_fn(lengths, sources) if segments else np.zeros(0)
     groups: dict[int, list[int]] = {}
     for i, segment in enumerate(segments):
@@ -40,7 +40,7 @@ def plan_step(carry: Sequence[Segment], fresh: Sequence[Segment], dp: int, rows:
                     [np.array(g) for g in groups.values()], may_wait)
     bins: list[list[list[Segment]]] = [[[] for _ in range(rows)] for _ in range(dp)]
     left = []
-    for segment, rank, row in zip(segments, placed.rank, placed.row):
+    for segment, rank, row in zip(segments, placed.rank.tolist(), placed.row.tolist()):
         if rank >= 0:
             bins[rank][row].append(segment)
         else:

@@ -131,8 +131,12 @@ class Coordinator:
             await asyncio.gather(planner, ticker, return_exceptions=True)
 
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
+        signals = 0
+
         def on_signal(signum: int) -> None:
-            if self._should_exit.is_set():
+            nonlocal signals
+            signals += 1
+            if signals > 1:
                 log.warning("second %s: exiting now", signal.Signals(signum).name)
                 self._pool.stop()
                 os._exit(130)

@@ -1,0 +1,55 @@
+"""The central planner in real jobs: tensor-parallel groups under torchrun, live mixing."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+import omniload
+from tests.corpus import mixed_sources
+from tests.jobs import PROBE, omniload_cli
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+@pytest.mark.parametrize("broadcast_at", ["none", "tp"])
+def test_tp_ranks_of_a_dp_group_see_identical_batches_and_dp_groups_are_disjoint(corpus, tmp_path, broadcast_at):
+    flags = [f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
+             for s in mixed_sources(corpus)]
+    out = tmp_path / "rank{rank}.json"
+    result = omniload_cli("launch", *flags, "--seq-len", "64", "--rows", "2", "--tp", "2", "--steps", "12",
+                          "--broadcast-at", broadcast_at, "--",
+                          sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+                          str(PROBE), str(out), timeout=200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    assert all(len(r["hashes"]) == 12 for r in ranks)
+    assert ranks[0]["hashes"] == ranks[1]["hashes"], "tp ranks 0 and 1 (dp group 0) differ"
+    assert ranks[2]["hashes"] == ranks[3]["hashes"], "tp ranks 2 and 3 (dp group 1) differ"
+    assert not set(ranks[0]["sample_ids"]) & set(ranks[2]["sample_ids"]), "dp groups share samples"
+
+
+def test_live_mixture_change_applies_from_the_step_it_reports(corpus, tmp_path):
+    spec = {"sources": mixed_sources(corpus), "seq_len": 256, "rows": 4, "workers": 3, "epochs": 0, "steps": 60}
+    with omniload.Job(spec) as job:
+        loader = omniload.connect(job.addr, job.token, rank=0, world_size=1)
+        steps = [(loader.meta, next(loader)["source"].clone()) for _ in range(5)]
+        result = omniload_cli("mix", "--addr", job.addr, "--token", job.token, "--set", "web=1,code=0,books=0")
+        assert result.returncode == 0, result.stderr
+        changed_at = int(result.stdout.split("step")[-1])
+        for batch in loader:
+            steps.append((dict(loader.meta), batch["source"].clone()))
+        bad = omniload_cli("mix", "--addr", job.addr, "--token", job.token, "--set", "nope=1")
+        loader.close()
+    assert bad.returncode == 2 and "unknown source(s) nope" in bad.stderr
+    assert 5 <= changed_at < 40 and len(steps) == 60
+    for number, (meta, _) in enumerate(steps[5:], start=5):
+        expected = {"web": 1.0, "code": 0.0, "books": 0.0}
+        assert (meta["weights"] == expected) == (number >= changed_at), number
+    before = torch.cat([sources for _, sources in steps[:changed_at]])
+    assert set(before[before >= 0].tolist()) == {0, 1, 2}
+    # documents chosen before the change are still delivered (carried over); then only web
+    tail = torch.cat([sources for _, sources in steps[-15:]])
+    assert set(tail[tail >= 0].tolist()) == {0}
