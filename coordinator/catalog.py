@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import glob
+import hashlib
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
+
+import orjson
 
 from omniload.errors import ConfigError
 from omniload.order import MAX_ORDINAL
-from omniload.spec import Source, Spec
+from omniload.spec import RUNTIME_FIELDS, Source, Spec
 from omniload.workers.readers import BadFile, Shard, detect_format, index_file
 from omniload.workers.transforms import load_transform
 
@@ -69,3 +73,19 @@ def _match_files(source: Source) -> list[str]:
             raise ConfigError(f"source '{source.name}': no files match '{pattern}'")
         files.update(matched)
     return sorted(files)
+
+
+def job_identity(spec: Spec, catalog: list[SourceCatalog]) -> dict[str, Any]:
+    """What decides the data: the spec's data fields and each source's files (size, rows)."""
+    files = {}
+    for src in catalog:
+        rows: dict[str, int] = {}
+        for shard in src.shards:
+            rows[shard.file] = rows.get(shard.file, 0) + shard.rows
+        files[src.name] = [[path, os.path.getsize(path), n] for path, n in sorted(rows.items())]
+    data_spec = {k: v for k, v in spec.to_dict().items() if k not in RUNTIME_FIELDS}
+    return orjson.loads(orjson.dumps({"spec": data_spec, "files": files}))  # as it reads back from a file
+
+
+def fingerprint(identity: dict[str, Any]) -> str:
+    return hashlib.blake2b(orjson.dumps(identity, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()

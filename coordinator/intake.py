@@ -26,6 +26,8 @@ class Doc:
     source: int
     ordinal: int
     tokens: np.ndarray
+    g: int = 0  # where the document sits in its source's order
+    row: int = 0
 
 
 class SourceIntake:
@@ -41,6 +43,11 @@ class SourceIntake:
     @property
     def cursor(self) -> tuple[int, int]:
         return self.g, self.row
+
+    def seek(self, g: int, row: int) -> None:
+        """Move the cursor; only while this source's workers are stopped and its rings empty."""
+        self.g, self.row = g, row
+        self._advance(0)
 
     @property
     def dry(self) -> bool:
@@ -64,7 +71,7 @@ class SourceIntake:
                 self._advance(record.count)
                 continue
             self._advance(1)
-            return Doc(self.catalog.index, record.ordinal, tokens_of(record))
+            return Doc(self.catalog.index, record.ordinal, tokens_of(record), record.g, record.row)
         return None
 
     def _shard_rows(self, g: int) -> int:

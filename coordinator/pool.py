@@ -120,6 +120,12 @@ class WorkerPool:
 
     def stop(self) -> None:
         """Terminate and join every worker (kill what does not exit in time), unlink every ring."""
+        self.stop_workers()
+        for ring in self.rings.values():
+            ring.close()
+            ring.unlink()
+
+    def stop_workers(self) -> None:
         alive = [w for w in self.workers if w is not None]
         for worker in alive:
             worker.terminate()
@@ -129,6 +135,3 @@ class WorkerPool:
                 log.warning("worker %s did not exit in %.0fs; killing it", worker.pid, _WORKER_JOIN_S)
                 worker.kill()
                 worker.join(_WORKER_JOIN_S)
-        for ring in self.rings.values():
-            ring.close()
-            ring.unlink()

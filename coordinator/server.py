@@ -25,10 +25,12 @@ from omniload.errors import ConfigError, OmniloadError, ProtocolError, SourceFai
 from omniload.layout import Layout
 from omniload.protocol import FrameDecoder, Kind, Message, encode
 from omniload.spec import Spec
+from omniload.state import check_state
 from omniload.workers.ring import remove_stale_segments
 
 from omniload.coordinator.batches import encode_batch
-from omniload.coordinator.catalog import build_catalog
+from omniload.coordinator.catalog import build_catalog, fingerprint, job_identity
+from omniload.coordinator.checkpoint import CheckpointWriter, explain_mismatch, last_position
 from omniload.coordinator.intake import SourceIntake
 from omniload.coordinator.lanes import assign_lanes
 from omniload.coordinator.pool import WorkerPool
@@ -60,6 +62,7 @@ class _Steps:
     """Planned steps not yet consumed by every rank: step number -> one frame per dp rank."""
 
     frames: dict[int, dict[tuple[int, int, bool], tuple[bytes, bytes]]] = field(default_factory=dict)
+    positions: dict[int, dict] = field(default_factory=dict)  # steps completed -> loader position then
     planned: int = 0
     final: int | None = None  # set when the data has ended: the number of steps there are
 
@@ -77,10 +80,14 @@ class Coordinator:
         self._source_names = [s.name for s in spec.sources]
         self._ranks: dict[int, RankState] = {}
         self._steps = _Steps()
+        self._start_step = 0
         self._layout: Layout | None = None
         self._expected: set[int] = set()  # the ranks that connect (all, or tp rank 0 of each group)
         self._live_changes: list[tuple[int, dict[str, float]]] = []
         self._stepper: Stepper | None = None
+        self._checkpoints: CheckpointWriter | None = None
+        self._note: str | None = None  # said once in the checkpoint log (e.g. allow_changed_data)
+        self._planning = False
         self._exit_code = 0
         self._should_exit: asyncio.Event
         self._progress: asyncio.Event
@@ -94,17 +101,79 @@ class Coordinator:
         catalog = build_catalog(self.spec)
         budget = self.spec.workers or min(len(catalog), os.cpu_count() or 1)
         plan = assign_lanes(self.spec.weights(), budget)
+        self._identity = job_identity(self.spec, catalog)
+        self._fingerprint = fingerprint(self._identity)
+        resumed = self._read_resume_folder()
         self._pool = WorkerPool(self.spec, catalog, plan, self.job_id, os.getpid())
         try:
             self._intakes = [SourceIntake(src, self._pool.source_rings(src.index), self.spec.seed) for src in catalog]
+            self._stepper = Stepper(self.spec, self._intakes, self._live_changes)
+            if resumed:
+                self._stepper.restore(resumed)
+            self._start_at(self._stepper.export_state(self._fingerprint) if not resumed else resumed)
             for worker_id in range(len(plan)):
                 self._pool.start(worker_id, self._cursor_of)
+            folder = self.spec.checkpoint_dir or self.spec.resume
+            if folder:
+                self._checkpoints = CheckpointWriter(folder, self.spec.snapshot_every, self._identity)
             log.info("job %s: %d sources, %d workers, %d lanes", self.job_id, len(catalog), len(plan),
                      sum(self._pool.lane_counts))
             _run_loop(self._main())
         finally:
             self._pool.stop()
+            if self._checkpoints:
+                self._checkpoints.close()
         return self._exit_code
+
+    # -- positions and checkpoints ------------------------------------------------------------
+    def _read_resume_folder(self) -> dict | None:
+        if not self.spec.resume:
+            return None
+        found = last_position(self.spec.resume)
+        if found is None:
+            log.warning("--resume %s holds no checkpoint yet; starting from the beginning", self.spec.resume)
+            return None
+        state, saved_job = found
+        self._check_same_data(state, f"checkpoint in {self.spec.resume}", saved_job)
+        log.warning("resuming from %s at step %d, its last consistent step", self.spec.resume, state["step"])
+        return state
+
+    def _check_same_data(self, state: dict, where: str, saved_job: dict | None = None) -> None:
+        if state["fingerprint"] == self._fingerprint:
+            return
+        what = explain_mismatch(saved_job or {}, self._identity)
+        if not self.spec.allow_changed_data:
+            raise ConfigError(f"the spec or files differ from the {where}:\n{what}\n checkpoint fingerprint: "
+                              f"{state['fingerprint']}\n job fingerprint: {self._fingerprint}\n"
+                              "resume with the same spec and files, or pass --allow-changed-data")
+        log.warning("the data differs from the %s (--allow-changed-data):\n%s", where, what)
+        self._note = f"allow_changed_data: resumed at step {state['step']} over changed data:\n{what}"
+
+    def _start_at(self, position: dict) -> None:
+        self._start_step = position["step"]
+        self._steps = _Steps(positions={position["step"]: position}, planned=position["step"])
+
+    def _reposition(self, position: dict) -> None:
+        """Move the job to a rank's loader position before the first step is planned."""
+        loop = asyncio.get_running_loop()
+        for worker in self._pool.workers:
+            loop.remove_reader(worker.sentinel)
+        self._pool.stop_workers()
+        self._stepper.restore(position)
+        self._start_at(position)
+        for worker_id in range(len(self._pool.workers)):
+            self._pool.reset_rings(worker_id)
+            worker = self._pool.start(worker_id, self._cursor_of)
+            loop.add_reader(worker.sentinel, self._on_worker_exit, worker_id)
+        log.warning("resuming at step %d, the loader position the ranks brought", position["step"])
+
+    def _record_consumed(self, before: int, after: int) -> None:
+        """Checkpoint each step that every rank has now consumed."""
+        if self._checkpoints is None:
+            return
+        for done in range(before + 1, after + 1):
+            self._checkpoints.write(self._steps.positions[done], self._note)
+            self._note = None
 
     async def _main(self) -> None:
         loop = asyncio.get_running_loop()
@@ -202,7 +271,9 @@ class Coordinator:
     async def _plan_loop(self) -> None:
         try:
             await self._world_known.wait()
-            stepper = self._stepper = Stepper(self.spec, self._intakes, self._layout.dp, self._live_changes)
+            stepper = self._stepper
+            stepper.dp = self._layout.dp
+            self._planning = True
             while True:
                 while self._steps.planned - self._slowest() >= self.spec.plan_ahead:
                     self._progress.clear()
@@ -213,7 +284,9 @@ class Coordinator:
                     log.info("data ended after %d steps", self._steps.final)
                     self._pump_all()
                     return
-                self._steps.frames[step.number] = self._encode_step(step)
+                position = stepper.export_state(self._fingerprint)
+                self._steps.positions[step.number + 1] = position
+                self._steps.frames[step.number] = self._encode_step(step, position)
                 self._steps.planned = step.number + 1
                 self._pump_all()
         except asyncio.CancelledError:
@@ -224,10 +297,11 @@ class Coordinator:
             log.exception("planner crashed")
             self._fail(OmniloadError(f"planner crashed: {type(exc).__name__}: {exc}"))
 
-    def _encode_step(self, step: Step) -> dict[tuple[int, int, bool], tuple[bytes, bytes]]:
-        """One frame for each kind of rank that is connected or expected."""
+    def _encode_step(self, step: Step, position: dict) -> dict[tuple[int, int, bool], tuple[bytes, bytes]]:
+        """One frame for each kind of rank that is connected or expected; each carries the
+        loader position after the step, which the rank's state_dict() returns."""
         meta = {"tokens": step.tokens, "dp": self._layout.dp, "plan": step.figures,
-                "weights": dict(zip(self._source_names, step.weights))}
+                "weights": dict(zip(self._source_names, step.weights)), "state": position}
         frames = {}
         for variant in sorted({self._variant(r) for r in self._expected}):
             dp_rank, cp_rank, has_data = variant
@@ -241,7 +315,7 @@ class Coordinator:
 
     def _slowest(self) -> int:
         if self._layout is None or len(self._ranks) < len(self._expected):
-            return 0
+            return self._start_step
         return min(state.consumed for state in self._ranks.values())
 
     def _pump_all(self) -> None:
@@ -263,10 +337,14 @@ class Coordinator:
             writer.write(encode(Message(Kind.END, {"steps": self._steps.final})))
             state.ended = True
 
-    def _forget_consumed(self) -> None:
+    def _forget_consumed(self, before: int) -> None:
         slowest = self._slowest()
+        if slowest > before:
+            self._record_consumed(before, slowest)
         for number in [n for n in self._steps.frames if n < slowest]:
             del self._steps.frames[number]
+        for done in [n for n in self._steps.positions if n < slowest]:
+            del self._steps.positions[done]
 
     # -- rank sessions ----------------------------------------------------------------------
     async def _serve_rank(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -290,16 +368,17 @@ class Coordinator:
                     continue
                 if message.kind is not Kind.ACK:
                     raise ProtocolError(f"unexpected {message.kind.name} from rank {state.rank}")
+                before = self._slowest()
                 state.consumed = max(state.consumed, int(message.header["step"]) + 1)
                 state.credits += 1
                 self._pump(state)
-                self._forget_consumed()
+                self._forget_consumed(before)
                 self._progress.set()
         except (ProtocolError, TimeoutError, KeyError, ValueError, TypeError) as exc:
             log.warning("dropped connection from %s: %s", peer, exc or type(exc).__name__)
             writer.write(encode(Message(Kind.ERROR, {"message": f"protocol error: {exc}"})))
-        except ConnectionError:
-            pass
+        except (ConnectionError, asyncio.CancelledError):
+            pass  # the peer is gone, or the coordinator is shutting down: end the session quietly
         finally:
             if state is not None:
                 state.writer = None
@@ -334,20 +413,41 @@ class Coordinator:
             self._refuse(writer, str(exc))
             self._fail(exc)
             return None
+        try:
+            brought = hello.header.get("resume")
+            if brought is not None:
+                brought = check_state(brought, f"rank {rank}'s loader state")
+                self._check_same_data(brought, f"loader state rank {rank} brought")
+        except ConfigError as exc:
+            self._refuse(writer, str(exc))
+            self._fail(exc)
+            return None
         if rank not in self._expected:
             return self._refuse(writer, f"rank {rank} should not connect: with broadcast_at=tp only tp rank 0 "
                                         "of each group connects (use omniload.connect(broadcast_at='tp') on every rank)")
         state = self._ranks.get(rank)
         if state is not None and state.writer is not None:
             return self._refuse(writer, f"rank {rank} is already connected")
+        if brought is not None and not self._planning and brought["step"] != self._start_step and not self._ranks:
+            self._reposition(brought)
         if state is None:
-            state = self._ranks[rank] = RankState(rank, variant)
+            state = self._ranks[rank] = RankState(rank, variant, consumed=self._start_step)
+        if brought is not None and brought["step"] != state.consumed:
+            if brought["step"] not in self._steps.positions or brought["step"] < self._slowest():
+                message = (f"rank {rank} brings the loader position of step {brought['step']}, but this job "
+                           f"is at step {state.consumed}: restore the same checkpoint step on every rank")
+                self._refuse(writer, message)
+                if not self._planning:
+                    self._fail(ConfigError(message))
+                return None
+            state.consumed = brought["step"]
         state.writer, state.sent, state.ended, state.said_bye = writer, state.consumed, False, False
         state.credits = max(1, int(hello.header.get("credits", 1)))
         writer.write(encode(Message(Kind.WELCOME, {
-            "job": self.job_id, "fingerprint": self.spec.fingerprint(), "dp": self._layout.dp, "dp_rank": variant[0],
+            "job": self.job_id, "fingerprint": self._fingerprint, "dp": self._layout.dp, "dp_rank": variant[0],
             "seq_len": self.spec.seq_len, "rows": self.spec.rows, "resume_step": state.consumed,
             "sources": self._source_names, "broadcast_at": self.spec.broadcast_at,
+            "state": self._steps.positions[state.consumed],
             "layout": {"world": self._layout.world, "tp": self.spec.tp, "pp": self.spec.pp, "cp": self.spec.cp,
                        "order": self.spec.rank_order}})))
         self._pump(state)

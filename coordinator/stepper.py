@@ -15,6 +15,7 @@ import numpy as np
 from omniload.errors import SourceFailed
 from omniload.order import MAX_CHUNKS, sample_id
 from omniload.spec import Spec
+from omniload.state import STATE_VERSION
 
 from omniload.coordinator.cost import cost_function
 from omniload.coordinator.intake import Doc, SourceIntake
@@ -36,11 +37,11 @@ class Step:
 
 
 class Stepper:
-    def __init__(self, spec: Spec, intakes: list[SourceIntake], dp: int,
+    def __init__(self, spec: Spec, intakes: list[SourceIntake],
                  live_changes: list[tuple[int, dict[str, float]]] | None = None) -> None:
         self._spec = spec
         self._intakes = intakes
-        self._dp = dp
+        self.dp = 0  # data-parallel size: known once the first rank connects
         self._names = [s.name for s in spec.sources]
         self._base_weights = spec.weights()
         self._cost = cost_function(spec.balance, spec.cost_coeffs, self._names)
@@ -51,9 +52,58 @@ class Stepper:
         self.dropped = 0
         self.carry: list[Segment] = []
         self.step = 0
+        self._saved_carry: list[tuple] | None = None  # set by restore until the carry is rebuilt
+        self._resume_at: dict[int, tuple[int, int]] = {}
+
+    def export_state(self, fingerprint: str) -> dict:
+        """The position after the last step planned (see omniload.state for the keys)."""
+        return {
+            "version": STATE_VERSION, "fingerprint": fingerprint, "step": self.step,
+            "cursors": {i.catalog.name: list(i.cursor) for i in self._intakes},
+            "passes": list(self.passes), "weights": list(self.weights), "tokens": self.tokens_drawn,
+            "dropped": self.dropped,
+            "carry": [[s.source, s.sample_id, s.length, s.position_start, s.group, s.delay, *s.origin]
+                      for s in self.carry],
+            "live": [[at, weights] for at, weights in self.live_changes],
+        }
+
+    def restore(self, state: dict) -> None:
+        """Continue from a position. Each source's intake is moved back to its earliest carried
+        document; the first step re-reads from there to the saved cursor to rebuild the carry."""
+        self.step, self.tokens_drawn, self.dropped = state["step"], state["tokens"], state["dropped"]
+        self.passes, self.weights = list(state["passes"]), list(state["weights"])
+        self.live_changes[:] = [(at, weights) for at, weights in state["live"]]
+        self._saved_carry = [tuple(entry) for entry in state["carry"]]
+        self._resume_at = {}
+        for intake in self._intakes:
+            cursor = tuple(state["cursors"][intake.catalog.name])
+            origins = [(e[6], e[7]) for e in self._saved_carry if e[0] == intake.catalog.index]
+            intake.seek(*min([cursor, *origins]))
+            self._resume_at[intake.catalog.index] = cursor
+
+    async def _rehydrate(self) -> None:
+        """Rebuild the carried segments by re-reading their documents (see restore)."""
+        wanted = {(e[0], e[6], e[7]) for e in self._saved_carry}
+        tokens = {}
+        for intake in self._intakes:
+            while intake.cursor < self._resume_at[intake.catalog.index]:
+                doc = await self._next_doc(intake)
+                if doc is None:
+                    break
+                if (doc.source, doc.g, doc.row) in wanted:
+                    tokens[(doc.source, doc.g, doc.row)] = doc.tokens
+        seq_len = self._spec.seq_len
+        self.carry = []
+        for source, sid, length, position_start, group, delay, g, row in self._saved_carry:
+            start = (sid & (MAX_CHUNKS - 1)) * seq_len
+            self.carry.append(Segment(source, sid, length, tokens[(source, g, row)][start : start + length],
+                                      position_start, group, delay, (g, row)))
+        self._saved_carry = None
 
     async def next_step(self) -> Step | None:
         """The next step, or None when the data (or --steps) has ended."""
+        if self._saved_carry is not None:
+            await self._rehydrate()
         spec = self._spec
         if spec.steps and self.step >= spec.steps:
             return None
@@ -61,7 +111,7 @@ class Stepper:
                              self.live_changes)
         join(self.passes, self.weights, weights)
         self.weights = weights
-        need = self._dp * spec.rows * spec.seq_len - sum(s.length for s in self.carry)
+        need = self.dp * spec.rows * spec.seq_len - sum(s.length for s in self.carry)
         fresh: list[Segment] = []
         while need > 0:
             source = next_source(self.passes, weights, [not i.dry for i in self._intakes])
@@ -79,7 +129,7 @@ class Stepper:
             need -= len(doc.tokens)
         if not fresh and not self.carry:
             return None
-        plan = plan_step(self.carry, fresh, self._dp, spec.rows, spec.seq_len, self._cost, spec.balance_window)
+        plan = plan_step(self.carry, fresh, self.dp, spec.rows, spec.seq_len, self._cost, spec.balance_window)
         self.carry = plan.carry
         step = Step(self.step, [build_batch(rows, spec.seq_len) for rows in plan.rows],
                     [sum(s.length for row in rows for s in row) for rows in plan.rows],
@@ -111,8 +161,10 @@ def segments_of(doc: Doc, seq_len: int, bucket_rows: int = 0) -> list[Segment]:
         raise SourceFailed(str(doc.source), f"a document of {len(doc.tokens)} tokens makes more than "
                            f"{MAX_CHUNKS} chunks of --seq-len {seq_len}")
     ids = [sample_id(doc.source, doc.ordinal, chunk) for chunk in range(len(bounds))]
+    origin = (doc.g, doc.row)
     if not bucket_rows or len(bounds) < 2:
-        return [Segment(doc.source, i, stop - start, doc.tokens[start:stop]) for i, (start, stop) in zip(ids, bounds)]
-    return [Segment(doc.source, i, stop - start, doc.tokens[start:stop],
+        return [Segment(doc.source, i, stop - start, doc.tokens[start:stop], origin=origin)
+                for i, (start, stop) in zip(ids, bounds)]
+    return [Segment(doc.source, i, stop - start, doc.tokens[start:stop], origin=origin,
                     position_start=(chunk % bucket_rows) * seq_len, group=ids[chunk - chunk % bucket_rows])
             for chunk, (i, (start, stop)) in enumerate(zip(ids, bounds))]

@@ -19,14 +19,38 @@ from omniload.layout import Layout
 
 
 class BroadcastLoader:
+    """The Loader of a tensor-parallel group. Iteration, state_dict() and the first use are
+    collective: every rank of the job makes the same calls in the same order."""
+
     def __init__(self, addr: str, token: str, rank: int, world_size: int, prefetch: int) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise ConfigError("broadcast_at='tp' needs torch.distributed initialized "
                               "(dist.init_process_group) before omniload.connect()")
-        own = Loader(addr, token, rank, world_size, prefetch) if rank == 0 else None
+        self._args = (addr, token, rank, world_size, prefetch)
+        self.rank, self.world_size = rank, world_size
+        self._resume: dict[str, Any] | None = None
+        self._loader: Loader | None = None
+        self._group = None
+        self.info: dict[str, Any] = {}
+        self.step: int | None = None
+        self.meta: dict[str, Any] = {}
+        self.wait_seconds = 0.0
+        self._done = False
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self._group is not None:
+            raise OmniloadError("load_state_dict() must be called before the loader is used")
+        self._resume = state_dict
+
+    def _setup(self) -> None:
+        """Rank 0 learns the layout; every rank makes every tp group; leaders connect."""
+        addr, token, rank, world_size, prefetch = self._args
+        own = Loader(*self._args) if rank == 0 else None
+        if own and self._resume is not None:
+            own.load_state_dict(self._resume)
         box: list[Any] = [own.info if own else None]
         dist.broadcast_object_list(box, src=0)
-        self.info: dict[str, Any] = box[0]
+        self.info = box[0]
         layout = Layout(**self.info["layout"])
         groups = {}
         for r in range(world_size):  # every rank creates every group, in the same order
@@ -35,12 +59,11 @@ class BroadcastLoader:
                 groups[members] = dist.new_group(list(members))
         members = tuple(layout.group(rank, "tp"))
         self._group, self._leader = groups[members], members[0]
-        self.rank, self.world_size = rank, world_size
-        self._loader = own or (Loader(addr, token, rank, world_size, prefetch) if rank == self._leader else None)
-        self.step: int | None = None
-        self.meta: dict[str, Any] = {}
-        self.wait_seconds = 0.0
-        self._done = False
+        if own is None and rank == self._leader:
+            own = Loader(*self._args)
+            if self._resume is not None:
+                own.load_state_dict(self._resume)
+        self._loader = own
 
     def __iter__(self) -> BroadcastLoader:
         return self
@@ -48,6 +71,8 @@ class BroadcastLoader:
     def __next__(self) -> dict[str, torch.Tensor]:
         if self._done:
             raise StopIteration
+        if self._group is None:
+            self._setup()
         started = time.perf_counter()
         batch, header = self._receive() if self._loader else ({}, None)
         box = [header]
@@ -75,6 +100,14 @@ class BroadcastLoader:
             return {}, {"error": str(exc)}
         tensors = [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in batch.items()]
         return batch, {"step": self._loader.step, "meta": self._loader.meta, "tensors": tensors}
+
+    def state_dict(self) -> dict[str, str]:
+        """The loader position after the last batch (global: the same on every rank)."""
+        if self._group is None:
+            self._setup()
+        box = [self._loader.state_dict() if self._loader else None]
+        dist.broadcast_object_list(box, src=self._leader, group=self._group)
+        return box[0]
 
     def close(self) -> None:
         if self._loader:

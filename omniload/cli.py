@@ -48,6 +48,10 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--pp-data", dict(type=click.Choice(["first-last", "all"]), help="Pipeline stages that receive data.")),
     ("--broadcast-at", dict(type=click.Choice(["none", "tp"]),
                             help="tp: one rank per tensor-parallel group connects and broadcasts to the others.")),
+    ("--checkpoint-dir", dict(help="Folder for loader snapshots and the per-step delta log.")),
+    ("--snapshot-every", dict(type=int, help="Steps between full snapshots (deltas in between).")),
+    ("--resume", dict(help="Checkpoint folder to resume from when the ranks bring no loader state.")),
+    ("--allow-changed-data", dict(is_flag=True, help="Resume even if the spec or files changed (recorded in the log).")),
 ]
 
 

@@ -53,32 +53,70 @@ def connect(addr: str | None = None, token: str | None = None, *, rank: int | No
 
 
 class Loader:
-    """Iterate to get `dict[str, torch.Tensor]` batches; see the README's batch schema."""
+    """Iterate to get `dict[str, torch.Tensor]` batches; see the README's batch schema.
+
+    Implements torch's Stateful protocol: `state_dict()` is the loader position after the
+    last batch handed out; `load_state_dict()`, before the first batch, resumes from one.
+    The connection is opened on first use (iteration, `info`), so a state can be loaded first.
+    """
 
     def __init__(self, addr: str, token: str, rank: int, world_size: int, prefetch: int) -> None:
-        host, _, port = addr.rpartition(":")
         self.addr, self.rank, self.world_size = addr, rank, world_size
-        try:
-            self._sock = socket.create_connection((host, int(port)), timeout=_CONNECT_S)
-        except (OSError, ValueError) as exc:
-            raise OmniloadError(f"cannot reach the coordinator at {addr}: {exc}") from None
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.sendall(encode(Message(Kind.HELLO, {"token": token, "rank": rank, "world_size": world_size,
-                                                       "credits": max(1, prefetch)})))
-        kind, header, _ = self._receive_frame()
-        if kind is Kind.ERROR:
-            self._sock.close()
-            raise OmniloadError(f"coordinator at {addr} refused rank {rank}: {header.get('message')}")
-        if kind is not Kind.WELCOME:
-            raise ProtocolError(f"expected WELCOME from {addr}, got {kind.name}")
-        self._sock.settimeout(None)
-        self.info: dict[str, Any] = header
+        self._token, self._prefetch = token, prefetch
+        self._resume: dict[str, Any] | None = None
+        self._position: dict[str, Any] | None = None
+        self._info: dict[str, Any] | None = None
         self.step: int | None = None  # the last step handed out
         self.meta: dict[str, Any] = {}
         self.wait_seconds = 0.0  # time spent waiting for data inside __next__
         self._inbox: queue.Queue = queue.Queue()
         self._done = False
-        self._thread = threading.Thread(target=self._receive_loop, name=f"omniload-rank{rank}", daemon=True)
+        self._sock: socket.socket | None = None
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The coordinator's WELCOME: job id, fingerprint, dp, seq_len, rows, sources, layout."""
+        if self._info is None:
+            self._handshake()
+        return self._info
+
+    def state_dict(self) -> dict[str, str]:
+        """The loader position after the last consumed batch, to save with the model."""
+        from omniload.state import to_rank_dict
+
+        return to_rank_dict(self._position)  # None before first use: the job's start
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from a saved position; call before the first batch."""
+        from omniload.state import from_rank_dict
+
+        if self._sock is not None:
+            raise OmniloadError("load_state_dict() must be called before the loader is used "
+                                "(before iterating or reading .info)")
+        self._resume = self._position = from_rank_dict(state_dict)
+
+    def _handshake(self) -> None:
+        host, _, port = self.addr.rpartition(":")
+        try:
+            self._sock = socket.create_connection((host, int(port)), timeout=_CONNECT_S)
+        except (OSError, ValueError) as exc:
+            raise OmniloadError(f"cannot reach the coordinator at {self.addr}: {exc}") from None
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        hello = {"token": self._token, "rank": self.rank, "world_size": self.world_size,
+                 "credits": max(1, self._prefetch)}
+        if self._resume is not None:
+            hello["resume"] = self._resume
+        self._sock.sendall(encode(Message(Kind.HELLO, hello)))
+        kind, header, _ = self._receive_frame()
+        if kind is Kind.ERROR:
+            self._sock.close()
+            raise OmniloadError(f"coordinator at {self.addr} refused rank {self.rank}: {header.get('message')}")
+        if kind is not Kind.WELCOME:
+            raise ProtocolError(f"expected WELCOME from {self.addr}, got {kind.name}")
+        self._sock.settimeout(None)
+        self._info = header
+        self._position = header.get("state")
+        self._thread = threading.Thread(target=self._receive_loop, name=f"omniload-rank{self.rank}", daemon=True)
         self._thread.start()
 
     def __iter__(self) -> Loader:
@@ -87,6 +125,8 @@ class Loader:
     def __next__(self) -> dict[str, torch.Tensor]:
         if self._done:
             raise StopIteration
+        if self._sock is None:
+            self._handshake()
         started = time.perf_counter()
         item = self._take()
         self.wait_seconds += time.perf_counter() - started
@@ -99,13 +139,16 @@ class Loader:
             raise OmniloadError(f"coordinator at {self.addr}: {header.get('message')}")
         batch = {t["name"]: _tensor(payload, t) for t in header["tensors"]}
         self.step = header["step"]
-        self.meta = {k: v for k, v in header.items() if k != "tensors"}
+        self._position = header.get("state")
+        self.meta = {k: v for k, v in header.items() if k not in ("tensors", "state")}
         self._sock.sendall(encode(Message(Kind.ACK, {"step": self.step})))
         return batch
 
     def close(self) -> None:
         """Hang up gracefully: the coordinator reads every ACK sent before it sees the end."""
         self._done = True
+        if self._sock is None:
+            return
         try:
             self._sock.sendall(encode(Message(Kind.BYE, {"step": self.step})))
             self._sock.shutdown(socket.SHUT_WR)

@@ -110,13 +110,22 @@ class Job:
             if self._process.poll() is not None:
                 self._process.wait()
                 time.sleep(0.1)  # let the relay thread take the last lines
-                reason = next((l for l in reversed(self._stderr_tail) if "error" in l), None) or \
+                reason = self._last_error() or \
                     f"the coordinator exited with code {self._process.returncode} before it was ready"
-                reason = reason.removeprefix("omniload: error: ").removeprefix("omniload: ")
                 error = ConfigError if self._process.returncode == 2 else OmniloadError
                 raise error(reason)
         self.stop()
         raise OmniloadError(f"the coordinator was not ready after {self._startup_timeout:.0f}s")
+
+    def _last_error(self) -> str | None:
+        """The coordinator's last error message, with the lines that continue it."""
+        lines = list(self._stderr_tail)
+        starts = [i for i, line in enumerate(lines) if line.startswith("omniload: error: ")]
+        if not starts:
+            return None
+        first, *rest = lines[starts[-1]:]
+        rest = [line for line in rest if not line.startswith("omniload: ")]
+        return "\n".join([first.removeprefix("omniload: error: "), *rest])
 
     def _relay_stderr(self) -> None:
         for raw in self._process.stderr:

@@ -7,7 +7,6 @@ hands to the coordinator process.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +110,10 @@ class Spec:
     rank_order: str = "tp-cp-dp-pp"
     pp_data: str = "first-last"
     broadcast_at: str = "none"
+    checkpoint_dir: str | None = None
+    snapshot_every: int = 100
+    resume: str | None = None  # a checkpoint folder to resume from when ranks bring no state
+    allow_changed_data: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", tuple(self.sources))
@@ -131,6 +134,7 @@ class Spec:
         if self.worker_timeout <= 0:
             raise ConfigError(f"worker_timeout must be > 0 seconds, got {self.worker_timeout}")
         _at_least("balance_window", self.balance_window, 0)
+        _at_least("snapshot_every", self.snapshot_every, 1)
         for name, allowed in [("long_docs", LONG_DOCS), ("pp_data", PP_DATA), ("broadcast_at", BROADCAST_AT)]:
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name.replace('_', '-')} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -183,14 +187,11 @@ class Spec:
             data["mixture"] = tuple(parse_phase(p, where) for p in data["mixture"] or ())
         return cls(sources=sources, **{k: _coerce(cls, k, v, where) for k, v in data.items()})
 
-    def fingerprint(self) -> str:
-        """A short hash of the fields that decide the data (not runtime knobs)."""
-        keep = {k: v for k, v in self.to_dict().items() if k not in RUNTIME_FIELDS}
-        return hashlib.blake2b(orjson.dumps(keep, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()
 
-
-# Fields that change how the job runs, never which batches it yields.
-RUNTIME_FIELDS = ("workers", "ring_mb", "plan_ahead", "max_restarts", "worker_timeout", "broadcast_at")
+# Fields that change how the job runs, never which batches it yields (steps only says where
+# to stop: a resumed run may go further).
+RUNTIME_FIELDS = ("steps", "workers", "ring_mb", "plan_ahead", "max_restarts", "worker_timeout", "broadcast_at",
+                  "checkpoint_dir", "snapshot_every", "resume", "allow_changed_data")
 
 
 def parse_phase(value: dict[str, Any] | Phase, where: str = "spec") -> Phase:
@@ -268,6 +269,8 @@ def _coerce(cls: type, name: str, value: Any, where: str) -> Any:
             return int(value)
         if kind == "float" and not isinstance(value, float):
             return float(value)
+        if kind == "bool" and isinstance(value, str):
+            return value.lower() in ("1", "true", "yes", "on")
         if kind == "tuple[float, float, float]":
             parts = value.split(",") if isinstance(value, str) else value
             return tuple(float(p) for p in parts)

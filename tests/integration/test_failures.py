@@ -77,7 +77,7 @@ def test_wrong_token_and_garbage_clients_do_not_disturb_a_good_rank(corpus, tmp_
         garbage.sendall(b"GET / HTTP/1.1\r\nHost: omniload\r\n\r\n")
         silent = socket.create_connection((host, int(port)))  # says nothing at all
         with pytest.raises(omniload.OmniloadError, match="authentication failed"):
-            omniload.connect(job.addr, "not-the-token", rank=0, world_size=1)
+            next(omniload.connect(job.addr, "not-the-token", rank=0, world_size=1))
         good = collect(start_ranks(job, 1, tmp_path))
         assert garbage.recv(4096)[:2] == b"OL"  # an ERROR frame, then the connection is closed
         assert garbage.recv(4096) == b""

@@ -34,10 +34,13 @@ def test_round_trip_through_a_dict():
 
 
 def test_fingerprint_follows_data_not_runtime_knobs():
+    from omniload.coordinator.catalog import fingerprint, job_identity
+
     base = {"sources": ["a=x"], "seq_len": 64}
-    a = Spec.from_dict(base).fingerprint()
-    assert Spec.from_dict({**base, "workers": 9, "ring_mb": 4}).fingerprint() == a
-    assert Spec.from_dict({**base, "seed": 1}).fingerprint() != a
+    a = fingerprint(job_identity(Spec.from_dict(base), []))
+    runtime = {"workers": 9, "ring_mb": 4, "checkpoint_dir": "/tmp/x", "resume": "/tmp/y", "broadcast_at": "tp"}
+    assert fingerprint(job_identity(Spec.from_dict({**base, **runtime}), [])) == a
+    assert fingerprint(job_identity(Spec.from_dict({**base, "seed": 1}), [])) != a
 
 
 def test_flags_override_the_config_file(tmp_path):

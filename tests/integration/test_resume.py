@@ -1,0 +1,118 @@
+"""Exact checkpoint and resume (DESIGN.md invariants 1 and 2): kill -9, elastic, changed data, DCP."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+
+import omniload
+from omniload.coordinator.checkpoint import last_position
+from tests.corpus import documents, mixed_sources, write_parquet
+from tests.jobs import ROOT, collect, omniload_cli, run_ranks, start_ranks
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def _wait_for_step(folder: Path, at_least: int, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = last_position(folder) if folder.exists() else None
+        if found and found[0]["step"] >= at_least:
+            return found[0]["step"]
+        time.sleep(0.05)
+    raise AssertionError(f"the checkpoint never reached step {at_least}")
+
+
+def test_sigkill_then_resume_from_the_folder_repeats_the_uninterrupted_run(corpus, tmp_path):
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "seed": 4, "epochs": 0,
+            "steps": 120}
+    reference = run_ranks(spec, world=2, out_dir=tmp_path)
+    folder = tmp_path / "ckpt"
+    target = random.Random(os.getpid()).randint(41, 90)
+    job = omniload.Job({**spec, "checkpoint_dir": str(folder), "snapshot_every": 25}).start()
+    ranks = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.03"})
+    _wait_for_step(folder, target)
+    victims = [psutil.Process(job._process.pid), *(psutil.Process(p.pid) for p, _ in ranks)]
+    for victim in victims:
+        victim.send_signal(signal.SIGKILL)
+    for process, _ in ranks:
+        process.wait()
+    job.wait(10)
+    job.stop()  # what the launcher does: remove what the dead coordinator could not
+
+    with omniload.Job({**spec, "resume": str(folder)}) as resumed_job:
+        resumed = collect(start_ranks(resumed_job, 2, tmp_path))
+        log = "\n".join(resumed_job.log_tail())
+    start = resumed[0]["steps"][0]
+    assert start >= target and f"resuming from {folder} at step {start}" in log
+    for rank in range(2):
+        assert resumed[rank]["steps"] == list(range(start, 120))
+        assert resumed[rank]["hashes"] == reference[rank]["hashes"][start:], f"rank {rank} differs after resume"
+
+
+@pytest.mark.parametrize("before, after", [(2, 3), (4, 2)])
+def test_resume_with_a_different_number_of_ranks_delivers_every_sample_once(corpus, tmp_path, before, after):
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "seed": 8, "epochs": 1}
+    whole = Counter(i for rank in run_ranks(spec, world=before, out_dir=tmp_path) for i in rank["sample_ids"])
+    folder = tmp_path / f"ckpt{before}{after}"
+    with omniload.Job({**spec, "checkpoint_dir": str(folder)}) as job:
+        first = collect(start_ranks(job, before, tmp_path, max_steps=15))
+        assert _wait_for_step(folder, 15, timeout=10) == 15
+    with omniload.Job({**spec, "resume": str(folder)}) as job:
+        second = collect(start_ranks(job, after, tmp_path))
+    delivered = Counter(i for rank in first + second for i in rank["sample_ids"])
+    assert not [i for i, n in delivered.items() if n > 1], "a sample was delivered twice"
+    assert delivered == whole, f"lost {sum((whole - delivered).values())} samples"
+
+
+def test_changed_spec_or_files_are_refused_naming_what_changed(corpus, tmp_path):
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "workers": 3, "steps": 8}
+    folder = tmp_path / "ckpt"
+    run_ranks({**spec, "checkpoint_dir": str(folder)}, world=1, out_dir=tmp_path)
+    with pytest.raises(omniload.ConfigError, match="spec seq_len: checkpoint 64, job 96"):
+        omniload.Job({**spec, "seq_len": 96, "resume": str(folder)}).start()
+    write_parquet(Path(corpus["web"]).parent / "b.parquet", documents(210, 2))
+    with pytest.raises(omniload.ConfigError, match="source 'web': .*b.parquet changed"):
+        omniload.Job({**spec, "resume": str(folder)}).start()
+    result = omniload_cli("launch", "--config", _config(tmp_path, spec), "--resume", str(folder),
+                          "--", sys.executable, "-c", "pass")
+    assert result.returncode == 2 and "b.parquet changed" in result.stderr and "--allow-changed-data" in result.stderr
+    allowed = run_ranks({**spec, "resume": str(folder), "allow_changed_data": True, "steps": 12}, 1, tmp_path)
+    assert allowed[0]["steps"][0] == 8
+    recorded = b"".join(p.read_bytes() for p in [*folder.glob("deltas-*.log"), *folder.glob("snapshot-*.json")])
+    assert b"allow_changed_data: resumed at step 8 over changed data" in recorded
+
+
+def _config(tmp_path: Path, spec: dict) -> str:
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+def test_loader_state_saved_and_loaded_with_torch_distributed_checkpoint(corpus, tmp_path):
+    flags = [f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
+             for s in mixed_sources(corpus)]
+    common = [*flags, "--seq-len", "64", "--rows", "2", "--steps", "20", "--epochs", "0"]
+
+    def torchrun(mode: str, out: str) -> dict[str, dict]:
+        result = omniload_cli("launch", *common, "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              "--nproc_per_node=2", str(ROOT / "tests" / "dcp_train.py"), mode,
+                              str(tmp_path / "dcp"), str(tmp_path / out), timeout=200)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return {r: json.loads((tmp_path / out.format(rank=r)).read_text()) for r in range(2)}
+
+    full = torchrun("full", "full{rank}.json")
+    saved = torchrun("save", "save{rank}.json")
+    loaded = torchrun("load", "load{rank}.json")
+    for rank in range(2):
+        assert sorted(map(int, saved[rank])) == list(range(10))
+        assert sorted(map(int, loaded[rank])) == list(range(10, 20))
+        assert {**saved[rank], **loaded[rank]} == full[rank]
