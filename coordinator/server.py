@@ -26,6 +26,7 @@ from omniload.layout import Layout
 from omniload.protocol import FrameDecoder, Kind, Message, encode
 from omniload.spec import Spec
 from omniload.state import check_state
+from omniload.workers.readers import use_system_allocator
 from omniload.workers.ring import remove_stale_segments
 
 from omniload.coordinator.batches import encode_batch
@@ -98,6 +99,7 @@ class Coordinator:
         """Run the job to its end; returns the process exit code. Call with no loop running."""
         for path in remove_stale_segments():
             log.info("removed %s, left by a job that died", path.name)
+        use_system_allocator()
         catalog = build_catalog(self.spec)
         budget = self.spec.workers or min(len(catalog), os.cpu_count() or 1)
         plan = assign_lanes(self.spec.weights(), budget)

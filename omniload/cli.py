@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -183,16 +182,13 @@ def _wait_quietly(job: Any, timeout: float) -> int | None:
 
 
 def _stop_child(child: subprocess.Popen) -> None:
-    try:
-        child.wait(_CHILD_STOP_S)
-        return
-    except subprocess.TimeoutExpired:
-        child.send_signal(signal.SIGTERM)
+    """Give CMD time to exit on its own (its ranks got the error, or the same Ctrl-C), then stop it."""
+    from omniload.job import stop_process
+
     try:
         child.wait(_CHILD_STOP_S)
     except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
+        stop_process(child, _CHILD_STOP_S)
 
 
 def _or_exit(action: Callable[[], Any], quiet: bool = False) -> Any:

@@ -79,13 +79,7 @@ class Job:
         process = self._process
         if process is None:
             return 0
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(_STOP_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process, _STOP_S)
         from omniload.workers.ring import job_segments  # not a rank's import: keeps psutil off ranks
 
         for path in job_segments(self.job_id):
@@ -133,3 +127,15 @@ class Job:
             self._stderr_tail.append(line.rstrip())
             sys.stderr.write(line)
             sys.stderr.flush()
+
+
+def stop_process(process: subprocess.Popen, timeout: float) -> int:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds; its exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode

@@ -98,7 +98,7 @@ class Spec:
     pp: int = 1
     cp: int = 1
     on_bad_file: str = "stop"
-    ring_mb: int = 16
+    ring_mb: int = 4
     plan_ahead: int = 8
     max_restarts: int = 3
     worker_timeout: float = 300.0

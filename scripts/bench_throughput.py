@@ -40,11 +40,12 @@ def costly_bytes(text: str) -> list[int]:
 def _rank(kind: str, spec_dict: dict, rank: int, world: int, steps: int, workers: int, conn) -> None:
     import torch  # noqa: F401  (a real rank has it imported before the loader starts)
 
-    from colocated import colocated_loader
+    if kind == "omniload":
+        import omniload
+    else:  # only the baseline's ranks load the readers and the planner
+        from colocated import colocated_loader
 
-    import omniload
-    from omniload.spec import Spec
-
+        from omniload.spec import Spec
     conn.send("ready")
     t0, addr, token = conn.recv()
     if kind == "omniload":

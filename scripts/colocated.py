@@ -61,13 +61,19 @@ class ColocatedDataset(IterableDataset):
         transform = load_transform(src.tokenizer)
         n = len(src.shards)
         epochs = range(self.spec.epochs) if self.spec.epochs else itertools.count()
+        # whole shards per worker; with fewer shards than workers, as colocated loaders do, each
+        # worker reads a shard and keeps every k-th row of it
+        stride = -(-parts // n)
+        positions = range(part, n, parts) if n >= parts else [part % n]
         for epoch in epochs:
             order = shard_permutation(n, self.spec.seed, src.index, epoch)
-            for position in range(part, n, parts):
+            for position in positions:
                 index = int(order[position])
                 shard = src.shards[index]
                 values = read_shard(shard, src.column)
                 rows = row_permutation(shard.rows, self.spec.seed, src.index, epoch, index)
+                if n < parts:
+                    rows = rows[(part // n) % stride :: stride]
                 for i, tokens in zip(rows, transform([values[i] for i in rows])):
                     yield Doc(src.index, shard.first_ordinal + int(i), tokens)
 

@@ -27,6 +27,12 @@ _SUFFIXES = {
 }
 
 
+def use_system_allocator() -> None:
+    """Arrow's default allocator (jemalloc) keeps freed pages for reuse; the system one gives
+    them back, so a process's memory follows the shard it holds now. Call at process start."""
+    pa.set_memory_pool(pa.system_memory_pool())
+
+
 class BadFile(Exception):
     """A file that cannot be read as its format; the message says why."""
 

@@ -7,6 +7,7 @@ its lanes are done, when the coordinator is gone, or (killed) when the coordinat
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import select
 import signal
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from omniload.order import row_permutation, shard_at
-from omniload.workers.readers import BadFile, Shard, read_shard
+from omniload.workers.readers import BadFile, Shard, read_shard, use_system_allocator
 from omniload.workers.records import doc_record, error_record, skip_record
 from omniload.workers.ring import RecordTooLarge, Ring
 from omniload.workers.transforms import Transform, load_transform
@@ -56,6 +57,7 @@ def run_worker(config: WorkerConfig) -> None:
     """Process entry point (forked by the coordinator's pool)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the coordinator's to handle
     _exit_with(config.coordinator_pid)
+    use_system_allocator()
     rings = [Ring.attach(Path(lane.ring_path)) for lane in config.lanes]
     producers = [_produce(lane) for lane in config.lanes]
     pending: list[tuple | None] = [None] * len(producers)
@@ -114,8 +116,11 @@ def _produce(lane: LaneConfig) -> Iterator[tuple]:
             except Exception as exc:  # the user's transform; its error must reach the user
                 yield error_record(g, first_row, f"{shard.file}: transform failed: {type(exc).__name__}: {exc}")
                 return
+            del values
             for row, (i, doc) in enumerate(zip(order, tokens), start=first_row):
                 yield doc_record(g, row, shard.first_ordinal + int(i), doc)
+            del tokens
+            _release_freed_memory()
         g += lane.num_lanes
         first_row = 0
 
@@ -125,6 +130,25 @@ def _transform(transform: Transform, values: list) -> list[np.ndarray]:
     if len(tokens) != len(values):
         raise ValueError(f"returned {len(tokens)} results for {len(values)} values")
     return [np.ascontiguousarray(t, dtype=np.int32) for t in tokens]
+
+
+def _release_freed_memory() -> None:
+    """Give the shard's freed buffers back to the OS: a worker's memory is the shard it holds,
+    not the largest shard it ever read (glibc keeps freed heap otherwise)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim  # noqa: B018  (glibc only)
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _load_libc()
 
 
 def _exit_with(pid: int) -> None:

@@ -1,0 +1,34 @@
+"""Each benchmark runs at its smallest size, so the scripts keep working (no figures asserted:
+speed and memory goals live in the benchmarks, never in timed tests)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.jobs import ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def _run(script: str, *args: str) -> str:
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True,
+                            text=True, timeout=220, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_bench_balance_runs():
+    out = _run("bench_balance.py", "--steps", "3", "--dp", "4", "--large-dp", "16", "--large-steps", "1")
+    assert "simulated step-time speedup" in out and "planner time per step at DP=16" in out
+
+
+def test_bench_throughput_runs():
+    out = _run("bench_throughput.py", "--steps", "5", "--docs", "300", "--sources", "2", "--seq-len", "256")
+    assert "heterogeneous" in out and "loopback TCP copy" in out
+
+
+def test_bench_memory_runs():
+    out = _run("bench_memory.py", "--ranks", "1", "--sources", "2", "--docs", "300")
+    assert "baseline MB" in out and "omniload at N=1 / at N=1" in out
