@@ -2,6 +2,7 @@
 segment of ours and no child process of the test left behind."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -17,14 +18,28 @@ def _our_segments() -> list[str]:
     return sorted(p.name for p in SHM_DIR.glob(f"{PREFIX}*"))
 
 
+def _orphans(since: float) -> list[psutil.Process]:
+    """omniload processes started since `since` that were reparented away from the test
+    (a coordinator, forkserver or worker whose parent died): children() cannot see them."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "create_time", "status"]):
+        info = process.info
+        if (info["create_time"] or 0) >= since and info["status"] != psutil.STATUS_ZOMBIE \
+                and "omniload" in " ".join(info["cmdline"] or ()) and process.pid != os.getpid():
+            found.append(process)
+    return found
+
+
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
     before = set(_our_segments())
+    started = time.time() - 0.5
     yield
     me = psutil.Process()
     deadline = time.monotonic() + _GRACE_S
     while time.monotonic() < deadline:
         children = [c for c in me.children(recursive=True) if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        children += [p for p in _orphans(started) if p not in children]
         leftover = set(_our_segments()) - before
         if not children and not leftover:
             return
