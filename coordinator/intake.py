@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omniload.errors import SourceFailed
-from omniload.order import shard_permutation
+from omniload.order import lane_of, shard_permutation
 from omniload.workers.records import RecordKind, decode, tokens_of
 from omniload.workers.ring import Ring
 
@@ -56,7 +56,7 @@ class SourceIntake:
     def poll(self) -> Doc | None:
         """The next document if its record has arrived, else None (also when dry)."""
         while not self.dry:
-            data = self.rings[self.g % len(self.rings)].read()
+            data = self.rings[lane_of(self.g, len(self.rings))].read()
             if data is None:
                 return None
             record = decode(data)

@@ -33,7 +33,3 @@ def join(passes: list[float], before: Sequence[float], after: Sequence[float]) -
         if old <= 0 < new:
             passes[s] = max(passes[s], floor)
 
-
-def shares(tokens: Sequence[int]) -> list[float]:
-    total = sum(tokens)
-    return [t / total if total else 0.0 for t in tokens]

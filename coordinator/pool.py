@@ -10,7 +10,6 @@ import logging
 import multiprocessing
 import signal
 from collections.abc import Callable
-from pathlib import Path
 
 from omniload.order import first_shard_of_lane
 from omniload.spec import Spec

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 
-import pyarrow.parquet as pq
 import pytest
 
 from omniload.order import sample_id

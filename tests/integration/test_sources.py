@@ -1,7 +1,6 @@
 """Source formats and transforms end to end: pre-tokenized columns, Hugging Face tokenizers."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from tests.corpus import write_arrow, write_jsonl, write_parquet

@@ -30,7 +30,7 @@ def test_lanes_partition_global_shard_numbers():
     for lanes in (1, 2, 3, 5):
         owned = {lane: [g for g in range(40) if lane_of(g, lanes) == lane] for lane in range(lanes)}
         assert sorted(g for gs in owned.values() for g in gs) == list(range(40))
-        for lane, gs in owned.items():
+        for lane in owned:
             for start in range(40):
                 first = first_shard_of_lane(lane, lanes, start)
                 assert first >= start and lane_of(first, lanes) == lane and first - start < lanes

@@ -1,7 +1,11 @@
 import numpy as np
 import pytest
 
-from omniload.coordinator.mixture import advance, join, next_source, shares
+from omniload.coordinator.mixture import advance, join, next_source
+
+
+def shares(tokens):
+    return [t / sum(tokens) for t in tokens]
 
 
 def _draw(weights, lengths_by_source, until_tokens, passes=None, tokens=None):
