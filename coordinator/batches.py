@@ -16,6 +16,7 @@ def encode_batch(step: int, arrays: dict[str, np.ndarray], meta: dict[str, Any])
         data = np.ascontiguousarray(array)
         tensors.append({"name": name, "dtype": str(data.dtype), "shape": list(data.shape), "offset": offset})
         pad = -data.nbytes % 8  # keep every tensor 8-byte aligned in the receive buffer
-        parts.append(data.tobytes() + b"\0" * pad)
+        parts += [memoryview(data).cast("B"), bytes(pad)]
         offset += data.nbytes + pad
+    # join copies each array once into the payload; the frame is then shared by every rank it goes to
     return encode_parts(Kind.BATCH, {"step": step, "tensors": tensors, **meta}, b"".join(parts))

@@ -34,7 +34,7 @@ from omniload.coordinator.catalog import build_catalog, fingerprint, job_identit
 from omniload.coordinator.checkpoint import CheckpointWriter, explain_mismatch, last_position
 from omniload.coordinator.intake import SourceIntake
 from omniload.coordinator.lanes import assign_lanes
-from omniload.coordinator.pool import WorkerPool
+from omniload.coordinator.pool import WorkerPool, WorkerProcess
 from omniload.coordinator.parallel import cp_slice
 from omniload.coordinator.stepper import Step, Stepper
 
@@ -60,7 +60,7 @@ class RankState:
 
 @dataclass(slots=True)
 class _Steps:
-    """Planned steps not yet consumed by every rank: step number -> one frame per dp rank."""
+    """Planned steps not yet consumed by every rank: step number -> one frame per rank variant."""
 
     frames: dict[int, dict[tuple[int, int, bool], tuple[bytes, bytes]]] = field(default_factory=dict)
     positions: dict[int, dict] = field(default_factory=dict)  # steps completed -> loader position then
@@ -84,6 +84,7 @@ class Coordinator:
         self._start_step = 0
         self._layout: Layout | None = None
         self._expected: set[int] = set()  # the ranks that connect (all, or tp rank 0 of each group)
+        self._variants: list[tuple[int, int, bool]] = []
         self._live_changes: list[tuple[int, dict[str, float]]] = []
         self._stepper: Stepper | None = None
         self._checkpoints: CheckpointWriter | None = None
@@ -164,9 +165,7 @@ class Coordinator:
         self._stepper.restore(position)
         self._start_at(position)
         for worker_id in range(len(self._pool.workers)):
-            self._pool.reset_rings(worker_id)
-            worker = self._pool.start(worker_id, self._cursor_of)
-            loop.add_reader(worker.sentinel, self._on_worker_exit, worker_id)
+            self._restart(worker_id)
         log.warning("resuming at step %d, the loader position the ranks brought", position["step"])
 
     def _record_consumed(self, before: int, after: int) -> None:
@@ -182,7 +181,7 @@ class Coordinator:
         self._should_exit, self._progress, self._world_known = asyncio.Event(), asyncio.Event(), asyncio.Event()
         self._install_signal_handlers(loop)
         for worker_id, worker in enumerate(self._pool.workers):
-            loop.add_reader(worker.sentinel, self._on_worker_exit, worker_id)
+            self._supervise(worker, worker_id)
         server = await asyncio.start_server(self._serve_rank, self._host, self._port)
         host, port = server.sockets[0].getsockname()[:2]
         self._announce(f"{_public_host(host)}:{port}")
@@ -250,9 +249,15 @@ class Coordinator:
         self._pool.restarts[worker_id] += 1
         log.warning("%s; restarting it at the source cursor (restart %d of %d)", cause,
                     self._pool.restarts[worker_id], self.spec.max_restarts)
+        self._restart(worker_id)
+
+    def _restart(self, worker_id: int) -> None:
+        """A fresh worker at its sources' cursors; the dead one's unread records are dropped."""
         self._pool.reset_rings(worker_id)
-        replacement = self._pool.start(worker_id, self._cursor_of)
-        loop.add_reader(replacement.sentinel, self._on_worker_exit, worker_id)
+        self._supervise(self._pool.start(worker_id, self._cursor_of), worker_id)
+
+    def _supervise(self, worker: WorkerProcess, worker_id: int) -> None:
+        asyncio.get_running_loop().add_reader(worker.sentinel, self._on_worker_exit, worker_id)
 
     async def _tick_loop(self) -> None:
         started = time.monotonic()
@@ -305,7 +310,7 @@ class Coordinator:
         meta = {"tokens": step.tokens, "dp": self._layout.dp, "plan": step.figures,
                 "weights": dict(zip(self._source_names, step.weights)), "state": position}
         frames = {}
-        for variant in sorted({self._variant(r) for r in self._expected}):
+        for variant in self._variants:
             dp_rank, cp_rank, has_data = variant
             arrays = cp_slice(step.batches[dp_rank], self.spec.cp, cp_rank) if has_data else {}
             frames[variant] = encode_batch(step.number, arrays, meta)
@@ -385,8 +390,8 @@ class Coordinator:
             if state is not None:
                 state.writer = None
                 if not state.ended and not self._should_exit.is_set():
-                    (log.info if state.said_bye else log.warning)("rank %d disconnected after consuming %d steps; it may reconnect", state.rank,
-                                state.consumed)
+                    say = log.info if state.said_bye else log.warning
+                    say("rank %d disconnected after consuming %d steps; it may reconnect", state.rank, state.consumed)
                 self._maybe_finish()
             writer.close()
 
@@ -406,16 +411,12 @@ class Coordinator:
                 self._layout = Layout(world=world, tp=self.spec.tp, pp=self.spec.pp, cp=self.spec.cp,
                                       order=self.spec.rank_order)
                 self._expected = {r for r in range(world) if self._layout.connects(r, self.spec.broadcast_at)}
+                self._variants = sorted({self._variant(r) for r in self._expected})  # one frame each per step
                 self._world_known.set()
             elif world != self._layout.world:
                 raise ConfigError(f"rank {rank} says the world has {world} ranks; earlier ranks said "
                                   f"{self._layout.world}")
             variant = self._variant(rank)
-        except ConfigError as exc:
-            self._refuse(writer, str(exc))
-            self._fail(exc)
-            return None
-        try:
             brought = hello.header.get("resume")
             if brought is not None:
                 brought = check_state(brought, f"rank {rank}'s loader state")
@@ -465,7 +466,7 @@ class Coordinator:
             except ConfigError as exc:
                 writer.write(encode(Message(Kind.ERROR, {"message": str(exc)})))
                 continue
-            at = self._stepper.step if self._stepper else 0
+            at = self._stepper.step
             self._live_changes.append((at, weights))
             log.info("mixture changed from step %d on: %s", at, weights)
             writer.write(encode(Message(Kind.MIX, {"step": at, "weights": weights})))
@@ -479,7 +480,7 @@ class Coordinator:
         if any(not isinstance(w, (int, float)) or w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
             raise ConfigError(f"weights must be numbers >= 0, not all zero, got {weights}")
         # a change names the sources it sets; the others keep the weight they have now
-        current = dict(zip(self._source_names, self._stepper.weights if self._stepper else self.spec.weights()))
+        current = dict(zip(self._source_names, self._stepper.upcoming_weights()))
         return {**current, **{k: float(v) for k, v in weights.items()}}
 
     def _refuse(self, writer: asyncio.StreamWriter, message: str) -> None:

@@ -100,6 +100,11 @@ class Stepper:
                                       position_start, group, delay, (g, row)))
         self._saved_carry = None
 
+    def upcoming_weights(self) -> list[float]:
+        """The weights the next step will draw with (schedule, then live changes)."""
+        return weights_at(self._spec.mixture, self._base_weights, self._names, self.step, self.tokens_drawn,
+                          self.live_changes)
+
     async def next_step(self) -> Step | None:
         """The next step, or None when the data (or --steps) has ended."""
         if self._saved_carry is not None:
@@ -107,18 +112,19 @@ class Stepper:
         spec = self._spec
         if spec.steps and self.step >= spec.steps:
             return None
-        weights = weights_at(spec.mixture, self._base_weights, self._names, self.step, self.tokens_drawn,
-                             self.live_changes)
+        weights = self.upcoming_weights()
         join(self.passes, self.weights, weights)
         self.weights = weights
         need = self.dp * spec.rows * spec.seq_len - sum(s.length for s in self.carry)
         fresh: list[Segment] = []
+        live = [not i.dry for i in self._intakes]
         while need > 0:
-            source = next_source(self.passes, weights, [not i.dry for i in self._intakes])
+            source = next_source(self.passes, weights, live)
             if source is None:
                 break
             doc = await self._next_doc(self._intakes[source])
             if doc is None:
+                live[source] = False
                 continue
             if spec.long_docs == "drop" and len(doc.tokens) > spec.seq_len:
                 self.dropped += 1

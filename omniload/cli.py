@@ -72,7 +72,6 @@ def build_spec(config: str | None, sources: tuple[str, ...], options: dict[str, 
     if sources:
         data["sources"] = [parse_source(s, "--source") for s in sources]
     data.update({k: v for k, v in options.items() if v is not None})
-    data["sources"] = [dataclasses.asdict(parse_source(s, where)) for s in data.get("sources", [])]
     return Spec.from_dict(data, where)
 
 

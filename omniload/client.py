@@ -106,13 +106,17 @@ class Loader:
                  "credits": max(1, self._prefetch)}
         if self._resume is not None:
             hello["resume"] = self._resume
-        self._sock.sendall(encode(Message(Kind.HELLO, hello)))
-        kind, header, _ = self._receive_frame()
-        if kind is Kind.ERROR:
+        try:
+            self._sock.sendall(encode(Message(Kind.HELLO, hello)))
+            kind, header, _ = self._receive_frame()
+            if kind is Kind.ERROR:
+                raise OmniloadError(f"coordinator at {self.addr} refused rank {self.rank}: {header.get('message')}")
+            if kind is not Kind.WELCOME:
+                raise ProtocolError(f"expected WELCOME from {self.addr}, got {kind.name}")
+        except BaseException:
             self._sock.close()
-            raise OmniloadError(f"coordinator at {self.addr} refused rank {self.rank}: {header.get('message')}")
-        if kind is not Kind.WELCOME:
-            raise ProtocolError(f"expected WELCOME from {self.addr}, got {kind.name}")
+            self._sock = None  # not connected: close() has nothing to do, a retry starts afresh
+            raise
         self._sock.settimeout(None)
         self._info = header
         self._position = header.get("state")

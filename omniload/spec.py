@@ -178,7 +178,7 @@ class Spec:
     def from_dict(cls, data: dict[str, Any], where: str = "spec") -> Spec:
         data = dict(data)
         _reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
-        raw_sources = data.pop("sources", None)
+        raw_sources = data.pop("sources", [])
         if not isinstance(raw_sources, (list, tuple)):
             raise ConfigError(f"{where}: 'sources' must be a list of sources")
         sources = [parse_source(s, where) for s in raw_sources]
