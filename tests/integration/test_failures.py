@@ -34,6 +34,8 @@ def test_killed_worker_is_replaced_with_nothing_lost_or_repeated(corpus, tmp_pat
         for victim in victims[:2]:
             victim.send_signal(signal.SIGKILL)
         crashed = collect(ranks)
+        log = "\n".join(job.log_tail())
+    assert log.count("was killed by SIGKILL; restarting it at the source cursor") == 2, log
     for rank in range(2):
         assert crashed[rank]["hashes"] == reference[rank]["hashes"], f"rank {rank} saw different data after the crash"
 

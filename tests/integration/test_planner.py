@@ -35,7 +35,10 @@ def test_live_mixture_change_applies_from_the_step_it_reports(corpus, tmp_path):
     spec = {"sources": mixed_sources(corpus), "seq_len": 256, "rows": 4, "workers": 3, "epochs": 0, "steps": 60}
     with omniload.Job(spec) as job:
         loader = omniload.connect(job.addr, job.token, rank=0, world_size=1)
-        steps = [(loader.meta, next(loader)["source"].clone()) for _ in range(5)]
+        steps = []
+        for _ in range(5):
+            sources = next(loader)["source"].clone()
+            steps.append((dict(loader.meta), sources))
         result = omniload_cli("mix", "--addr", job.addr, "--token", job.token, "--set", "web=1,code=0,books=0")
         assert result.returncode == 0, result.stderr
         changed_at = int(result.stdout.split("step")[-1])
@@ -53,3 +56,13 @@ def test_live_mixture_change_applies_from_the_step_it_reports(corpus, tmp_path):
     # documents chosen before the change are still delivered (carried over); then only web
     tail = torch.cat([sources for _, sources in steps[-15:]])
     assert set(tail[tail >= 0].tolist()) == {0}
+
+
+def test_a_mixture_change_before_the_first_step_keeps_the_other_weights(corpus, tmp_path):
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "workers": 3, "steps": 3}
+    with omniload.Job(spec) as job:
+        assert job.set_weights({"books": 0.6}) == 0
+        with omniload.connect(job.addr, job.token, rank=0, world_size=1) as loader:
+            next(loader)
+            weights = loader.meta["weights"]
+    assert weights == pytest.approx({"web": 0.6 / 1.5, "code": 0.3 / 1.5, "books": 0.6 / 1.5})

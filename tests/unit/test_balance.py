@@ -63,12 +63,15 @@ def test_groups_take_whole_rows_of_one_rank_or_wait_together():
 
 
 def test_window_lets_an_outlier_wait_instead_of_overloading_a_rank():
-    lengths = np.array([100] * 8 + [100])
+    # eight carried segments load both ranks to 40 first; the fresh outlier (cost 50) would then
+    # take one rank to 90, above the bound max(130 / 2, 50) = 65 (refinement brings it to 70)
+    lengths = np.array([100] * 9)
     costs = np.array([10.0] * 8 + [50.0])
-    eager = assign(lengths, costs, 0, dp=2, rows=8, seq_len=100)
-    patient = assign(lengths, costs, 0, dp=2, rows=8, seq_len=100, may_wait=np.array([True] * 9))
-    assert (eager.rank >= 0).all()
-    assert patient.cost.max() <= eager.cost.max()
+    eager = assign(lengths, costs, 8, dp=2, rows=8, seq_len=100)
+    patient = assign(lengths, costs, 8, dp=2, rows=8, seq_len=100, may_wait=np.array([False] * 8 + [True]))
+    assert eager.rank[8] >= 0 and eager.cost.max() == 70
+    assert patient.rank[8] == -1, "the outlier waits for a later step"
+    assert (patient.rank[:8] >= 0).all() and patient.cost.max() == 40
 
 
 def _segments(lengths, delay=0):
