@@ -3,7 +3,7 @@
     snapshot-<step>.json   the whole position after <step>, plus the spec and file list
     deltas-<step>.log      one line per later step: "<crc32 hex> <json delta>"
 
-A delta holds only what changed: the cursors that moved, the passes and weights, the carry
+A delta holds only what changed: the cursors and windows that moved, the passes and weights, the carry
 segments added and removed, new live changes. Snapshots are written atomically (temporary
 file, fsync, rename, fsync of the folder). Restore takes the newest snapshot that reads
 cleanly and applies deltas while each is intact and continues the step before it, so a torn
@@ -79,6 +79,7 @@ def diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return {
         "step": new["step"],
         "cursors": {s: c for s, c in new["cursors"].items() if old["cursors"].get(s) != c},
+        "windows": {s: w for s, w in new["windows"].items() if old["windows"].get(s) != w},
         "passes": new["passes"], "weights": new["weights"], "tokens": new["tokens"], "dropped": new["dropped"],
         "carry_out": [i for i, c in enumerate(old["carry"]) if tuple(c) not in new_carry],
         "carry_in": [c for c in new["carry"] if tuple(c) not in old_carry],
@@ -90,6 +91,7 @@ def apply(state: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
     gone = set(delta["carry_out"])
     carry = [c for i, c in enumerate(state["carry"]) if i not in gone] + delta["carry_in"]
     return {**state, "step": delta["step"], "cursors": {**state["cursors"], **delta["cursors"]},
+            "windows": {**state["windows"], **delta["windows"]},
             "passes": delta["passes"], "weights": delta["weights"], "tokens": delta["tokens"],
             "dropped": delta["dropped"], "carry": carry, "live": state["live"] + delta["live_in"]}
 

@@ -1,8 +1,9 @@
 """Take each source's documents from the rings in the source's deterministic order.
 
-The cursor `(g, row)` is the next sample to consume: row `row` of global shard `g`. Shard `g`
-belongs to lane `g % lanes`, whose worker writes its shards in order, so the next record of
-that lane's ring is always the one wanted: no reordering, and no buffer beyond the rings.
+The cursor `(group, pos)` is the next sample to consume: position `pos` of group `group` (see
+omniload.order). Group `k` belongs to lane `k % lanes`, whose worker writes its groups in
+order, so the next record of that lane's ring is always the one wanted: no reordering, and no
+buffer beyond the rings.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omniload.errors import SourceFailed
-from omniload.order import lane_of, shard_permutation
+from omniload.order import group_members, groups_per_epoch, lane_of, shard_permutation
 from omniload.workers.records import RecordKind, decode, tokens_of
 from omniload.workers.ring import Ring
 
@@ -26,52 +27,62 @@ class Doc:
     source: int
     ordinal: int
     tokens: np.ndarray
-    g: int = 0  # where the document sits in its source's order
-    row: int = 0
+    group: int = 0  # where the document sits in its source's order
+    pos: int = 0
+
+    @property
+    def origin(self) -> tuple[int, int]:
+        return self.group, self.pos
 
 
 class SourceIntake:
-    def __init__(self, catalog: SourceCatalog, rings: list[Ring], seed: int, g: int = 0, row: int = 0) -> None:
+    def __init__(self, catalog: SourceCatalog, rings: list[Ring], seed: int, interleave: int) -> None:
         self.catalog = catalog
         self.rings = rings
         self._seed = seed
-        self._end = catalog.epochs * len(catalog.shards) if catalog.epochs else None
+        self._interleave = interleave
+        self._end = catalog.epochs * groups_per_epoch(len(catalog.shards), interleave) if catalog.epochs else None
         self._rows_by_epoch: tuple[int, np.ndarray] | None = None
-        self.g, self.row = g, row
+        self._group_rows: tuple[int, int] = (-1, 0)
+        self.group, self.pos = 0, 0
         self._advance(0)
 
     @property
     def cursor(self) -> tuple[int, int]:
-        return self.g, self.row
+        return self.group, self.pos
 
-    def seek(self, g: int, row: int) -> None:
+    def seek(self, group: int, pos: int) -> None:
         """Move the cursor; only while this source's workers are stopped and its rings empty."""
-        self.g, self.row = g, row
+        self.group, self.pos = group, pos
         self._advance(0)
 
     @property
+    def epoch(self) -> int:
+        """The epoch of the cursor."""
+        return self.group // groups_per_epoch(len(self.catalog.shards), self._interleave)
+
+    @property
     def dry(self) -> bool:
-        return self._end is not None and self.g >= self._end
+        return self._end is not None and self.group >= self._end
 
     def poll(self) -> Doc | None:
         """The next document if its record has arrived, else None (also when dry)."""
         while not self.dry:
-            data = self.rings[lane_of(self.g, len(self.rings))].read()
+            data = self.rings[lane_of(self.group, len(self.rings))].read()
             if data is None:
                 return None
             record = decode(data)
             if record.kind is RecordKind.ERROR:
                 raise SourceFailed(self.catalog.name, bytes(record.payload).decode(errors="replace"))
-            if (record.g, record.row) != (self.g, self.row):
-                raise SourceFailed(self.catalog.name, f"record {record.g}:{record.row} arrived where "
-                                   f"{self.g}:{self.row} was due (a bug in omniload; please report it)")
-            if record.kind is RecordKind.SKIP:
-                log.warning("source '%s': skipped %d rows: %s", self.catalog.name, record.count,
-                            bytes(record.payload).decode(errors="replace"))
-                self._advance(record.count)
-                continue
+            if (record.group, record.pos) != self.cursor:
+                raise SourceFailed(self.catalog.name, f"record {record.group}:{record.pos} arrived where "
+                                   f"{self.group}:{self.pos} was due (a bug in omniload; please report it)")
             self._advance(1)
-            return Doc(self.catalog.index, record.ordinal, tokens_of(record), record.g, record.row)
+            if record.kind is RecordKind.SKIP:
+                if record.payload:  # said once per unreadable file
+                    log.warning("source '%s': %s", self.catalog.name, bytes(record.payload).decode(errors="replace"))
+                continue
+            return Doc(self.catalog.index, record.ordinal, tokens_of(record), record.group, record.pos)
         return None
 
     def _shard_rows(self, g: int) -> int:
@@ -83,8 +94,14 @@ class SourceIntake:
             self._rows_by_epoch = (epoch, rows)
         return int(self._rows_by_epoch[1][position])
 
+    def _rows_of_group(self, k: int) -> int:
+        if self._group_rows[0] != k:
+            members = group_members(k, len(self.catalog.shards), self._interleave)
+            self._group_rows = (k, sum(self._shard_rows(g) for g in members))
+        return self._group_rows[1]
+
     def _advance(self, count: int) -> None:
-        self.row += count
-        while not self.dry and self.row >= self._shard_rows(self.g):
-            self.row -= self._shard_rows(self.g)
-            self.g += 1
+        self.pos += count
+        while not self.dry and self.pos >= self._rows_of_group(self.group):
+            self.pos -= self._rows_of_group(self.group)
+            self.group += 1

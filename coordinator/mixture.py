@@ -1,9 +1,10 @@
 """Mixing sources by tokens; pure.
 
 Stride scheduling: each source has a pass value, the tokens it has had divided by its
-weight. The next document comes from the live source with the lowest pass (ties to the
-lower index), so each source's token share tracks its weight to within one document, with no
-randomness: the sequence is a function of the weights and the documents' lengths alone.
+weight. The next segment (a document or one chunk of a longer one) comes from the live source
+with the lowest pass (ties to the lower index), so each source's token share tracks its weight
+to within one segment, with no randomness: the sequence is a function of the weights and the
+segments' lengths alone.
 When weights change, passes carry on, and a source that just got a weight starts at the
 current lowest pass, so it gets its new share from then on, with no burst to catch up.
 """

@@ -29,6 +29,11 @@ class Segment:
     origin: tuple[int, int] = (0, 0)  # (g, row) of its document, to find it again on restore
 
 
+def doc_key(segment: Segment) -> tuple[int, int, int]:
+    """(source, group, pos): the document a segment is part of, wherever its chunks went."""
+    return (segment.source, *segment.origin)
+
+
 def chunk_bounds(length: int, seq_len: int) -> list[tuple[int, int]]:
     """(start, stop) of the row-sized chunks of a document of `length` tokens."""
     return [(start, min(start + seq_len, length)) for start in range(0, length, seq_len)]

@@ -2,7 +2,9 @@
 
 Which segments are in the step is already decided (the mixture); this regroups them by
 cost (balance.py) and returns each rank's rows, what waits for the next step, and the
-step's figures: each rank's cost, max/mean, and the lower bound.
+step's figures: each rank's cost, max/mean, and the lower bound. A document may hold at most
+`doc_cap` tokens of a rank (or one segment, if that is longer): a further chunk of it placed
+on the same rank waits for the next step instead.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import numpy as np
 
 from omniload.coordinator.balance import assign
 from omniload.coordinator.cost import CostFn
-from omniload.coordinator.packer import Segment
+from omniload.coordinator.packer import Segment, doc_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +28,7 @@ class StepPlan:
 
 
 def plan_step(carry: Sequence[Segment], fresh: Sequence[Segment], dp: int, rows: int, seq_len: int,
-              cost_fn: CostFn, window: int = 0) -> StepPlan:
+              cost_fn: CostFn, window: int = 0, doc_cap: int = 0) -> StepPlan:
     segments = [*carry, *fresh]
     lengths = np.array([s.length for s in segments], dtype=np.int64)
     sources = np.array([s.source for s in segments], dtype=np.int64)
@@ -40,7 +42,16 @@ def plan_step(carry: Sequence[Segment], fresh: Sequence[Segment], dp: int, rows:
                     [np.array(g) for g in groups.values()], may_wait)
     bins: list[list[list[Segment]]] = [[[] for _ in range(rows)] for _ in range(dp)]
     left = []
-    for segment, rank, row in zip(segments, placed.rank.tolist(), placed.row.tolist()):
+    held: dict[tuple, int] = {}  # (rank, document) -> its tokens on that rank
+    for i, (segment, rank, row) in enumerate(zip(segments, placed.rank.tolist(), placed.row.tolist())):
+        if rank >= 0 and doc_cap and segment.group < 0:
+            key = (rank, doc_key(segment))
+            tokens = held.get(key, 0)
+            if tokens and tokens + segment.length > doc_cap:
+                placed.rank[i], placed.cost[rank] = -1, placed.cost[rank] - costs[i]
+                rank = -1
+            else:
+                held[key] = tokens + segment.length
         if rank >= 0:
             bins[rank][row].append(segment)
         else:

@@ -11,7 +11,7 @@ import multiprocessing
 import signal
 from collections.abc import Callable
 
-from omniload.order import first_shard_of_lane
+from omniload.order import first_of_lane
 from omniload.spec import Spec
 from omniload.workers.ring import Ring, segment_path
 from omniload.workers.worker import LaneConfig, WorkerConfig, run_worker
@@ -95,14 +95,14 @@ class WorkerPool:
         lanes = []
         for source, lane in self._plan[worker_id]:
             src = self._catalog[source]
-            g, row = cursor_of(source)
+            k, pos = cursor_of(source)
             num_lanes = self.lane_counts[source]
-            start_g = first_shard_of_lane(lane, num_lanes, g)
+            start_group = first_of_lane(lane, num_lanes, k)
             lanes.append(LaneConfig(
                 source_index=source, source_name=src.name, column=src.column, tokenizer=src.tokenizer,
                 lane=lane, num_lanes=num_lanes, ring_path=str(self.rings[(source, lane)].path),
-                shards=src.shards, seed=self._spec.seed, epochs=src.epochs,
-                start_g=start_g, start_row=row if start_g == g else 0,
+                shards=src.shards, seed=self._spec.seed, epochs=src.epochs, interleave=self._spec.shard_interleave,
+                start_group=start_group, start_pos=pos if start_group == k else 0,
                 skip_bad_files=self._spec.on_bad_file == "skip"))
         process = WorkerProcess(self._ctx, WorkerConfig(worker_id=worker_id, coordinator_pid=self._coordinator_pid,
                                                          lanes=tuple(lanes)))

@@ -109,7 +109,8 @@ class Coordinator:
         resumed = self._read_resume_folder()
         self._pool = WorkerPool(self.spec, catalog, plan, self.job_id, os.getpid())
         try:
-            self._intakes = [SourceIntake(src, self._pool.source_rings(src.index), self.spec.seed) for src in catalog]
+            self._intakes = [SourceIntake(src, self._pool.source_rings(src.index), self.spec.seed,
+                                         self.spec.shard_interleave) for src in catalog]
             self._stepper = Stepper(self.spec, self._intakes, self._live_changes)
             if resumed:
                 self._stepper.restore(resumed)

@@ -1,4 +1,4 @@
-"""Assemble each global step: draw documents by the mixture, plan, build every rank's arrays.
+"""Assemble each global step: draw segments by the mixture, plan, build every rank's arrays.
 
 The only waiting here is for a source's next record; every decision is made by the pure
 functions in schedule.py, mixture.py and planner.py, so the steps are a function of spec,
@@ -13,16 +13,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from omniload.errors import SourceFailed
-from omniload.order import MAX_CHUNKS, sample_id
+from omniload.order import MAX_CHUNKS
 from omniload.spec import Spec
 from omniload.state import STATE_VERSION
 
 from omniload.coordinator.cost import cost_function
 from omniload.coordinator.intake import Doc, SourceIntake
 from omniload.coordinator.mixture import advance, join, next_source
-from omniload.coordinator.packer import Segment, build_batch, chunk_bounds
+from omniload.coordinator.packer import Segment, build_batch, doc_key
 from omniload.coordinator.planner import plan_step
 from omniload.coordinator.schedule import weights_at
+from omniload.coordinator.window import Block, DocKey, Unit, block_tokens_for, make_block, restore_block, units_of
 
 _POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
 
@@ -45,21 +46,25 @@ class Stepper:
         self._names = [s.name for s in spec.sources]
         self._base_weights = spec.weights()
         self._cost = cost_function(spec.balance, spec.cost_coeffs, self._names)
+        self._bucket_rows = spec.rows if spec.long_docs == "bucket" else 0
+        self._rank_cap = int(spec.max_doc_share * spec.rows * spec.seq_len)  # one document's tokens on a rank
         self.live_changes = live_changes if live_changes is not None else []
         self.passes = [0.0] * len(intakes)
         self.weights = [0.0] * len(intakes)  # those of the last step planned
         self.tokens_drawn = 0
         self.dropped = 0
         self.carry: list[Segment] = []
+        self.windows: list[Block | None] = [None] * len(intakes)
         self.step = 0
-        self._saved_carry: list[tuple] | None = None  # set by restore until the carry is rebuilt
-        self._resume_at: dict[int, tuple[int, int]] = {}
+        self._saved: dict | None = None  # set by restore until the carry and windows are rebuilt
 
     def export_state(self, fingerprint: str) -> dict:
         """The position after the last step planned (see omniload.state for the keys)."""
         return {
             "version": STATE_VERSION, "fingerprint": fingerprint, "step": self.step,
             "cursors": {i.catalog.name: list(i.cursor) for i in self._intakes},
+            "windows": {i.catalog.name: w.position() if w is not None and not w.exhausted else None
+                        for i, w in zip(self._intakes, self.windows)},
             "passes": list(self.passes), "weights": list(self.weights), "tokens": self.tokens_drawn,
             "dropped": self.dropped,
             "carry": [[s.source, s.sample_id, s.length, s.position_start, s.group, s.delay, *s.origin]
@@ -68,37 +73,51 @@ class Stepper:
         }
 
     def restore(self, state: dict) -> None:
-        """Continue from a position. Each source's intake is moved back to its earliest carried
-        document; the first step re-reads from there to the saved cursor to rebuild the carry."""
+        """Continue from a position. Each source's intake is moved back to the earliest of its
+        window's start and its carried documents; the first step re-reads from there to the
+        saved cursor to rebuild the window and the carry."""
         self.step, self.tokens_drawn, self.dropped = state["step"], state["tokens"], state["dropped"]
         self.passes, self.weights = list(state["passes"]), list(state["weights"])
         self.live_changes[:] = [(at, weights) for at, weights in state["live"]]
-        self._saved_carry = [tuple(entry) for entry in state["carry"]]
-        self._resume_at = {}
+        self.carry, self.windows = [], [None] * len(self._intakes)
+        self._saved = {"carry": [tuple(entry) for entry in state["carry"]], "windows": {}, "resume_at": {}}
         for intake in self._intakes:
-            cursor = tuple(state["cursors"][intake.catalog.name])
-            origins = [(e[6], e[7]) for e in self._saved_carry if e[0] == intake.catalog.index]
-            intake.seek(*min([cursor, *origins]))
-            self._resume_at[intake.catalog.index] = cursor
+            index, name = intake.catalog.index, intake.catalog.name
+            cursor = tuple(state["cursors"][name])
+            window = state["windows"][name]
+            starts = [(e[6], e[7]) for e in self._saved["carry"] if e[0] == index]
+            if window is not None:
+                self._saved["windows"][index] = window
+                starts.append((window[0], window[1]))
+            intake.seek(*min([cursor, *starts]))
+            self._saved["resume_at"][index] = cursor
 
     async def _rehydrate(self) -> None:
-        """Rebuild the carried segments by re-reading their documents (see restore)."""
-        wanted = {(e[0], e[6], e[7]) for e in self._saved_carry}
+        """Rebuild the carried segments and the windows by re-reading their documents."""
+        saved = self._saved
+        wanted = {(e[0], e[6], e[7]) for e in saved["carry"]}
         tokens = {}
         for intake in self._intakes:
-            while intake.cursor < self._resume_at[intake.catalog.index]:
+            index = intake.catalog.index
+            window = saved["windows"].get(index)
+            start = (window[0], window[1]) if window is not None else None
+            units: list[Unit] = []
+            while intake.cursor < saved["resume_at"][index]:
                 doc = await self._next_doc(intake)
                 if doc is None:
                     break
-                if (doc.source, doc.g, doc.row) in wanted:
-                    tokens[(doc.source, doc.g, doc.row)] = doc.tokens
+                if (doc.source, *doc.origin) in wanted:
+                    tokens[(doc.source, *doc.origin)] = doc.tokens
+                if start is not None and doc.origin >= start:
+                    units.extend(self._units(doc) or ())
+            if window is not None:
+                self.windows[index] = restore_block(window, units, self._spec.seed, index)
         seq_len = self._spec.seq_len
-        self.carry = []
-        for source, sid, length, position_start, group, delay, g, row in self._saved_carry:
+        for source, sid, length, position_start, group, delay, *origin in saved["carry"]:
             start = (sid & (MAX_CHUNKS - 1)) * seq_len
-            self.carry.append(Segment(source, sid, length, tokens[(source, g, row)][start : start + length],
-                                      position_start, group, delay, (g, row)))
-        self._saved_carry = None
+            self.carry.append(Segment(source, sid, length, tokens[(source, *origin)][start : start + length],
+                                      position_start, group, delay, tuple(origin)))
+        self._saved = None
 
     def upcoming_weights(self) -> list[float]:
         """The weights the next step will draw with (schedule, then live changes)."""
@@ -106,8 +125,12 @@ class Stepper:
                           self.live_changes)
 
     async def next_step(self) -> Step | None:
-        """The next step, or None when the data (or --steps) has ended."""
-        if self._saved_carry is not None:
+        """The next step, or None when the data (or --steps) has ended.
+
+        The mixture picks a source for each unit (a segment), so every step's token shares
+        track the weights within about one segment; the unit comes from that source's shuffle
+        window, within the per-document cap of the step."""
+        if self._saved is not None:
             await self._rehydrate()
         spec = self._spec
         if spec.steps and self.step >= spec.steps:
@@ -116,32 +139,72 @@ class Stepper:
         join(self.passes, self.weights, weights)
         self.weights = weights
         need = self.dp * spec.rows * spec.seq_len - sum(s.length for s in self.carry)
+        in_step: dict[DocKey, int] = {}
+        for segment in self.carry:
+            in_step[doc_key(segment)] = in_step.get(doc_key(segment), 0) + segment.length
         fresh: list[Segment] = []
-        live = [not i.dry for i in self._intakes]
+        live = [not (i.dry and (w is None or w.exhausted)) for i, w in zip(self._intakes, self.windows)]
         while need > 0:
             source = next_source(self.passes, weights, live)
             if source is None:
                 break
-            doc = await self._next_doc(self._intakes[source])
-            if doc is None:
+            unit = await self._draw(source, in_step)
+            if unit is None:
                 live[source] = False
                 continue
-            if spec.long_docs == "drop" and len(doc.tokens) > spec.seq_len:
-                self.dropped += 1
-                continue
-            advance(self.passes, source, len(doc.tokens), weights)
-            self.tokens_drawn += len(doc.tokens)
-            fresh.extend(segments_of(doc, spec.seq_len, bucket_rows=spec.rows if spec.long_docs == "bucket" else 0))
-            need -= len(doc.tokens)
+            tokens = sum(s.length for s in unit)
+            advance(self.passes, source, tokens, weights)
+            self.tokens_drawn += tokens
+            key = doc_key(unit[0])
+            in_step[key] = in_step.get(key, 0) + tokens
+            fresh.extend(unit)
+            need -= tokens
         if not fresh and not self.carry:
             return None
-        plan = plan_step(self.carry, fresh, self.dp, spec.rows, spec.seq_len, self._cost, spec.balance_window)
+        plan = plan_step(self.carry, fresh, self.dp, spec.rows, spec.seq_len, self._cost, spec.balance_window,
+                         self._rank_cap)
         self.carry = plan.carry
         step = Step(self.step, [build_batch(rows, spec.seq_len) for rows in plan.rows],
                     [sum(s.length for row in rows for s in row) for rows in plan.rows],
                     {**plan.figures, "dropped": self.dropped}, weights)
         self.step += 1
         return step
+
+    async def _draw(self, source: int, in_step: dict[DocKey, int]) -> Unit | None:
+        """The source's next unit from its window, opening a new window when it is used up;
+        None when the source has ended."""
+        block = self.windows[source]
+        if block is None or block.exhausted:
+            block = self.windows[source] = await self._fill(source)
+            if block is None:
+                return None
+        return block.draw(in_step, self._rank_cap * self.dp)
+
+    async def _fill(self, source: int) -> Block | None:
+        """The next window: documents from the cursor until it holds the window's size in units
+        and enough tokens to spread its longest document (window.block_tokens_for), or until
+        the epoch ends (a window holding two epochs would repeat documents within it)."""
+        intake = self._intakes[source]
+        start, epoch, units, size = intake.cursor, intake.epoch, [], self._spec.window_segments(self.dp)
+        tokens, needed = 0, 0
+        while (len(units) < size or tokens < needed) and intake.epoch == epoch:  # a window never spans epochs
+            doc = await self._next_doc(intake)
+            if doc is None:
+                break
+            doc_units = self._units(doc)
+            if doc_units is None:
+                self.dropped += 1
+                continue
+            units.extend(doc_units)
+            tokens += len(doc.tokens)
+            needed = max(needed, block_tokens_for(len(doc.tokens), self._spec.max_doc_share))
+        return make_block(start, units, self._spec.seed, source) if units else None
+
+    def _units(self, doc: Doc) -> list[Unit] | None:
+        """The document's units; None when long_docs=drop drops it."""
+        if self._spec.long_docs == "drop" and len(doc.tokens) > self._spec.seq_len:
+            return None
+        return units_of(doc, self._spec.seq_len, self._bucket_rows)
 
     async def _next_doc(self, intake: SourceIntake) -> Doc | None:
         """Wait for the source's next document; None if the source ran dry."""
@@ -157,20 +220,3 @@ class Stepper:
             await asyncio.sleep(delay)
             delay = min(delay * 2, _POLL_MAX_S)
         return doc
-
-
-def segments_of(doc: Doc, seq_len: int, bucket_rows: int = 0) -> list[Segment]:
-    """A document's row-sized chunks. With bucket_rows, chunks of a long document stay together
-    in groups of up to that many whole rows of one rank, positions running on within a group."""
-    bounds = chunk_bounds(len(doc.tokens), seq_len)
-    if len(bounds) > MAX_CHUNKS:
-        raise SourceFailed(str(doc.source), f"a document of {len(doc.tokens)} tokens makes more than "
-                           f"{MAX_CHUNKS} chunks of --seq-len {seq_len}")
-    ids = [sample_id(doc.source, doc.ordinal, chunk) for chunk in range(len(bounds))]
-    origin = (doc.g, doc.row)
-    if not bucket_rows or len(bounds) < 2:
-        return [Segment(doc.source, i, stop - start, doc.tokens[start:stop], origin=origin)
-                for i, (start, stop) in zip(ids, bounds)]
-    return [Segment(doc.source, i, stop - start, doc.tokens[start:stop], origin=origin,
-                    position_start=(chunk % bucket_rows) * seq_len, group=ids[chunk - chunk % bucket_rows])
-            for chunk, (i, (start, stop)) in enumerate(zip(ids, bounds))]

@@ -3,11 +3,19 @@
 A source is a list of shards (a file's row-group range). Epoch `e` visits the shards in a
 permutation drawn from `(seed, source, e)` and the rows of each shard in a permutation drawn
 from `(seed, source, e, shard)`. Shards are numbered globally across epochs,
-`g = e * num_shards + position`, and shard `g` belongs to lane `g % num_lanes`. Both the
-workers (which produce) and the coordinator (which consumes) derive everything from these
-functions, so the order never depends on worker count or timing.
+`g = e * num_shards + position`.
+
+Shards are read `interleave` at a time: group `k` holds up to `interleave` consecutive shards of
+one epoch, and its rows are taken from its shards in turn (row 0 of each, then row 1, ...), so
+consecutive documents of a source come from different row groups and files. A source's
+position is `(group, pos)`: the `pos`-th row of group `k`'s interleaved order. Group `k`
+belongs to lane `k % num_lanes`. Both the workers (which produce) and the coordinator (which
+consumes) derive everything from these functions, so the order never depends on worker count
+or timing.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,13 +42,33 @@ def shard_at(g: int, num_shards: int, seed: int, source: int) -> tuple[int, int]
     return epoch, int(shard_permutation(num_shards, seed, source, epoch)[position])
 
 
-def lane_of(g: int, num_lanes: int) -> int:
-    return g % num_lanes
+def groups_per_epoch(num_shards: int, interleave: int) -> int:
+    return -(-num_shards // interleave)
 
 
-def first_shard_of_lane(lane: int, num_lanes: int, from_g: int) -> int:
-    """The first global shard number >= from_g that lane `lane` owns."""
-    return from_g + (lane - from_g) % num_lanes
+def group_members(k: int, num_shards: int, interleave: int) -> range:
+    """The global shard numbers of group `k` (never across an epoch boundary)."""
+    epoch, j = divmod(k, groups_per_epoch(num_shards, interleave))
+    start = epoch * num_shards + j * interleave
+    return range(start, min(start + interleave, (epoch + 1) * num_shards))
+
+
+def interleave_rows(rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(member, row) at each position of a group whose shards have `rows` rows: the shards
+    take turns, one row each, until each runs out."""
+    member = np.repeat(np.arange(len(rows)), rows)
+    row = np.concatenate([np.arange(n) for n in rows]) if len(rows) else np.zeros(0, dtype=np.int64)
+    order = np.lexsort((member, row))
+    return member[order], row[order]
+
+
+def lane_of(k: int, num_lanes: int) -> int:
+    return k % num_lanes
+
+
+def first_of_lane(lane: int, num_lanes: int, from_k: int) -> int:
+    """The first group number >= from_k that lane `lane` owns."""
+    return from_k + (lane - from_k) % num_lanes
 
 
 def sample_id(source: int, ordinal: int, chunk: int) -> int:

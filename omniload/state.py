@@ -6,13 +6,15 @@ from. Everything else (ring contents, worker state, token arrays) is recomputed 
     version      int, STATE_VERSION
     fingerprint  hash of the data-deciding spec fields and the files (sizes, row counts)
     step         steps completed: the next step to deliver
-    cursors      per source [g, row]: the next sample to read in its deterministic order
+    cursors      per source [group, pos]: the next sample to read in its deterministic order
+    windows      per source [group, pos, head, [taken]] of its open shuffle window, or null
+                 (see omniload.coordinator.window)
     passes       per source float: the mixture's stride passes
     weights      per source float: the weights of the last step
     tokens       tokens drawn so far (for schedules over tokens)
     dropped      documents dropped so far (long_docs=drop)
     carry        chosen but not delivered, in order: [source, sample_id, length,
-                 position_start, group, delay, g, row] (g, row: where its document is)
+                 position_start, group, delay, doc group, doc pos] (where its document is)
     live         live mixture changes so far: [step, {source: weight}]
 """
 from __future__ import annotations
@@ -23,8 +25,8 @@ import orjson
 
 from omniload.errors import ConfigError
 
-STATE_VERSION = 1
-KEYS = ("version", "fingerprint", "step", "cursors", "passes", "weights", "tokens", "dropped", "carry", "live")
+STATE_VERSION = 2  # 2: shuffle windows, interleaved shard order
+KEYS = ("version", "fingerprint", "step", "cursors", "windows", "passes", "weights", "tokens", "dropped", "carry", "live")
 RANK_KEY = "omniload_loader_state"  # the one key of a rank's state_dict (a JSON string: DCP-friendly)
 
 

@@ -19,7 +19,7 @@ from omniload.coordinator.cost import cost_function
 from omniload.coordinator.mixture import advance, next_source
 from omniload.coordinator.packer import build_batch
 from omniload.coordinator.planner import plan_step
-from omniload.coordinator.stepper import segments_of
+from omniload.coordinator.window import units_of
 from omniload.order import row_permutation, shard_permutation
 from omniload.spec import Spec
 from omniload.workers.readers import read_shard
@@ -49,7 +49,7 @@ class ColocatedDataset(IterableDataset):
                     live[s] = False
                     continue
                 advance(passes, s, len(doc.tokens), weights)
-                fresh.extend(segments_of(doc, spec.seq_len))
+                fresh.extend(s for unit in units_of(doc, spec.seq_len) for s in unit)
                 need -= len(doc.tokens)
             if not fresh and not carry:
                 return

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omniload.order import row_permutation, shard_at
+from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at
 from omniload.workers.readers import BadFile, Shard, read_shard, use_system_allocator
 from omniload.workers.records import doc_record, error_record, skip_record
 from omniload.workers.ring import RecordTooLarge, Ring
@@ -41,8 +41,9 @@ class LaneConfig:
     shards: tuple[Shard, ...]
     seed: int
     epochs: int  # 0: forever
-    start_g: int  # the first global shard number this lane produces
-    start_row: int  # row to start at within start_g (non-zero after a restart)
+    interleave: int  # shards read together, their rows in turn (omniload.order)
+    start_group: int  # the first group this lane produces
+    start_pos: int  # position to start at within start_group (non-zero after a restart)
     skip_bad_files: bool
 
 
@@ -93,36 +94,57 @@ def _write(ring: Ring, record: tuple, lane: LaneConfig) -> bool:
 
 
 def _produce(lane: LaneConfig) -> Iterator[tuple]:
-    """Records of this lane in the source's deterministic order, from (start_g, start_row)."""
+    """Records of this lane in the source's deterministic order, from (start_group, start_pos)."""
     transform = load_transform(lane.tokenizer)
     num_shards = len(lane.shards)
-    end = lane.epochs * num_shards if lane.epochs else None
-    g, first_row = lane.start_g, lane.start_row
-    while end is None or g < end:
-        epoch, index = shard_at(g, num_shards, lane.seed, lane.source_index)
-        shard = lane.shards[index]
-        order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index)[first_row:]
+    end = lane.epochs * groups_per_epoch(num_shards, lane.interleave) if lane.epochs else None
+    k, first_pos = lane.start_group, lane.start_pos
+    while end is None or k < end:
+        yield from _produce_group(lane, transform, k, first_pos)
+        _release_freed_memory()
+        k += lane.num_lanes
+        first_pos = 0
+
+
+def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: int) -> Iterator[tuple]:
+    """Group k's records from position first_pos: its shards read and transformed together,
+    their rows taken in turn (omniload.order.interleave_rows)."""
+    members = [shard_at(g, len(lane.shards), lane.seed, lane.source_index)
+               for g in group_members(k, len(lane.shards), lane.interleave)]
+    shards = [lane.shards[index] for _, index in members]
+    member, row = interleave_rows([shard.rows for shard in shards])
+    # a restarted group transforms only the rows still due: each shard's from its first due row
+    first_due = np.array([shard.rows for shard in shards])
+    np.minimum.at(first_due, member[first_pos:], row[first_pos:])
+    orders, tokens, skipped = [], [], {}
+    for m, ((epoch, index), shard) in enumerate(zip(members, shards)):
+        order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index)
+        orders.append(order)
+        if first_due[m] >= shard.rows:
+            tokens.append([])
+            continue
         try:
             values = read_shard(shard, lane.column)
         except BadFile as exc:
             message = f"{shard.file}: {exc}"
             if not lane.skip_bad_files:
-                yield error_record(g, first_row, message)
+                yield error_record(k, first_pos, message)
                 return
-            yield skip_record(g, first_row, shard.rows - first_row, message)
+            skipped[m] = f"skipped {shard.rows - first_due[m]} rows: {message}"
+            tokens.append(None)
+            continue
+        try:
+            tokens.append(_transform(transform, [values[i] for i in order[first_due[m]:]]))
+        except Exception as exc:  # the user's transform; its error must reach the user
+            yield error_record(k, first_pos, f"{shard.file}: transform failed: {type(exc).__name__}: {exc}")
+            return
+        del values
+    for pos in range(first_pos, len(member)):
+        m, r = int(member[pos]), int(row[pos])
+        if tokens[m] is None:
+            yield skip_record(k, pos, skipped.pop(m, ""))
         else:
-            try:
-                tokens = _transform(transform, [values[i] for i in order])
-            except Exception as exc:  # the user's transform; its error must reach the user
-                yield error_record(g, first_row, f"{shard.file}: transform failed: {type(exc).__name__}: {exc}")
-                return
-            del values
-            for row, (i, doc) in enumerate(zip(order, tokens), start=first_row):
-                yield doc_record(g, row, shard.first_ordinal + int(i), doc)
-            del tokens
-            _release_freed_memory()
-        g += lane.num_lanes
-        first_row = 0
+            yield doc_record(k, pos, shards[m].first_ordinal + int(orders[m][r]), tokens[m][r - first_due[m]])
 
 
 def _transform(transform: Transform, values: list) -> list[np.ndarray]:

@@ -47,6 +47,8 @@ def test_sigkill_then_resume_from_the_folder_repeats_the_uninterrupted_run(corpu
         process.wait()
     job.wait(10)
     job.stop()  # what the launcher does: remove what the dead coordinator could not
+    windows = last_position(folder)[0]["windows"]
+    assert any(w is not None for w in windows.values()), "the kill should land mid-window"
 
     with omniload.Job({**spec, "resume": str(folder)}) as resumed_job:
         resumed = collect(start_ranks(resumed_job, 2, tmp_path))
@@ -66,6 +68,7 @@ def test_resume_with_a_different_number_of_ranks_delivers_every_sample_once(corp
     with omniload.Job({**spec, "checkpoint_dir": str(folder)}) as job:
         first = collect(start_ranks(job, before, tmp_path, max_steps=15))
         assert _wait_for_step(folder, 15, timeout=10) == 15
+    assert any(w is not None for w in last_position(folder)[0]["windows"].values())
     with omniload.Job({**spec, "resume": str(folder)}) as job:
         second = collect(start_ranks(job, after, tmp_path))
     delivered = Counter(i for rank in first + second for i in rank["sample_ids"])

@@ -14,6 +14,7 @@ JOB = {"spec": {"seq_len": 64, "seed": 1}, "files": {"web": [["a.parquet", 100, 
 def _state(step: int) -> dict:
     return {"version": STATE_VERSION, "fingerprint": "f", "step": step,
             "cursors": {"web": [step // 3, step % 3], "code": [0, step]},
+            "windows": {"web": [step // 6, 0, step % 6, [step % 6 + 2] if step % 2 else []], "code": None},
             "passes": [step * 1.5, step * 0.25], "weights": [0.6, 0.4], "tokens": 100 * step, "dropped": 0,
             "carry": [[0, 4096 * step + k, 10 + k, 0, -1, k % 2, step, k] for k in range(step % 4)],
             "live": [[5, {"web": 1.0, "code": 0.0}]] if step >= 5 else []}

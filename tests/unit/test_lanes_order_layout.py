@@ -3,7 +3,7 @@ import pytest
 from omniload.coordinator.lanes import assign_lanes, lanes_per_source
 from omniload.errors import ConfigError
 from omniload.layout import Layout
-from omniload.order import first_shard_of_lane, lane_of, row_permutation, sample_id, shard_at, shard_permutation
+from omniload.order import first_of_lane, group_members, groups_per_epoch, interleave_rows, lane_of, row_permutation, sample_id, shard_at, shard_permutation
 
 
 def test_budget_goes_to_heavier_sources():
@@ -32,8 +32,26 @@ def test_lanes_partition_global_shard_numbers():
         assert sorted(g for gs in owned.values() for g in gs) == list(range(40))
         for lane in owned:
             for start in range(40):
-                first = first_shard_of_lane(lane, lanes, start)
+                first = first_of_lane(lane, lanes, start)
                 assert first >= start and lane_of(first, lanes) == lane and first - start < lanes
+
+
+def test_groups_cover_each_epoch_once_and_never_mix_epochs():
+    for shards, k in [(10, 4), (3, 4), (1, 4), (8, 1), (7, 7)]:
+        per_epoch = groups_per_epoch(shards, k)
+        members = [list(group_members(j, shards, k)) for j in range(3 * per_epoch)]
+        assert [g for m in members for g in m] == list(range(3 * shards))
+        assert all(len({g // shards for g in m}) == 1 and 1 <= len(m) <= k for m in members)
+
+
+def test_interleave_takes_rows_of_each_shard_in_turn():
+    member, row = interleave_rows([3, 1, 2])
+    assert list(zip(member.tolist(), row.tolist())) == [(0, 0), (1, 0), (2, 0), (0, 1), (2, 1), (0, 2)]
+    member, row = interleave_rows([5])
+    assert member.tolist() == [0] * 5 and row.tolist() == list(range(5))
+    # consecutive positions come from different shards while more than one has rows left
+    member, _ = interleave_rows([50, 40, 60, 45])
+    assert (member[1:181] != member[:180]).all()
 
 
 def test_permutations_are_seeded_per_epoch_and_source():
