@@ -32,3 +32,8 @@ def test_bench_throughput_runs():
 def test_bench_memory_runs():
     out = _run("bench_memory.py", "--ranks", "1", "--sources", "2", "--docs", "300")
     assert "baseline MB" in out and "omniload at N=1 / at N=1" in out
+
+
+def test_bench_quality_runs():
+    out = _run("bench_quality.py", "--steps", "5", "--seeds", "0")
+    assert "omniload - reference held-out loss" in out and "no-window" in out
