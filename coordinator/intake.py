@@ -57,17 +57,19 @@ class SourceIntake:
         self._advance(0)
 
     @property
-    def epoch(self) -> int:
-        """The epoch of the cursor."""
-        return self.group // groups_per_epoch(len(self.catalog.shards), self._interleave)
+    def epoch_end(self) -> int:
+        """The first group of the epoch after the cursor's."""
+        per_epoch = groups_per_epoch(len(self.catalog.shards), self._interleave)
+        return (self.group // per_epoch + 1) * per_epoch
 
     @property
     def dry(self) -> bool:
         return self._end is not None and self.group >= self._end
 
-    def poll(self) -> Doc | None:
-        """The next document if its record has arrived, else None (also when dry)."""
-        while not self.dry:
+    def poll(self, until_group: int | None = None) -> Doc | None:
+        """The next document if its record has arrived, else None (also when dry, or when the
+        cursor has reached `until_group`)."""
+        while not self.dry and (until_group is None or self.group < until_group):
             data = self.rings[lane_of(self.group, len(self.rings))].read()
             if data is None:
                 return None

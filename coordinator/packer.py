@@ -26,7 +26,7 @@ class Segment:
     position_start: int = 0  # > 0 for a later chunk of a document kept whole (long_docs=bucket)
     group: int = -1  # chunks of one bucketed document share a group id (their first sample_id)
     delay: int = 0  # steps this segment has waited in the carry-over
-    origin: tuple[int, int] = (0, 0)  # (g, row) of its document, to find it again on restore
+    origin: tuple[int, int] = (0, 0)  # (group, pos) of its document, to find it again on restore
 
 
 def doc_key(segment: Segment) -> tuple[int, int, int]:

@@ -4,7 +4,7 @@ Which segments are in the step is already decided (the mixture); this regroups t
 cost (balance.py) and returns each rank's rows, what waits for the next step, and the
 step's figures: each rank's cost, max/mean, and the lower bound. A document may hold at most
 `doc_cap` tokens of a rank (or one segment, if that is longer): a further chunk of it placed
-on the same rank waits for the next step instead.
+on the same rank waits for the next step instead, unless it has waited --balance-window steps.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def plan_step(carry: Sequence[Segment], fresh: Sequence[Segment], dp: int, rows:
     left = []
     held: dict[tuple, int] = {}  # (rank, document) -> its tokens on that rank
     for i, (segment, rank, row) in enumerate(zip(segments, placed.rank.tolist(), placed.row.tolist())):
-        if rank >= 0 and doc_cap and segment.group < 0:
+        if rank >= 0 and doc_cap and segment.group < 0 and not (window and segment.delay >= window):
             key = (rank, doc_key(segment))
             tokens = held.get(key, 0)
             if tokens and tokens + segment.length > doc_cap:

@@ -1,19 +1,19 @@
 """Assemble each global step: draw segments by the mixture, plan, build every rank's arrays.
 
 The only waiting here is for a source's next record; every decision is made by the pure
-functions in schedule.py, mixture.py and planner.py, so the steps are a function of spec,
+functions in schedule.py, mixture.py, window.py and planner.py, so the steps are a function of spec,
 seed, files and the recorded live mixture changes.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from omniload.errors import SourceFailed
-from omniload.order import MAX_CHUNKS
 from omniload.spec import Spec
 from omniload.state import STATE_VERSION
 
@@ -26,6 +26,7 @@ from omniload.coordinator.schedule import weights_at
 from omniload.coordinator.window import Block, DocKey, Unit, block_tokens_for, make_block, restore_block, units_of
 
 _POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
+_FILL_YIELD_DOCS = 256  # documents read into a window between yields to the event loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +97,7 @@ class Stepper:
         """Rebuild the carried segments and the windows by re-reading their documents."""
         saved = self._saved
         wanted = {(e[0], e[6], e[7]) for e in saved["carry"]}
-        tokens = {}
+        chunks: dict[int, Segment] = {}  # sample_id -> segment, of the carried documents
         for intake in self._intakes:
             index = intake.catalog.index
             window = saved["windows"].get(index)
@@ -106,17 +107,15 @@ class Stepper:
                 doc = await self._next_doc(intake)
                 if doc is None:
                     break
+                doc_units = self._units(doc) if (doc.source, *doc.origin) in wanted or (
+                    start is not None and doc.origin >= start) else None
                 if (doc.source, *doc.origin) in wanted:
-                    tokens[(doc.source, *doc.origin)] = doc.tokens
+                    chunks.update((s.sample_id, s) for unit in doc_units for s in unit)
                 if start is not None and doc.origin >= start:
-                    units.extend(self._units(doc) or ())
+                    units.extend(doc_units or ())
             if window is not None:
                 self.windows[index] = restore_block(window, units, self._spec.seed, index)
-        seq_len = self._spec.seq_len
-        for source, sid, length, position_start, group, delay, *origin in saved["carry"]:
-            start = (sid & (MAX_CHUNKS - 1)) * seq_len
-            self.carry.append(Segment(source, sid, length, tokens[(source, *origin)][start : start + length],
-                                      position_start, group, delay, tuple(origin)))
+        self.carry = [dataclasses.replace(chunks[entry[1]], delay=entry[5]) for entry in saved["carry"]]
         self._saved = None
 
     def upcoming_weights(self) -> list[float]:
@@ -142,6 +141,8 @@ class Stepper:
         in_step: dict[DocKey, int] = {}
         for segment in self.carry:
             in_step[doc_key(segment)] = in_step.get(doc_key(segment), 0) + segment.length
+            if weights[segment.source] > 0:  # the mixture counts what a step delivers (see below)
+                advance(self.passes, segment.source, segment.length, weights)
         fresh: list[Segment] = []
         live = [not (i.dry and (w is None or w.exhausted)) for i, w in zip(self._intakes, self.windows)]
         while need > 0:
@@ -164,6 +165,9 @@ class Stepper:
         plan = plan_step(self.carry, fresh, self.dp, spec.rows, spec.seq_len, self._cost, spec.balance_window,
                          self._rank_cap)
         self.carry = plan.carry
+        for segment in self.carry:  # not delivered: the next step counts it, and draws around it
+            if weights[segment.source] > 0:
+                advance(self.passes, segment.source, -segment.length, weights)
         step = Step(self.step, [build_batch(rows, spec.seq_len) for rows in plan.rows],
                     [sum(s.length for row in rows for s in row) for rows in plan.rows],
                     {**plan.figures, "dropped": self.dropped}, weights)
@@ -172,12 +176,13 @@ class Stepper:
 
     async def _draw(self, source: int, in_step: dict[DocKey, int]) -> Unit | None:
         """The source's next unit from its window, opening a new window when it is used up;
-        None when the source has ended."""
+        None when the source has ended (a window may come back empty at an epoch's end, when
+        the epoch's last documents were empty or dropped: the next epoch's window follows)."""
         block = self.windows[source]
-        if block is None or block.exhausted:
-            block = self.windows[source] = await self._fill(source)
-            if block is None:
+        while block is None or block.exhausted:
+            if self._intakes[source].dry:
                 return None
+            block = self.windows[source] = await self._fill(source)
         return block.draw(in_step, self._rank_cap * self.dp)
 
     async def _fill(self, source: int) -> Block | None:
@@ -185,12 +190,16 @@ class Stepper:
         and enough tokens to spread its longest document (window.block_tokens_for), or until
         the epoch ends (a window holding two epochs would repeat documents within it)."""
         intake = self._intakes[source]
-        start, epoch, units, size = intake.cursor, intake.epoch, [], self._spec.window_segments(self.dp)
-        tokens, needed = 0, 0
-        while (len(units) < size or tokens < needed) and intake.epoch == epoch:  # a window never spans epochs
-            doc = await self._next_doc(intake)
+        share = self.weights[source] / (sum(self.weights) or 1.0)
+        start, end, units, size = intake.cursor, intake.epoch_end, [], self._spec.window_segments(self.dp, share)
+        tokens, needed, docs = 0, 0, 0
+        while len(units) < size or tokens < needed:
+            doc = await self._next_doc(intake, until_group=end)  # a window never spans epochs
             if doc is None:
                 break
+            docs += 1
+            if docs % _FILL_YIELD_DOCS == 0:
+                await asyncio.sleep(0)  # a window is millions of tokens: let the ranks' sessions run
             doc_units = self._units(doc)
             if doc_units is None:
                 self.dropped += 1
@@ -198,7 +207,7 @@ class Stepper:
             units.extend(doc_units)
             tokens += len(doc.tokens)
             needed = max(needed, block_tokens_for(len(doc.tokens), self._spec.max_doc_share))
-        return make_block(start, units, self._spec.seed, source) if units else None
+        return make_block(start, units, self._spec.seed, source) if units else None  # None: the epoch ended
 
     def _units(self, doc: Doc) -> list[Unit] | None:
         """The document's units; None when long_docs=drop drops it."""
@@ -206,11 +215,12 @@ class Stepper:
             return None
         return units_of(doc, self._spec.seq_len, self._bucket_rows)
 
-    async def _next_doc(self, intake: SourceIntake) -> Doc | None:
-        """Wait for the source's next document; None if the source ran dry."""
+    async def _next_doc(self, intake: SourceIntake, until_group: int | None = None) -> Doc | None:
+        """Wait for the source's next document; None if the source ran dry or its cursor
+        reached `until_group`."""
         delay, since = _POLL_MIN_S, time.monotonic()
-        while (doc := intake.poll()) is None:
-            if intake.dry:
+        while (doc := intake.poll(until_group)) is None:
+            if intake.dry or (until_group is not None and intake.group >= until_group):
                 return None
             waited = time.monotonic() - since
             if waited > self._spec.worker_timeout:

@@ -25,12 +25,12 @@ AXES = ("tp", "cp", "dp", "pp")
 # cost(len) = a*len^2 + b*len + c; see omniload.coordinator.cost for where these come from
 DEFAULT_COST_COEFFS = (1.0, 24576.0, 0.0)
 _FROZEN = dict(frozen=True, slots=True, kw_only=True)
-# The automatic shuffle window: about 4M tokens of each source (16 MB; 8 MB when token ids fit
+# The automatic shuffle window: 8M tokens of the job's stream (16 MB of token ids that fit
 # 16 bits), and at least four global batches. A window holds whole documents, so what a short
-# run sees of a corpus of long documents is about one window's worth of documents: a few
-# global batches' worth saw ~5x fewer documents than random windows and learned 0.15 nats worse
+# run sees of a corpus of long documents is about one window's worth of documents: a window of
+# a few global batches saw ~5x fewer documents than random windows and learned 0.15 nats worse
 # (scripts/bench_quality.py).
-_AUTO_WINDOW_TOKENS, _AUTO_WINDOW_BATCHES = 1 << 22, 4
+_AUTO_WINDOW_TOKENS, _AUTO_WINDOW_BATCHES = 1 << 23, 4
 
 
 @dataclass(**_FROZEN)
@@ -112,7 +112,7 @@ class Spec:
     cost_coeffs: tuple[float, float, float] = DEFAULT_COST_COEFFS
     balance_window: int = 0
     long_docs: str = "split"
-    shuffle_window: int = 0  # segments per source window; 0: about 4M tokens, at least 4 global batches
+    shuffle_window: int = 0  # segments in the job's shuffle window, split by weight; 0: 8M tokens' worth
     max_doc_share: float = 0.25  # most of one rank's tokens one document may take in a step
     shard_interleave: int = 4  # shards each source reads at once, their rows taken in turn
     rank_order: str = "tp-cp-dp-pp"
@@ -178,9 +178,12 @@ class Spec:
     def model_parallel(self) -> int:
         return self.tp * self.pp * self.cp
 
-    def window_segments(self, dp: int) -> int:
-        """Segments in each source's shuffle window at data-parallel size dp."""
-        return self.shuffle_window or max(_AUTO_WINDOW_TOKENS // self.seq_len, _AUTO_WINDOW_BATCHES * dp * self.rows)
+    def window_segments(self, dp: int, share: float) -> int:
+        """Segments in the shuffle window of a source drawing `share` of the tokens at
+        data-parallel size dp: its share of the job's window, so every source's window spans
+        the same number of steps and the memory does not grow with the number of sources."""
+        total = self.shuffle_window or max(_AUTO_WINDOW_TOKENS // self.seq_len, _AUTO_WINDOW_BATCHES * dp * self.rows)
+        return max(1, math.ceil(total * share))
 
     def weights(self) -> list[float]:
         total = sum(s.weight for s in self.sources)

@@ -34,12 +34,12 @@ def check_state(state: Any, where: str) -> dict[str, Any]:
     """Validate a position read from a file or a rank; raises ConfigError naming the problem."""
     if not isinstance(state, dict):
         raise ConfigError(f"{where}: loader state must be a mapping, got {type(state).__name__}")
+    if state.get("version") != STATE_VERSION:
+        raise ConfigError(f"{where}: loader state version {state.get('version')} is not supported "
+                          f"(this omniload reads version {STATE_VERSION})")
     missing = [k for k in KEYS if k not in state]
     if missing:
         raise ConfigError(f"{where}: loader state lacks {', '.join(missing)}")
-    if state["version"] != STATE_VERSION:
-        raise ConfigError(f"{where}: loader state version {state['version']} is not supported "
-                          f"(this omniload reads version {STATE_VERSION})")
     return state
 
 

@@ -47,8 +47,6 @@ def test_sigkill_then_resume_from_the_folder_repeats_the_uninterrupted_run(corpu
         process.wait()
     job.wait(10)
     job.stop()  # what the launcher does: remove what the dead coordinator could not
-    windows = last_position(folder)[0]["windows"]
-    assert any(w is not None for w in windows.values()), "the kill should land mid-window"
 
     with omniload.Job({**spec, "resume": str(folder)}) as resumed_job:
         resumed = collect(start_ranks(resumed_job, 2, tmp_path))

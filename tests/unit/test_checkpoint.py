@@ -77,7 +77,9 @@ def test_mismatch_names_what_changed():
     assert "a.parquet changed" in text and "b.parquet is new" in text
 
 
-@pytest.mark.parametrize("bad, message", [({"step": 1}, "lacks"), ({**_state(1), "version": 99}, "version 99")])
+@pytest.mark.parametrize("bad, message", [({"version": STATE_VERSION, "step": 1}, "lacks"),
+                                          ({**_state(1), "version": 99}, "version 99"),
+                                          ({**_state(1), "version": 1}, "version 1 is not supported")])
 def test_bad_states_are_refused(bad, message):
     from omniload.errors import ConfigError
     from omniload.state import check_state

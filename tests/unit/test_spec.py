@@ -60,3 +60,14 @@ def test_unreadable_config_file_is_a_config_error(tmp_path):
     (tmp_path / "bad.yaml").write_text("- just\n- a list\n")
     with pytest.raises(ConfigError, match="mapping"):
         build_spec(str(tmp_path / "bad.yaml"), (), {})
+
+
+def test_the_shuffle_window_is_the_jobs_split_by_weight():
+    spec = Spec.from_dict({"sources": [{"name": "a", "path": "x"}], "seq_len": 1024, "rows": 2})
+    assert spec.window_segments(dp=2, share=1.0) == 8192  # 8M tokens' worth
+    assert spec.window_segments(dp=2, share=0.25) == 2048
+    assert spec.window_segments(dp=4096, share=1.0) == 4 * 4096 * 2  # at least four global batches
+    fixed = Spec.from_dict({"sources": [{"name": "a", "path": "x"}], "shuffle_window": 10})
+    assert fixed.window_segments(dp=8, share=0.01) == 1
+    with pytest.raises(ConfigError, match="max-doc-share must be in"):
+        Spec.from_dict({"sources": [{"name": "a", "path": "x"}], "max_doc_share": 0})

@@ -3,9 +3,11 @@ every segment once, and resume from any step identical to an uninterrupted run."
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
+import orjson
 import pytest
 
 from omniload.coordinator.intake import Doc
@@ -16,32 +18,38 @@ SEQ, ROWS, DP = 64, 4, 2
 
 
 class ListIntake:
-    """A source whose document at position p has lengths[p] tokens (the intake's interface)."""
+    """A source whose document at position p has lengths[p] tokens, read `epochs` times, one
+    group per epoch (the intake's interface)."""
 
-    def __init__(self, index: int, lengths: list[int]) -> None:
+    def __init__(self, index: int, lengths: list[int], epochs: int = 1) -> None:
         self.catalog = SimpleNamespace(index=index, name=f"s{index}")
-        self._lengths = lengths
-        self._p = 0
+        self._lengths, self._epochs = lengths, epochs
+        self.group, self._p = 0, 0
 
     @property
     def cursor(self) -> tuple[int, int]:
-        return 0, self._p
+        return self.group, self._p
 
     @property
     def dry(self) -> bool:
-        return self._p >= len(self._lengths)
+        return self.group >= self._epochs
 
-    epoch = 0
+    @property
+    def epoch_end(self) -> int:
+        return self.group + 1
 
     def seek(self, group: int, pos: int) -> None:
-        self._p = pos
+        self.group, self._p = group, pos
 
-    def poll(self) -> Doc | None:
-        if self.dry:
+    def poll(self, until_group: int | None = None) -> Doc | None:
+        if self.dry or (until_group is not None and self.group >= until_group):
             return None
-        p, self._p = self._p, self._p + 1
+        g, p = self.group, self._p
+        self._p += 1
+        if self._p == len(self._lengths):
+            self.group, self._p = g + 1, 0
         tokens = (np.arange(self._lengths[p], dtype=np.int32) + 1000 * p) % 50_000
-        return Doc(self.catalog.index, p, tokens, 0, p)
+        return Doc(self.catalog.index, p, tokens, g, p)
 
 
 def heavy_tailed(seed: int, n: int) -> list[int]:
@@ -53,12 +61,13 @@ def heavy_tailed(seed: int, n: int) -> list[int]:
 
 def _spec(**overrides) -> Spec:
     fields = dict(sources=[{"name": f"s{i}", "path": "x", "weight": w} for i, w in enumerate((0.5, 0.3, 0.2))],
-                  seq_len=SEQ, rows=ROWS, epochs=1, balance="tokens", shuffle_window=200)
+                  seq_len=SEQ, rows=ROWS, epochs=1, balance="tokens", shuffle_window=400)
     return Spec.from_dict({**fields, **overrides})
 
 
-def _stepper(spec: Spec, dp: int = DP) -> Stepper:
-    stepper = Stepper(spec, [ListIntake(i, heavy_tailed(i, 1500)) for i in range(3)])
+def _stepper(spec: Spec, dp: int = DP, lengths=None) -> Stepper:
+    lengths = lengths or [heavy_tailed(i, 1500) for i in range(3)]
+    stepper = Stepper(spec, [ListIntake(i, n, spec.epochs) for i, n in enumerate(lengths)])
     stepper.dp = dp
     return stepper
 
@@ -119,7 +128,7 @@ def test_a_long_document_never_fills_a_rank_and_is_spread_over_many_steps():
     assert len(set(longest)) >= 0.9 * len(longest) and max(longest) - min(longest) >= 2 * len(longest)
 
 
-@pytest.mark.parametrize("window", [1, 37, 400])
+@pytest.mark.parametrize("window", [1, 37, 800])
 def test_every_segment_is_delivered_exactly_once_in_an_epoch(window):
     stepper = _stepper(_spec(shuffle_window=window))
     delivered = []
@@ -131,19 +140,34 @@ def test_every_segment_is_delivered_exactly_once_in_an_epoch(window):
     assert len(delivered) == len(set(delivered)) == expected
 
 
+@pytest.mark.parametrize("long_docs", ["split", "drop", "bucket"])
 @pytest.mark.parametrize("at", [1, 7, 33])
-def test_resume_from_a_position_mid_window_is_identical(at):
-    spec = _spec()
-    whole = _run(_stepper(spec), at + 25)
-    first = _stepper(spec)
+def test_resume_from_a_position_mid_window_is_identical(at, long_docs):
+    spec = _spec(long_docs=long_docs, epochs=2)
+    lengths = [[0, 5] + n[:300] + [0] for n in (heavy_tailed(i, 300) for i in range(3))]  # empty documents too
+    whole = _run(_stepper(spec, lengths=lengths), at + 25)
+    first = _stepper(spec, lengths=lengths)
     _run(first, at)
-    state = first.export_state("f")
+    state = orjson.loads(orjson.dumps(first.export_state("f")))  # as it travels and is stored
     assert any(w is not None for w in state["windows"].values())
-    resumed = _stepper(spec)
+    resumed = _stepper(spec, lengths=lengths)
     resumed.restore(state)
     for a, b in zip(whole[at:], _run(resumed, 25), strict=True):
-        for x, y in zip(a.batches, b.batches):
-            assert all((x[k] == y[k]).all() for k in x)
+        for x, y in zip(a.batches, b.batches, strict=True):
+            assert all(np.array_equal(x[k], y[k]) for k in x)
+
+
+@pytest.mark.parametrize("tail", [0, 40 * SEQ])
+def test_an_epoch_ending_in_nothing_to_draw_does_not_end_the_source(tail):
+    # the epoch's last documents are empty (or dropped as too long): its window comes back empty
+    spec = _spec(long_docs="drop", epochs=3, shuffle_window=4)
+    lengths = [[30] * 20 + [tail] * 3, [30] * 5, [30] * 5]
+    delivered = Counter()
+    for step in _run(_stepper(spec, lengths=lengths), 10_000):
+        for rank in range(DP):
+            sources, _, _ = _rank_rows(step, rank)
+            delivered.update(int(s) for s in sources if s >= 0)
+    assert delivered == {0: 3 * 20, 1: 3 * 5, 2: 3 * 5}
 
 
 def test_the_position_holds_no_tokens_and_stays_small():
