@@ -26,6 +26,7 @@ from omniload.workers.ring import RecordTooLarge, Ring
 from omniload.workers.transforms import Transform, load_transform
 
 _BURST = 64  # records per lane before the worker looks at its other lanes
+_TRANSFORM_ROWS = 256  # rows of a shard transformed at once
 _IDLE_MIN_S, _IDLE_MAX_S = 50e-6, 5e-3
 
 
@@ -107,44 +108,62 @@ def _produce(lane: LaneConfig) -> Iterator[tuple]:
 
 
 def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: int) -> Iterator[tuple]:
-    """Group k's records from position first_pos: its shards read and transformed together,
-    their rows taken in turn (omniload.order.interleave_rows)."""
+    """Group k's records from position first_pos: its shards read together, their rows taken in
+    turn (omniload.order.interleave_rows) and transformed a batch at a time, so the worker holds
+    the group's raw values but never all of its tokens."""
     members = [shard_at(g, len(lane.shards), lane.seed, lane.source_index)
                for g in group_members(k, len(lane.shards), lane.interleave)]
     shards = [lane.shards[index] for _, index in members]
     member, row = interleave_rows([shard.rows for shard in shards])
-    # a restarted group transforms only the rows still due: each shard's from its first due row
+    # a restarted group reads only the rows still due: each shard's from its first due row
     first_due = np.array([shard.rows for shard in shards])
     np.minimum.at(first_due, member[first_pos:], row[first_pos:])
-    orders, tokens, skipped = [], [], {}
+    rows: list[_ShardRows | None] = []
+    skipped: dict[int, str] = {}
     for m, ((epoch, index), shard) in enumerate(zip(members, shards)):
         order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index)
-        orders.append(order)
-        if first_due[m] >= shard.rows:
-            tokens.append([])
-            continue
         try:
-            values = read_shard(shard, lane.column)
+            values = read_shard(shard, lane.column) if first_due[m] < shard.rows else []
         except BadFile as exc:
             message = f"{shard.file}: {exc}"
             if not lane.skip_bad_files:
                 yield error_record(k, first_pos, message)
                 return
             skipped[m] = f"skipped {shard.rows - first_due[m]} rows: {message}"
-            tokens.append(None)
+            rows.append(None)
             continue
-        try:
-            tokens.append(_transform(transform, [values[i] for i in order[first_due[m]:]]))
-        except Exception as exc:  # the user's transform; its error must reach the user
-            yield error_record(k, first_pos, f"{shard.file}: transform failed: {type(exc).__name__}: {exc}")
-            return
-        del values
+        rows.append(_ShardRows(values, order, int(first_due[m]), transform))
     for pos in range(first_pos, len(member)):
         m, r = int(member[pos]), int(row[pos])
-        if tokens[m] is None:
+        if rows[m] is None:
             yield skip_record(k, pos, skipped.pop(m, ""))
-        else:
-            yield doc_record(k, pos, shards[m].first_ordinal + int(orders[m][r]), tokens[m][r - first_due[m]])
+            continue
+        try:
+            tokens = rows[m].tokens(r)
+        except Exception as exc:  # the user's transform; its error must reach the user
+            yield error_record(k, pos, f"{shards[m].file}: transform failed: {type(exc).__name__}: {exc}")
+            return
+        yield doc_record(k, pos, shards[m].first_ordinal + int(rows[m].order[r]), tokens)
+
+
+class _ShardRows:
+    """One shard's values in its row order, transformed _TRANSFORM_ROWS at a time; a value is
+    dropped once transformed."""
+
+    def __init__(self, values: list, order: np.ndarray, first: int, transform: Transform) -> None:
+        self.order = order
+        self._values, self._transform = values, transform
+        self._start, self._batch = first, []
+
+    def tokens(self, r: int) -> np.ndarray:
+        """Row r's tokens; rows are asked for in increasing order."""
+        if r >= self._start + len(self._batch):
+            self._start, self._batch = r, []  # free the last batch before making the next
+            picked = self.order[r : r + _TRANSFORM_ROWS].tolist()
+            self._batch = _transform(self._transform, [self._values[i] for i in picked])
+            for i in picked:
+                self._values[i] = None
+        return self._batch[r - self._start]
 
 
 def _transform(transform: Transform, values: list) -> list[np.ndarray]:
