@@ -1,57 +1,152 @@
-"""The checkpoint folder: full snapshots every so often, a per-step delta log in between.
+"""The checkpoint folder: a full snapshot now and then, and a log of facts in between.
 
-    snapshot-<step>.json   the whole position after <step>, plus the spec and file list
-    deltas-<step>.log      one line per later step: "<crc32 hex> <json delta>"
+    snapshot-<step>.json   the position after <step> steps, the spec and file list, and the
+                           data-parallel size that planned the steps after it
+    deltas-<step>.log      after that snapshot, a line per group of consumed steps:
+                           "<crc32 hex> <json>", the json {"s": steps consumed} plus, when
+                           they happened, "live" (live mixture changes) and "note"
 
-A delta holds only what changed: the cursors and windows that moved, the passes and weights, the carry
-segments added and removed, new live changes. Snapshots are written atomically (temporary
-file, fsync, rename, fsync of the folder). Restore takes the newest snapshot that reads
-cleanly and applies deltas while each is intact and continues the step before it, so a torn
-last record or a corrupt snapshot costs steps, never correctness, and is reported.
+Every step is a pure function of spec, seed, files and the live mixture changes, so a delta
+records only what cannot be recomputed: how far every rank has consumed, and those changes.
+Restore takes the newest snapshot that reads cleanly and the records after it while each is
+intact (`last_position`); the coordinator then replays the planner from the snapshot to the
+last consumed step. A torn record or a corrupt snapshot costs steps, never correctness.
+
+Writes happen on a writer thread: the event loop hands positions over and never waits for the
+disk. What queues up while a write is under way goes out as one record and one fsync, so on a
+slow disk the log holds fewer, larger steps, and a crash loses at most the records not yet
+synced (a restored job then resumes a little earlier; ranks that restore their own state with
+load_state_dict are not affected). Snapshots are atomic (temporary file, fsync, rename, fsync
+of the folder); once one is durable, all but the newest `keep` snapshots and the logs older
+than the oldest kept one are removed.
 """
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from omniload.errors import ConfigError
-from omniload.state import STATE_VERSION, check_state
+from omniload.state import check_state
 
 log = logging.getLogger("omniload")
 _SNAPSHOT, _DELTAS = "snapshot-", "deltas-"
+_STEP, _LIVE, _NOTE = "s", "live", "note"  # the keys of a delta record
+_CLOSE_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """Where a checkpoint folder says the job was: replay the planner from `state` (a snapshot
+    planned at data-parallel size `dp`), with `live` added to its live changes, to `step`."""
+
+    state: dict[str, Any]
+    job: dict[str, Any]
+    dp: int
+    step: int
+    live: list
+
+    @property
+    def replay(self) -> int:
+        return self.step - self.state["step"]
 
 
 class CheckpointWriter:
-    def __init__(self, folder: str | os.PathLike, snapshot_every: int, job: dict[str, Any]) -> None:
+    """Writes on its own thread; `write` only hands a position over. A failed write is given
+    to `on_error` (from the writer thread) and ends the writer."""
+
+    def __init__(self, folder: str | os.PathLike, snapshot_every: int, keep: int, job: dict[str, Any],
+                 on_error: Callable[[BaseException], None]) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._every = snapshot_every
+        self._every, self._keep = snapshot_every, keep
         self._job = job  # spec and files, saved in snapshots so a mismatch can be explained
-        self._last: dict[str, Any] | None = None
+        self._on_error = on_error
+        self._pending: list[tuple[dict[str, Any], int, str | None]] = []
+        self._busy = False
+        self._closing = False
+        self._wake = threading.Condition()
         self._log = None
+        self._snapshotted = False
+        self._live_written = 0
+        self._thread = threading.Thread(target=self._run, name="omniload-checkpoint", daemon=True)
+        self._thread.start()
 
-    def write(self, state: dict[str, Any], note: str | None = None) -> None:
-        """Record the position after step `state["step"] - 1` was consumed by every rank."""
-        if self._last is not None:  # also at a snapshot, so a corrupt snapshot does not cut the chain
-            delta = diff(self._last, state)
+    def write(self, state: dict[str, Any], dp: int, note: str | None = None) -> None:
+        """Record that every rank consumed the steps before `state["step"]`; never blocks on the disk."""
+        with self._wake:
+            self._pending.append((state, dp, note))
+            self._wake.notify()
+
+    def flush(self) -> None:
+        """Wait until what was handed over is on disk (tests, and a clean shutdown)."""
+        with self._wake:
+            while (self._pending or self._busy) and self._thread.is_alive():
+                self._wake.wait(0.05)
+
+    def close(self) -> None:
+        """Write what is pending and stop the writer (bounded by _CLOSE_S)."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        self._thread.join(_CLOSE_S)
+        if self._thread.is_alive():
+            log.warning("checkpoint: the writer did not finish in %.0fs; the folder may lag", _CLOSE_S)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._wake:
+                    while not self._pending and not self._closing:
+                        self._wake.wait()
+                    batch, self._pending = self._pending, []
+                    self._busy = bool(batch)
+                if not batch:
+                    return  # closing, and everything is written
+                self._write_batch(batch)
+                with self._wake:
+                    self._busy = False
+                    self._wake.notify_all()
+        except OSError as exc:
+            self._on_error(exc)
+        finally:
+            if self._log:
+                self._log.close()
+
+    def _write_batch(self, batch: list[tuple[dict[str, Any], int, str | None]]) -> None:
+        record: dict[str, Any] = {}
+        for state, dp, note in batch:
+            record[_STEP] = state["step"]
+            live = state["live"][self._live_written:]
+            if live:
+                record.setdefault(_LIVE, []).extend(live)
+                self._live_written = len(state["live"])
             if note:
-                delta["note"] = note
-            line = orjson.dumps(delta)
-            self._log.write(b"%08x %s\n" % (zlib.crc32(line), line))
-            self._log.flush()
-            os.fsync(self._log.fileno())
-        if self._last is None or state["step"] % self._every == 0:
-            self._snapshot(state, note if self._last is None else None)
-        self._last = state
+                record[_NOTE] = f"{record[_NOTE]}\n{note}" if _NOTE in record else note
+            if not self._snapshotted or state["step"] % self._every == 0:
+                self._append(record)  # up to this step, also into the log before it: a corrupt
+                record = {}  # snapshot then costs only the steps after it
+                self._snapshot(state, dp, note if not self._snapshotted else None)
+        self._append(record)
 
-    def _snapshot(self, state: dict[str, Any], note: str | None) -> None:
+    def _append(self, record: dict[str, Any]) -> None:
+        if not record or self._log is None:
+            return
+        line = orjson.dumps(record)
+        self._log.write(b"%08x %s\n" % (zlib.crc32(line), line))
+        self._log.flush()
+        os.fsync(self._log.fileno())
+
+    def _snapshot(self, state: dict[str, Any], dp: int, note: str | None) -> None:
         step = state["step"]
-        body = orjson.dumps({"state": state, **self._job, **({"note": note} if note else {})})
+        body = orjson.dumps({"state": state, "dp": dp, **self._job, **({"note": note} if note else {})})
         path = self.folder / f"{_SNAPSHOT}{step:010d}.json"
         temporary = path.with_suffix(".tmp")
         with open(temporary, "wb") as f:
@@ -59,61 +154,43 @@ class CheckpointWriter:
             f.flush()
             os.fsync(f.fileno())
         os.replace(temporary, path)
-        folder = os.open(self.folder, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
+        _fsync_folder(self.folder)
         if self._log:
             self._log.close()
         self._log = open(self.folder / f"{_DELTAS}{step:010d}.log", "ab")
+        self._snapshotted = True
+        self._live_written = len(state["live"])
+        self._remove_old()
 
-    def close(self) -> None:
-        if self._log:
-            self._log.close()
-
-
-def diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    old_carry = {tuple(c) for c in old["carry"]}
-    new_carry = {tuple(c) for c in new["carry"]}
-    return {
-        "step": new["step"],
-        "cursors": {s: c for s, c in new["cursors"].items() if old["cursors"].get(s) != c},
-        "windows": {s: w for s, w in new["windows"].items() if old["windows"].get(s) != w},
-        "passes": new["passes"], "weights": new["weights"], "tokens": new["tokens"], "dropped": new["dropped"],
-        "carry_out": [i for i, c in enumerate(old["carry"]) if tuple(c) not in new_carry],
-        "carry_in": [c for c in new["carry"] if tuple(c) not in old_carry],
-        "live_in": new["live"][len(old["live"]):],
-    }
+    def _remove_old(self) -> None:
+        snapshots = sorted(self.folder.glob(f"{_SNAPSHOT}*.json"))
+        if len(snapshots) <= self._keep:
+            return
+        for path in snapshots[: -self._keep]:
+            path.unlink(missing_ok=True)
+        oldest = _step_of(snapshots[-self._keep], _SNAPSHOT)
+        for path in self.folder.glob(f"{_DELTAS}*.log"):
+            if _step_of(path, _DELTAS) < oldest:
+                path.unlink(missing_ok=True)
 
 
-def apply(state: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
-    gone = set(delta["carry_out"])
-    carry = [c for i, c in enumerate(state["carry"]) if i not in gone] + delta["carry_in"]
-    return {**state, "step": delta["step"], "cursors": {**state["cursors"], **delta["cursors"]},
-            "windows": {**state["windows"], **delta["windows"]},
-            "passes": delta["passes"], "weights": delta["weights"], "tokens": delta["tokens"],
-            "dropped": delta["dropped"], "carry": carry, "live": state["live"] + delta["live_in"]}
-
-
-def last_position(folder: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """(state, job) at the last consistent step in `folder`, or None if it holds none."""
+def last_position(folder: str | os.PathLike) -> Recovery | None:
+    """Where the folder says the job was, or None if it holds no snapshot yet."""
     folder = Path(folder)
     snapshots = sorted(folder.glob(f"{_SNAPSHOT}*.json"), reverse=True)
     for path in snapshots:
         loaded = _read_snapshot(path)
-        if loaded is None:
-            continue
-        state, job = loaded
-        state = _replay(folder, state)
-        return state, job
+        if loaded is not None:
+            state, dp, job = loaded
+            step, live = _read_log(folder, state["step"])
+            return Recovery(state, job, dp, step, live)
     if snapshots:
         raise ConfigError(f"checkpoint folder {str(folder)!r}: no snapshot reads cleanly; "
                           "start without --resume or restore the folder from a backup")
     return None
 
 
-def _read_snapshot(path: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def _read_snapshot(path: Path) -> tuple[dict[str, Any], int, dict[str, Any]] | None:
     try:
         raw = path.read_bytes()
         crc, _, body = raw.partition(b" ")
@@ -121,18 +198,19 @@ def _read_snapshot(path: Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
             raise ValueError("checksum mismatch")
         data = orjson.loads(body)
         state = check_state(data.pop("state"), str(path))
+        dp = int(data.pop("dp"))
         data.pop("note", None)
-    except (OSError, ValueError, KeyError, ConfigError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, ConfigError) as exc:
         log.warning("checkpoint: %s is unreadable (%s); trying an older snapshot", path.name, exc)
         return None
-    return state, data
+    return state, dp, data
 
 
-def _replay(folder: Path, state: dict[str, Any]) -> dict[str, Any]:
-    """Apply every intact, continuous delta after the snapshot's step."""
-    base = state["step"]
+def _read_log(folder: Path, base: int) -> tuple[int, list]:
+    """The last consumed step the records after step `base` reach, and their live changes."""
+    step, live = base, []
     for path in sorted(folder.glob(f"{_DELTAS}*.log")):
-        if int(path.stem[len(_DELTAS):]) < base:
+        if _step_of(path, _DELTAS) < base:
             continue
         for number, line in enumerate(path.read_bytes().split(b"\n"), start=1):
             if not line:
@@ -141,19 +219,28 @@ def _replay(folder: Path, state: dict[str, Any]) -> dict[str, Any]:
             try:
                 if int(crc, 16) != zlib.crc32(body):
                     raise ValueError("checksum mismatch")
-                delta = orjson.loads(body)
-            except ValueError:
+                record = orjson.loads(body)
+                consumed = int(record[_STEP])
+            except (ValueError, KeyError, TypeError):
                 log.warning("checkpoint: %s line %d is torn or corrupt; resuming at step %d, the last consistent one",
-                            path.name, number, state["step"])
-                return state
-            if delta["step"] <= state["step"]:
-                continue
-            if delta["step"] != state["step"] + 1:
-                log.warning("checkpoint: %s jumps from step %d to %d; resuming at step %d",
-                            path.name, state["step"], delta["step"], state["step"])
-                return state
-            state = apply(state, delta)
-    return state
+                            path.name, number, step)
+                return step, live
+            if consumed > step:
+                step = consumed
+                live.extend(record.get(_LIVE, ()))
+    return step, live
+
+
+def _step_of(path: Path, prefix: str) -> int:
+    return int(path.stem[len(prefix):])
+
+
+def _fsync_folder(folder: Path) -> None:
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 def explain_mismatch(saved: dict[str, Any], job: dict[str, Any]) -> str:
@@ -172,6 +259,3 @@ def explain_mismatch(saved: dict[str, Any], job: dict[str, Any]) -> str:
             if not any(f[0] == path for f in a):
                 lines.append(f" source '{source}': {path} is new")
     return "\n".join(lines) or " (the checkpoint does not record what; its fingerprint differs)"
-
-
-__all__ = ["CheckpointWriter", "STATE_VERSION", "apply", "diff", "explain_mismatch", "last_position"]

@@ -31,7 +31,7 @@ from omniload.workers.ring import remove_stale_segments
 
 from omniload.coordinator.batches import encode_batch
 from omniload.coordinator.catalog import build_catalog, fingerprint, job_identity
-from omniload.coordinator.checkpoint import CheckpointWriter, explain_mismatch, last_position
+from omniload.coordinator.checkpoint import CheckpointWriter, Recovery, explain_mismatch, last_position
 from omniload.coordinator.intake import SourceIntake
 from omniload.coordinator.lanes import assign_lanes
 from omniload.coordinator.pool import WorkerPool, WorkerProcess
@@ -88,6 +88,8 @@ class Coordinator:
         self._live_changes: list[tuple[int, dict[str, float]]] = []
         self._stepper: Stepper | None = None
         self._checkpoints: CheckpointWriter | None = None
+        self._recovery: Recovery | None = None  # a --resume folder's position, replayed at startup
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._note: str | None = None  # said once in the checkpoint log (e.g. allow_changed_data)
         self._planning = False
         self._exit_code = 0
@@ -106,20 +108,23 @@ class Coordinator:
         plan = assign_lanes(self.spec.weights(), budget)
         self._identity = job_identity(self.spec, catalog)
         self._fingerprint = fingerprint(self._identity)
-        resumed = self._read_resume_folder()
+        self._recovery = self._read_resume_folder()
         self._pool = WorkerPool(self.spec, catalog, plan, self.job_id, os.getpid())
         try:
             self._intakes = [SourceIntake(src, self._pool.source_rings(src.index), self.spec.seed,
                                          self.spec.shard_interleave) for src in catalog]
             self._stepper = Stepper(self.spec, self._intakes, self._live_changes)
-            if resumed:
-                self._stepper.restore(resumed)
-            self._start_at(self._stepper.export_state(self._fingerprint) if not resumed else resumed)
+            if self._recovery:  # the snapshot now, the steps after it replayed once the loop runs
+                recovery = self._recovery
+                self._stepper.restore({**recovery.state, "live": recovery.state["live"] + recovery.live})
+            else:
+                self._start_at(self._stepper.export_state(self._fingerprint))
             for worker_id in range(len(plan)):
                 self._pool.start(worker_id, self._cursor_of)
             folder = self.spec.checkpoint_dir or self.spec.resume
             if folder:
-                self._checkpoints = CheckpointWriter(folder, self.spec.snapshot_every, self._identity)
+                self._checkpoints = CheckpointWriter(folder, self.spec.snapshot_every, self.spec.keep_snapshots,
+                                                     self._identity, self._checkpoint_failed)
             log.info("job %s: %d sources, %d workers, %d lanes", self.job_id, len(catalog), len(plan),
                      sum(self._pool.lane_counts))
             _run_loop(self._main())
@@ -130,17 +135,37 @@ class Coordinator:
         return self._exit_code
 
     # -- positions and checkpoints ------------------------------------------------------------
-    def _read_resume_folder(self) -> dict | None:
+    def _read_resume_folder(self) -> Recovery | None:
         if not self.spec.resume:
             return None
         found = last_position(self.spec.resume)
         if found is None:
             log.warning("--resume %s holds no checkpoint yet; starting from the beginning", self.spec.resume)
             return None
-        state, saved_job = found
-        self._check_same_data(state, f"checkpoint in {self.spec.resume}", saved_job)
-        log.warning("resuming from %s at step %d, its last consistent step", self.spec.resume, state["step"])
-        return state
+        self._check_same_data(found.state, f"checkpoint in {self.spec.resume}", found.job)
+        return found
+
+    async def _replay(self, recovery: Recovery) -> None:
+        """Plan again the steps from the snapshot to the last consumed one, at the size that
+        planned them: planning is a pure function of the position, so they come out the same."""
+        started = time.monotonic()
+        self._stepper.dp = recovery.dp
+        await self._stepper.rehydrate()
+        for _ in range(recovery.replay):
+            await self._stepper.next_step(build=False)
+        self._start_at(self._stepper.export_state(self._fingerprint))
+        log.warning("resuming from %s at step %d, its last consistent step (snapshot of step %d, %d steps "
+                    "replayed in %.2fs)", self.spec.resume, recovery.step, recovery.state["step"], recovery.replay,
+                    time.monotonic() - started)
+
+    def _checkpoint_failed(self, exc: BaseException) -> None:
+        """From the checkpoint writer's thread: stop the job, naming the folder."""
+        folder = self.spec.checkpoint_dir or self.spec.resume
+        error = OmniloadError(f"checkpoint folder {folder}: {exc}; free space there or choose another --checkpoint-dir")
+        try:
+            self._loop.call_soon_threadsafe(self._fail, error)
+        except (AttributeError, RuntimeError):  # no loop yet, or it has already ended
+            log.error("%s", error)
 
     def _check_same_data(self, state: dict, where: str, saved_job: dict | None = None) -> None:
         if state["fingerprint"] == self._fingerprint:
@@ -174,15 +199,21 @@ class Coordinator:
         if self._checkpoints is None:
             return
         for done in range(before + 1, after + 1):
-            self._checkpoints.write(self._steps.positions[done], self._note)
+            self._checkpoints.write(self._steps.positions[done], self._layout.dp, self._note)
             self._note = None
 
     async def _main(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._should_exit, self._progress, self._world_known = asyncio.Event(), asyncio.Event(), asyncio.Event()
         self._install_signal_handlers(loop)
         for worker_id, worker in enumerate(self._pool.workers):
             self._supervise(worker, worker_id)
+        if self._recovery:
+            try:
+                await self._replay(self._recovery)
+            except OmniloadError as exc:
+                self._fail(exc)
+                return
         server = await asyncio.start_server(self._serve_rank, self._host, self._port)
         host, port = server.sockets[0].getsockname()[:2]
         self._announce(f"{_public_host(host)}:{port}")

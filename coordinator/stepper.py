@@ -93,8 +93,11 @@ class Stepper:
             intake.seek(*min([cursor, *starts]))
             self._saved["resume_at"][index] = cursor
 
-    async def _rehydrate(self) -> None:
-        """Rebuild the carried segments and the windows by re-reading their documents."""
+    async def rehydrate(self) -> None:
+        """Rebuild the carried segments and the windows by re-reading their documents; the
+        first step does it too. Until then export_state does not hold the restored position."""
+        if self._saved is None:
+            return
         saved = self._saved
         wanted = {(e[0], e[6], e[7]) for e in saved["carry"]}
         chunks: dict[int, Segment] = {}  # sample_id -> segment, of the carried documents
@@ -123,14 +126,14 @@ class Stepper:
         return weights_at(self._spec.mixture, self._base_weights, self._names, self.step, self.tokens_drawn,
                           self.live_changes)
 
-    async def next_step(self) -> Step | None:
-        """The next step, or None when the data (or --steps) has ended.
+    async def next_step(self, build: bool = True) -> Step | None:
+        """The next step, or None when the data (or --steps) has ended. With build=False the
+        rank arrays are not made (a replay needs only the position after the step).
 
         The mixture picks a source for each unit (a segment), so every step's token shares
         track the weights within about one segment; the unit comes from that source's shuffle
         window, within the per-document cap of the step."""
-        if self._saved is not None:
-            await self._rehydrate()
+        await self.rehydrate()
         spec = self._spec
         if spec.steps and self.step >= spec.steps:
             return None
@@ -168,7 +171,7 @@ class Stepper:
         for segment in self.carry:  # not delivered: the next step counts it, and draws around it
             if weights[segment.source] > 0:
                 advance(self.passes, segment.source, -segment.length, weights)
-        step = Step(self.step, [build_batch(rows, spec.seq_len) for rows in plan.rows],
+        step = Step(self.step, [build_batch(rows, spec.seq_len) for rows in plan.rows] if build else [],
                     [sum(s.length for row in rows for s in row) for rows in plan.rows],
                     {**plan.figures, "dropped": self.dropped}, weights)
         self.step += 1

@@ -54,7 +54,8 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--broadcast-at", dict(type=click.Choice(["none", "tp"]),
                             help="tp: one rank per tensor-parallel group connects and broadcasts to the others.")),
     ("--checkpoint-dir", dict(help="Folder for loader snapshots and the per-step delta log.")),
-    ("--snapshot-every", dict(type=int, help="Steps between full snapshots (deltas in between).")),
+    ("--snapshot-every", dict(type=int, help="Steps between full snapshots; a resume replays at most this many steps.")),
+    ("--keep-snapshots", dict(type=int, help="Snapshots kept in --checkpoint-dir (older ones and their logs are removed).")),
     ("--resume", dict(help="Checkpoint folder to resume from when the ranks bring no loader state.")),
     ("--allow-changed-data", dict(is_flag=True, help="Resume even if the spec or files changed (recorded in the log).")),
 ]

@@ -120,6 +120,7 @@ class Spec:
     broadcast_at: str = "none"
     checkpoint_dir: str | None = None
     snapshot_every: int = 100
+    keep_snapshots: int = 2
     resume: str | None = None  # a checkpoint folder to resume from when ranks bring no state
     allow_changed_data: bool = False
 
@@ -147,6 +148,7 @@ class Spec:
         if not 0 < self.max_doc_share <= 1:
             raise ConfigError(f"max-doc-share must be in (0, 1], got {self.max_doc_share}")
         _at_least("snapshot_every", self.snapshot_every, 1)
+        _at_least("keep_snapshots", self.keep_snapshots, 1)
         for name, allowed in [("long_docs", LONG_DOCS), ("pp_data", PP_DATA), ("broadcast_at", BROADCAST_AT)]:
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name.replace('_', '-')} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -210,7 +212,7 @@ class Spec:
 # Fields that change how the job runs, never which batches it yields (steps only says where
 # to stop: a resumed run may go further).
 RUNTIME_FIELDS = ("steps", "workers", "ring_mb", "plan_ahead", "max_restarts", "worker_timeout", "broadcast_at",
-                  "checkpoint_dir", "snapshot_every", "resume", "allow_changed_data")
+                  "checkpoint_dir", "snapshot_every", "keep_snapshots", "resume", "allow_changed_data")
 
 
 def parse_phase(value: dict[str, Any] | Phase, where: str = "spec") -> Phase:

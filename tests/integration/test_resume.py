@@ -25,8 +25,8 @@ def _wait_for_step(folder: Path, at_least: int, timeout: float = 60) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = last_position(folder) if folder.exists() else None
-        if found and found[0]["step"] >= at_least:
-            return found[0]["step"]
+        if found and found.step >= at_least:
+            return found.step
         time.sleep(0.05)
     raise AssertionError(f"the checkpoint never reached step {at_least}")
 
@@ -66,7 +66,8 @@ def test_resume_with_a_different_number_of_ranks_delivers_every_sample_once(corp
     with omniload.Job({**spec, "checkpoint_dir": str(folder)}) as job:
         first = collect(start_ranks(job, before, tmp_path, max_steps=15))
         assert _wait_for_step(folder, 15, timeout=10) == 15
-    assert any(w is not None for w in last_position(folder)[0]["windows"].values())
+    found = last_position(folder)
+    assert found.replay == 14 and any(w is not None for w in found.state["windows"].values())
     with omniload.Job({**spec, "resume": str(folder)}) as job:
         second = collect(start_ranks(job, after, tmp_path))
     delivered = Counter(i for rank in first + second for i in rank["sample_ids"])

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from omniload.coordinator.checkpoint import CheckpointWriter, apply, diff, explain_mismatch, last_position
+from omniload.coordinator.checkpoint import CheckpointWriter, explain_mismatch, last_position
 from omniload.state import STATE_VERSION
 
 JOB = {"spec": {"seq_len": 64, "seed": 1}, "files": {"web": [["a.parquet", 100, 10]]}}
@@ -20,22 +20,54 @@ def _state(step: int) -> dict:
             "live": [[5, {"web": 1.0, "code": 0.0}]] if step >= 5 else []}
 
 
-def _write(folder, steps, every=4):
-    writer = CheckpointWriter(folder, every, JOB)
-    for step in range(1, steps + 1):
-        writer.write(_state(step))
+def _write(folder, steps, every=4, keep=2, first=1, notes=None):
+    errors = []
+    writer = CheckpointWriter(folder, every, keep, JOB, errors.append)
+    for step in range(first, steps + 1):
+        writer.write(_state(step), 2, (notes or {}).get(step))
+        writer.flush()  # one record a step, as when the disk keeps up
     writer.close()
+    assert not errors
+    return writer
 
 
-def test_deltas_reproduce_every_state():
-    for step in range(1, 12):
-        assert apply(_state(step), diff(_state(step), _state(step + 1))) == _state(step + 1)
-
-
-def test_restore_gives_the_last_step(tmp_path):
+def test_a_delta_records_facts_only_and_restore_names_the_step_to_replay_to(tmp_path):
     _write(tmp_path, 11)
-    state, job = last_position(tmp_path)
-    assert state == _state(11) and job == JOB
+    found = last_position(tmp_path)
+    assert found.state == _state(8) and found.job == JOB and found.dp == 2  # the newest snapshot
+    assert found.step == 11 and found.replay == 3
+    assert found.live == []  # the change at step 5 is in the snapshot already
+
+
+def test_live_changes_after_the_snapshot_come_from_the_log(tmp_path):
+    _write(tmp_path, 7)
+    found = last_position(tmp_path)
+    assert found.state["step"] == 4 and found.step == 7
+    assert found.live == [[5, {"web": 1.0, "code": 0.0}]]
+
+
+@pytest.mark.parametrize("k", range(0, 4))
+def test_snapshot_plus_k_records_reaches_every_step(tmp_path, k):
+    _write(tmp_path, 8 + k)
+    found = last_position(tmp_path)
+    assert found.state["step"] == 8 and found.step == 8 + k
+
+
+def test_a_step_costs_a_few_bytes_of_log(tmp_path):
+    _write(tmp_path, 400, every=100)
+    logs = sorted(tmp_path.glob("deltas-*.log"))
+    per_step = logs[-1].stat().st_size / 100
+    assert per_step <= 64, per_step
+
+
+def test_steps_queued_behind_a_write_go_out_as_one_record(tmp_path):
+    errors = []
+    writer = CheckpointWriter(tmp_path, 1000, 2, JOB, errors.append)
+    for step in range(1, 201):
+        writer.write(_state(step), 2)
+    writer.close()
+    records = (tmp_path / f"deltas-{1:010d}.log").read_bytes().count(b"\n")
+    assert not errors and records < 199 and last_position(tmp_path).step == 200
 
 
 def test_torn_last_record_is_ignored_and_reported(tmp_path, caplog):
@@ -44,8 +76,8 @@ def test_torn_last_record_is_ignored_and_reported(tmp_path, caplog):
     data = log.read_bytes()
     log.write_bytes(data[: len(data) - 7])  # the write of step 11 was cut short
     with caplog.at_level(logging.WARNING, logger="omniload"):
-        state, _ = last_position(tmp_path)
-    assert state == _state(10)
+        found = last_position(tmp_path)
+    assert found.step == 10
     assert "torn or corrupt" in caplog.text and "step 10" in caplog.text
 
 
@@ -54,13 +86,42 @@ def test_corrupt_snapshot_falls_back_to_the_one_before(tmp_path, caplog):
     newest = sorted(tmp_path.glob("snapshot-*.json"))[-1]
     newest.write_bytes(newest.read_bytes()[:-20] + b"garbage garbage gar")
     with caplog.at_level(logging.WARNING, logger="omniload"):
-        state, _ = last_position(tmp_path)
-    assert state == _state(11), "the older snapshot and the deltas after it still reach step 11"
+        found = last_position(tmp_path)
+    assert found.state == _state(4) and found.step == 11, "the older snapshot and the log after it reach step 11"
+    assert found.live == [[5, {"web": 1.0, "code": 0.0}]]
     assert newest.name in caplog.text and "older snapshot" in caplog.text
 
 
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_only_the_newest_snapshots_and_their_logs_are_kept(tmp_path, keep):
+    _write(tmp_path, 30, every=5, keep=keep)
+    snapshots = sorted(p.name for p in tmp_path.glob("snapshot-*.json"))
+    assert snapshots == [f"snapshot-{s:010d}.json" for s in (30, 25, 20)[:keep][::-1]]
+    logs = sorted(int(p.stem.split("-")[1]) for p in tmp_path.glob("deltas-*.log"))
+    assert logs and min(logs) == int(snapshots[0][9:19])
+    assert last_position(tmp_path).step == 30
+
+
+def test_a_resumed_run_starts_with_a_snapshot_and_its_note(tmp_path):
+    _write(tmp_path, 6)
+    _write(tmp_path, 13, first=7, keep=10, notes={7: "allow_changed_data: resumed"})
+    assert (tmp_path / f"snapshot-{7:010d}.json").exists()
+    assert b"allow_changed_data: resumed" in (tmp_path / f"snapshot-{7:010d}.json").read_bytes()
+    assert last_position(tmp_path).step == 13
+
+
+def test_a_failed_write_is_reported_from_the_writer_thread(tmp_path):
+    (tmp_path / f"deltas-{1:010d}.log").mkdir()  # the log cannot be opened: as a full disk would fail
+    errors = []
+    writer = CheckpointWriter(tmp_path, 4, 2, JOB, errors.append)
+    writer.write(_state(1), 2)  # returns at once: the disk is the writer thread's
+    writer.write(_state(2), 2)
+    writer.close()
+    assert len(errors) == 1 and isinstance(errors[0], IsADirectoryError)
+
+
 def test_state_size_does_not_grow_with_samples_read(tmp_path):
-    _write(tmp_path, 400, every=100)
+    _write(tmp_path, 400, every=100, keep=10)
     sizes = [p.stat().st_size for p in sorted(tmp_path.glob("snapshot-*.json"))]
     assert max(sizes) - min(sizes) < 64  # only the digits of the numbers grow
 

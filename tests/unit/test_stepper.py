@@ -170,6 +170,29 @@ def test_an_epoch_ending_in_nothing_to_draw_does_not_end_the_source(tail):
     assert delivered == {0: 3 * 20, 1: 3 * 5, 2: 3 * 5}
 
 
+@pytest.mark.parametrize("k", [0, 1, 9, 40])
+def test_replaying_k_steps_from_a_snapshot_reaches_the_same_position(k):
+    """What a checkpoint folder's resume does: restore a snapshot, plan k steps again."""
+    spec = _spec()
+    live = [(12, {"s0": 0.2, "s1": 0.2, "s2": 0.6})]  # a live change inside the replayed range
+    direct = Stepper(spec, [ListIntake(i, heavy_tailed(i, 1500)) for i in range(3)], list(live))
+    direct.dp = DP
+    _run(direct, 10)
+    snapshot = orjson.loads(orjson.dumps(direct.export_state("f")))
+    _run(direct, k)
+    replayed = Stepper(spec, [ListIntake(i, heavy_tailed(i, 1500)) for i in range(3)])
+    replayed.dp = DP
+    replayed.restore({**snapshot, "live": [list(c) for c in live]})
+
+    async def replay():
+        await replayed.rehydrate()
+        for _ in range(k):
+            await replayed.next_step(build=False)
+
+    asyncio.run(replay())
+    assert replayed.export_state("f") == orjson.loads(orjson.dumps(direct.export_state("f")))
+
+
 def test_the_position_holds_no_tokens_and_stays_small():
     stepper = _stepper(_spec())
     sizes = []

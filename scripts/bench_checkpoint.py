@@ -1,0 +1,145 @@
+"""The checkpoint folder's cost: bytes per step, folder size, and resume (replay) time.
+
+The planner runs over in-memory sources (lognormal document lengths, median 600 tokens, 2% of
+documents 20-60 x seq_len), so these figures are the coordinator's own: no workers, no files.
+Each step every rank consumed is handed to a CheckpointWriter (--snapshot-every 100,
+--keep-snapshots 2) and flushed before the next, as when the disk keeps up (the most records:
+a slower disk coalesces steps into fewer). Resume time is what `--resume DIR` adds before the
+first batch: restore the snapshot, re-read its windows and carry, and replay the planner for
+the steps since the snapshot.
+
+    python scripts/bench_checkpoint.py [--steps 10000]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from omniload.coordinator.checkpoint import CheckpointWriter, last_position
+from omniload.coordinator.intake import Doc
+from omniload.coordinator.stepper import Stepper
+from omniload.spec import Spec
+
+_TOKENS = np.zeros(1 << 22, dtype=np.int32)  # every document's tokens are a view of this
+
+
+class _Source:
+    """An endless in-memory source with the intake's interface; documents cost no memory."""
+
+    def __init__(self, index: int, seq_len: int) -> None:
+        self.catalog = SimpleNamespace(index=index, name=f"s{index}")
+        self._seq_len = seq_len
+        self.group, self.pos, self.dry = 0, 0, False
+
+    @property
+    def cursor(self) -> tuple[int, int]:
+        return self.group, self.pos
+
+    @property
+    def epoch_end(self) -> int:
+        return 1 << 40
+
+    def seek(self, group: int, pos: int) -> None:
+        self.group, self.pos = group, pos
+
+    def poll(self, until_group: int | None = None) -> Doc:
+        rng = np.random.default_rng([self.catalog.index, self.pos])
+        long = rng.random() < 0.02
+        length = int(rng.integers(20, 60) * self._seq_len) if long else max(1, int(rng.lognormal(np.log(600), 1.0)))
+        doc = Doc(self.catalog.index, self.pos, _TOKENS[: min(length, len(_TOKENS))], self.group, self.pos)
+        self.pos += 1
+        return doc
+
+
+def _spec(seq_len: int, rows: int) -> Spec:
+    return Spec.from_dict({"sources": [{"name": f"s{i}", "path": "x", "weight": w} for i, w in enumerate((5, 3, 2))],
+                           "seq_len": seq_len, "rows": rows, "balance": "attention", "epochs": 0})
+
+
+def _stepper(spec: Spec, dp: int) -> Stepper:
+    stepper = Stepper(spec, [_Source(i, spec.seq_len) for i in range(3)])
+    stepper.dp = dp
+    return stepper
+
+
+def folder_size(steps: int, dp: int, seq_len: int, rows: int) -> None:
+    spec = _spec(seq_len, rows)
+    stepper = _stepper(spec, dp)
+    with tempfile.TemporaryDirectory() as folder:
+        errors: list = []
+        writer = CheckpointWriter(folder, 100, 2, {"spec": spec.to_dict(), "files": {}}, errors.append)
+
+        async def run() -> None:
+            for _ in range(steps):
+                await stepper.next_step(build=False)
+                writer.write(stepper.export_state("f"), dp)
+                writer.flush()
+
+        started = time.perf_counter()
+        asyncio.run(run())
+        writer.close()
+        assert not errors, errors
+        files = list(Path(folder).iterdir())
+        logs = [p for p in files if p.name.startswith("deltas-")]
+        snapshots = [p for p in files if p.name.startswith("snapshot-")]
+        newest_log = max(logs, key=lambda p: p.name)
+        records = newest_log.read_bytes().count(b"\n")
+        print(f"DP={dp}, seq_len {seq_len} x rows {rows}, {steps:,} steps ({time.perf_counter() - started:.0f}s): "
+              f"folder {sum(p.stat().st_size for p in files) / 1024:,.1f} KB in {len(snapshots)} snapshots and "
+              f"{len(logs)} logs; a step's record {newest_log.stat().st_size / records:.0f} B; a snapshot "
+              f"{max(p.stat().st_size for p in snapshots) / 1024:.1f} KB")
+
+
+def resume_time(dp: int, seq_len: int, rows: int, snapshot_at: int, replays: list[int]) -> None:
+    spec = _spec(seq_len, rows)
+    print(f"DP={dp}, seq_len {seq_len} x rows {rows}: resume time by steps since the snapshot")
+    for replay in replays:
+        stepper = _stepper(spec, dp)
+        with tempfile.TemporaryDirectory() as folder:
+            writer = CheckpointWriter(folder, snapshot_at, 2, {"spec": spec.to_dict(), "files": {}}, print)
+
+            async def run() -> None:
+                for _ in range(snapshot_at + replay):
+                    await stepper.next_step(build=False)
+                    writer.write(stepper.export_state("f"), dp)
+
+            asyncio.run(run())
+            writer.close()
+            expected = stepper.export_state("f")
+            started = time.perf_counter()
+            found = last_position(folder)
+            resumed = _stepper(spec, found.dp)
+            resumed.restore({**found.state, "live": found.state["live"] + found.live})
+
+            async def replay_steps() -> None:
+                await resumed.rehydrate()
+                for _ in range(found.replay):
+                    await resumed.next_step(build=False)
+
+            asyncio.run(replay_steps())
+            took = time.perf_counter() - started
+            assert resumed.export_state("f") == expected, "the replay must land on the same position"
+            print(f"  {found.replay:4d} steps replayed: {took:6.2f}s ({took / max(1, found.replay) * 1000:.0f} ms/step)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--replays", default="0,25,50,99")
+    parser.add_argument("--large-dp", type=int, default=1024)
+    args = parser.parse_args()
+    replays = [int(r) for r in args.replays.split(",")]
+    folder_size(args.steps, 2, 2048, 4)
+    folder_size(max(1, args.steps // 50), args.large_dp, 2048, 1)
+    resume_time(2, 2048, 4, 100, replays)
+    resume_time(args.large_dp, 2048, 1, 100, replays)
+
+
+if __name__ == "__main__":
+    main()
