@@ -37,3 +37,8 @@ def test_bench_memory_runs():
 def test_bench_quality_runs():
     out = _run("bench_quality.py", "--steps", "5", "--seeds", "0")
     assert "omniload - reference held-out loss" in out and "no-window" in out
+
+
+def test_bench_checkpoint_runs():
+    out = _run("bench_checkpoint.py", "--steps", "150", "--replays", "0,5", "--large-dp", "16")
+    assert "a step's record" in out and "steps replayed" in out
