@@ -142,7 +142,7 @@ class Coordinator:
         if found is None:
             log.warning("--resume %s holds no checkpoint yet; starting from the beginning", self.spec.resume)
             return None
-        self._check_same_data(found.state, f"checkpoint in {self.spec.resume}", found.job)
+        self._check_same_data({**found.state, "step": found.step}, f"checkpoint in {self.spec.resume}", found.job)
         return found
 
     async def _replay(self, recovery: Recovery) -> None:
