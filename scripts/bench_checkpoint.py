@@ -88,11 +88,11 @@ def folder_size(steps: int, dp: int, seq_len: int, rows: int) -> None:
         files = list(Path(folder).iterdir())
         logs = [p for p in files if p.name.startswith("deltas-")]
         snapshots = [p for p in files if p.name.startswith("snapshot-")]
-        newest_log = max(logs, key=lambda p: p.name)
-        records = newest_log.read_bytes().count(b"\n")
+        records = sum(p.read_bytes().count(b"\n") for p in logs)
+        log_bytes = sum(p.stat().st_size for p in logs)
         print(f"DP={dp}, seq_len {seq_len} x rows {rows}, {steps:,} steps ({time.perf_counter() - started:.0f}s): "
               f"folder {sum(p.stat().st_size for p in files) / 1024:,.1f} KB in {len(snapshots)} snapshots and "
-              f"{len(logs)} logs; a step's record {newest_log.stat().st_size / records:.0f} B; a snapshot "
+              f"{len(logs)} logs; a step's record {log_bytes / max(1, records):.0f} B; a snapshot "
               f"{max(p.stat().st_size for p in snapshots) / 1024:.1f} KB")
 
 
