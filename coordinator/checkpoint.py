@@ -86,7 +86,7 @@ class CheckpointWriter:
             self._wake.notify()
 
     def flush(self) -> None:
-        """Wait until what was handed over is on disk (tests, and a clean shutdown)."""
+        """Wait until what was handed over is on disk (tests and benchmarks; close() also waits)."""
         with self._wake:
             while (self._pending or self._busy) and self._thread.is_alive():
                 self._wake.wait(0.05)

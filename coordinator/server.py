@@ -162,10 +162,10 @@ class Coordinator:
         """From the checkpoint writer's thread: stop the job, naming the folder."""
         folder = self.spec.checkpoint_dir or self.spec.resume
         error = OmniloadError(f"checkpoint folder {folder}: {exc}; free space there or choose another --checkpoint-dir")
-        try:
-            self._loop.call_soon_threadsafe(self._fail, error)
-        except (AttributeError, RuntimeError):  # no loop yet, or it has already ended
+        if self._loop is None or self._loop.is_closed():  # no loop yet, or it has already ended
             log.error("%s", error)
+            return
+        self._loop.call_soon_threadsafe(self._fail, error)
 
     def _check_same_data(self, state: dict, where: str, saved_job: dict | None = None) -> None:
         if state["fingerprint"] == self._fingerprint:

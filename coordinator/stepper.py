@@ -110,12 +110,13 @@ class Stepper:
                 doc = await self._next_doc(intake)
                 if doc is None:
                     break
-                doc_units = self._units(doc) if (doc.source, *doc.origin) in wanted or (
-                    start is not None and doc.origin >= start) else None
-                if (doc.source, *doc.origin) in wanted:
+                carried = (doc.source, *doc.origin) in wanted
+                in_window = start is not None and doc.origin >= start
+                doc_units = (self._units(doc) or []) if carried or in_window else []
+                if carried:
                     chunks.update((s.sample_id, s) for unit in doc_units for s in unit)
-                if start is not None and doc.origin >= start:
-                    units.extend(doc_units or ())
+                if in_window:
+                    units.extend(doc_units)
             if window is not None:
                 self.windows[index] = restore_block(window, units, self._spec.seed, index)
         self.carry = [dataclasses.replace(chunks[entry[1]], delay=entry[5]) for entry in saved["carry"]]

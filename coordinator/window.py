@@ -22,7 +22,6 @@ units at or after `head` drawn out of turn (by the cap). A few ints, never token
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -122,16 +121,16 @@ def compact(tokens: np.ndarray) -> np.ndarray:
 def units_of(doc: Doc, seq_len: int, bucket_rows: int = 0) -> list[Unit]:
     """A document's row-sized chunks, one unit each. With bucket_rows, chunks of a long document
     stay together in units of up to that many whole rows of one rank, positions running on."""
-    doc = dataclasses.replace(doc, tokens=compact(doc.tokens))
-    bounds = chunk_bounds(len(doc.tokens), seq_len)
+    tokens, origin = compact(doc.tokens), doc.origin
+    bounds = chunk_bounds(len(tokens), seq_len)
     if len(bounds) > MAX_CHUNKS:
-        raise SourceFailed(str(doc.source), f"a document of {len(doc.tokens)} tokens makes more than "
+        raise SourceFailed(str(doc.source), f"a document of {len(tokens)} tokens makes more than "
                            f"{MAX_CHUNKS} chunks of --seq-len {seq_len}")
     ids = [sample_id(doc.source, doc.ordinal, chunk) for chunk in range(len(bounds))]
     if not bucket_rows or len(bounds) < 2:
-        return [(Segment(doc.source, i, stop - start, doc.tokens[start:stop], origin=doc.origin),)
+        return [(Segment(doc.source, i, stop - start, tokens[start:stop], origin=origin),)
                 for i, (start, stop) in zip(ids, bounds)]
-    segments = [Segment(doc.source, i, stop - start, doc.tokens[start:stop], origin=doc.origin,
+    segments = [Segment(doc.source, i, stop - start, tokens[start:stop], origin=origin,
                         position_start=(chunk % bucket_rows) * seq_len, group=ids[chunk - chunk % bucket_rows])
                 for chunk, (i, (start, stop)) in enumerate(zip(ids, bounds))]
     return [tuple(segments[first : first + bucket_rows]) for first in range(0, len(segments), bucket_rows)]

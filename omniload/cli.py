@@ -44,8 +44,8 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--long-docs", dict(type=click.Choice(["split", "drop", "bucket"]),
                          help="Documents longer than seq-len: split into chunks, drop, or keep whole rows together.")),
     ("--shuffle-window", dict(type=int, help="Segments in the job's shuffle window, split among sources by weight; a "
-                                             "long document's chunks spread over it (0: 8M tokens' worth, at least "
-                                             "four global batches).")),
+                                             "long document's chunks spread over it (0: 8M / seq-len, at least "
+                                             "4 x dp x rows).")),
     ("--max-doc-share", dict(type=float, help="Most of one rank's tokens a single document may fill in a step "
                                               "(at least one chunk).")),
     ("--shard-interleave", dict(type=int, help="Shards each source reads at once, taking their rows in turn.")),

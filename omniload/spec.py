@@ -25,11 +25,11 @@ AXES = ("tp", "cp", "dp", "pp")
 # cost(len) = a*len^2 + b*len + c; see omniload.coordinator.cost for where these come from
 DEFAULT_COST_COEFFS = (1.0, 24576.0, 0.0)
 _FROZEN = dict(frozen=True, slots=True, kw_only=True)
-# The automatic shuffle window: 8M tokens of the job's stream (16 MB of token ids that fit
-# 16 bits), and at least four global batches. A window holds whole documents, so what a short
-# run sees of a corpus of long documents is about one window's worth of documents: a window of
-# a few global batches saw ~5x fewer documents than random windows and learned 0.15 nats worse
-# (scripts/bench_quality.py).
+# The automatic shuffle window: 8M / seq_len segments (8M tokens if every segment filled a row;
+# fewer, as segments are often shorter), and at least 4 x dp x rows. A window holds whole
+# documents, so what a short run sees of a corpus of long documents is about one window's worth
+# of documents: a 256-segment window saw ~7x fewer documents than random windows and learned
+# 0.13 nats worse (scripts/bench_quality.py).
 _AUTO_WINDOW_TOKENS, _AUTO_WINDOW_BATCHES = 1 << 23, 4
 
 
@@ -112,7 +112,7 @@ class Spec:
     cost_coeffs: tuple[float, float, float] = DEFAULT_COST_COEFFS
     balance_window: int = 0
     long_docs: str = "split"
-    shuffle_window: int = 0  # segments in the job's shuffle window, split by weight; 0: 8M tokens' worth
+    shuffle_window: int = 0  # segments in the job's shuffle window, split by weight; 0: 8M / seq_len
     max_doc_share: float = 0.25  # most of one rank's tokens one document may take in a step
     shard_interleave: int = 4  # shards each source reads at once, their rows taken in turn
     rank_order: str = "tp-cp-dp-pp"
