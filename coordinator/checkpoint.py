@@ -60,7 +60,11 @@ class Recovery:
 
 class CheckpointWriter:
     """Writes on its own thread; `write` only hands a position over. A failed write is given
-    to `on_error` (from the writer thread) and ends the writer."""
+    to `on_error` (from the writer thread) and ends the writer.
+
+    What waits for the disk is bounded whatever the disk does: one merged record for the log
+    before the next snapshot, at most one snapshot (a newer one replaces it: the log then
+    spans both), and one merged record after it."""
 
     def __init__(self, folder: str | os.PathLike, snapshot_every: int, keep: int, job: dict[str, Any],
                  on_error: Callable[[BaseException], None]) -> None:
@@ -69,20 +73,24 @@ class CheckpointWriter:
         self._every, self._keep = snapshot_every, keep
         self._job = job  # spec and files, saved in snapshots so a mismatch can be explained
         self._on_error = on_error
-        self._pending: list[tuple[dict[str, Any], int, str | None]] = []
+        self._pending = _Pending()
+        self._first = True  # the first position handed over is always snapshotted
+        self._live_seen: list = []  # the live changes of the last position handed over
         self._busy = False
         self._closing = False
         self._wake = threading.Condition()
         self._log = None
-        self._snapshotted = False
-        self._live_written = 0
         self._thread = threading.Thread(target=self._run, name="omniload-checkpoint", daemon=True)
         self._thread.start()
 
     def write(self, state: dict[str, Any], dp: int, note: str | None = None) -> None:
         """Record that every rank consumed the steps before `state["step"]`; never blocks on the disk."""
+        live = [change for change in state["live"] if change not in self._live_seen]
+        self._live_seen = state["live"]
+        snapshot = self._first or state["step"] % self._every == 0
         with self._wake:
-            self._pending.append((state, dp, note))
+            self._pending.add(state["step"], live, note, (state, dp, note if self._first else None) if snapshot else None)
+            self._first = False
             self._wake.notify()
 
     def flush(self) -> None:
@@ -106,11 +114,14 @@ class CheckpointWriter:
                 with self._wake:
                     while not self._pending and not self._closing:
                         self._wake.wait()
-                    batch, self._pending = self._pending, []
+                    batch, self._pending = self._pending, _Pending()
                     self._busy = bool(batch)
                 if not batch:
                     return  # closing, and everything is written
-                self._write_batch(batch)
+                self._append(batch.before)  # up to the snapshot's step, into the log before it: a
+                if batch.snapshot:  # corrupt snapshot then costs only the steps after it
+                    self._snapshot(*batch.snapshot)
+                self._append(batch.after)
                 with self._wake:
                     self._busy = False
                     self._wake.notify_all()
@@ -119,22 +130,6 @@ class CheckpointWriter:
         finally:
             if self._log:
                 self._log.close()
-
-    def _write_batch(self, batch: list[tuple[dict[str, Any], int, str | None]]) -> None:
-        record: dict[str, Any] = {}
-        for state, dp, note in batch:
-            record[_STEP] = state["step"]
-            live = state["live"][self._live_written:]
-            if live:
-                record.setdefault(_LIVE, []).extend(live)
-                self._live_written = len(state["live"])
-            if note:
-                record[_NOTE] = f"{record[_NOTE]}\n{note}" if _NOTE in record else note
-            if not self._snapshotted or state["step"] % self._every == 0:
-                self._append(record)  # up to this step, also into the log before it: a corrupt
-                record = {}  # snapshot then costs only the steps after it
-                self._snapshot(state, dp, note if not self._snapshotted else None)
-        self._append(record)
 
     def _append(self, record: dict[str, Any]) -> None:
         if not record or self._log is None:
@@ -149,17 +144,19 @@ class CheckpointWriter:
         body = orjson.dumps({"state": state, "dp": dp, **self._job, **({"note": note} if note else {})})
         path = self.folder / f"{_SNAPSHOT}{step:010d}.json"
         temporary = path.with_suffix(".tmp")
-        with open(temporary, "wb") as f:
-            f.write(b"%08x %s" % (zlib.crc32(body), body))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
+        try:
+            with open(temporary, "wb") as f:
+                f.write(b"%08x %s" % (zlib.crc32(body), body))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, path)
+        except OSError:
+            temporary.unlink(missing_ok=True)  # a full disk leaves no partial snapshot behind
+            raise
         _fsync_folder(self.folder)
         if self._log:
             self._log.close()
         self._log = open(self.folder / f"{_DELTAS}{step:010d}.log", "ab")
-        self._snapshotted = True
-        self._live_written = len(state["live"])
         self._remove_old()
 
     def _remove_old(self) -> None:
@@ -172,6 +169,42 @@ class CheckpointWriter:
         for path in self.folder.glob(f"{_DELTAS}*.log"):
             if _step_of(path, _DELTAS) < oldest:
                 path.unlink(missing_ok=True)
+
+
+class _Pending:
+    """What waits for the writer: the log record before the snapshot, the snapshot, the record after."""
+
+    def __init__(self) -> None:
+        self.before: dict[str, Any] = {}
+        self.snapshot: tuple[dict[str, Any], int, str | None] | None = None
+        self.after: dict[str, Any] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.before or self.snapshot or self.after)
+
+    def add(self, step: int, live: list, note: str | None,
+            snapshot: tuple[dict[str, Any], int, str | None] | None) -> None:
+        record = self.after if self.snapshot else self.before
+        record[_STEP] = step
+        if live:
+            record.setdefault(_LIVE, []).extend(live)
+        if note:
+            record[_NOTE] = f"{record[_NOTE]}\n{note}" if _NOTE in record else note
+        if snapshot is None:
+            return
+        if self.snapshot:  # the disk is behind: one snapshot, the newer; the log covers the steps between
+            _merge(self.before, self.after)
+            self.after = {}
+        self.snapshot = snapshot
+
+
+def _merge(into: dict[str, Any], record: dict[str, Any]) -> None:
+    if _STEP in record:
+        into[_STEP] = record[_STEP]
+    if _LIVE in record:
+        into.setdefault(_LIVE, []).extend(record[_LIVE])
+    if _NOTE in record:
+        into[_NOTE] = f"{into[_NOTE]}\n{record[_NOTE]}" if _NOTE in into else record[_NOTE]
 
 
 def last_position(folder: str | os.PathLike) -> Recovery | None:

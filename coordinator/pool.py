@@ -117,6 +117,9 @@ class WorkerPool:
     def sources_of(self, worker_id: int) -> list[str]:
         return sorted({self._catalog[s].name for s, _ in self._plan[worker_id]})
 
+    def source_indexes_of(self, worker_id: int) -> list[int]:
+        return sorted({s for s, _ in self._plan[worker_id]})
+
     def stop(self) -> None:
         """Terminate and join every worker (kill what does not exit in time), unlink every ring."""
         self.stop_workers()

@@ -40,3 +40,10 @@ def _vector(weights: dict[str, float], names: Sequence[str]) -> list[float]:
 def _normalized(weights: list[float]) -> list[float]:
     total = sum(weights)
     return [w / total for w in weights] if total > 0 else weights
+
+
+def in_force(live: Sequence[tuple[int, dict[str, float]]], step: int) -> list[tuple[int, dict[str, float]]]:
+    """The live changes that decide the weights from `step` on: the last one recorded at or
+    before it (each replaces all before it) and any recorded for later steps."""
+    last = max((i for i, (at, _) in enumerate(live) if at <= step), default=None)
+    return [change for i, change in enumerate(live) if i == last or change[0] > step]

@@ -2,12 +2,13 @@
 
 The only waiting here is for a source's next record; every decision is made by the pure
 functions in schedule.py, mixture.py, window.py and planner.py, so the steps are a function of spec,
-seed, files and the recorded live mixture changes.
+seed, files and the recorded live mixture changes. A stepper blocks while it waits: the
+coordinator runs it on its planner thread (coordinator/planning.py), never on the event loop.
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import threading
 import time
 from dataclasses import dataclass
 
@@ -22,11 +23,14 @@ from omniload.coordinator.intake import Doc, SourceIntake
 from omniload.coordinator.mixture import advance, join, next_source
 from omniload.coordinator.packer import Segment, build_batch, doc_key
 from omniload.coordinator.planner import plan_step
-from omniload.coordinator.schedule import weights_at
+from omniload.coordinator.schedule import in_force, weights_at
 from omniload.coordinator.window import Block, DocKey, Unit, block_tokens_for, make_block, restore_block, units_of
 
 _POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
-_FILL_YIELD_DOCS = 256  # documents read into a window between yields to the event loop
+
+
+class Cancelled(Exception):
+    """The stepper was cancelled while it waited for a record (the job is stopping)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,7 @@ class Stepper:
         self.carry: list[Segment] = []
         self.windows: list[Block | None] = [None] * len(intakes)
         self.step = 0
+        self.cancel = threading.Event()  # set from another thread to end a wait for records
         self._saved: dict | None = None  # set by restore until the carry and windows are rebuilt
 
     def export_state(self, fingerprint: str) -> dict:
@@ -70,7 +75,7 @@ class Stepper:
             "dropped": self.dropped,
             "carry": [[s.source, s.sample_id, s.length, s.position_start, s.group, s.delay, *s.origin]
                       for s in self.carry],
-            "live": [[at, weights] for at, weights in self.live_changes],
+            "live": [[at, weights] for at, weights in in_force(self.live_changes, self.step)],
         }
 
     def restore(self, state: dict) -> None:
@@ -93,7 +98,7 @@ class Stepper:
             intake.seek(*min([cursor, *starts]))
             self._saved["resume_at"][index] = cursor
 
-    async def rehydrate(self) -> None:
+    def rehydrate(self) -> None:
         """Rebuild the carried segments and the windows by re-reading their documents; the
         first step does it too. Until then export_state does not hold the restored position."""
         if self._saved is None:
@@ -107,7 +112,7 @@ class Stepper:
             start = (window[0], window[1]) if window is not None else None
             units: list[Unit] = []
             while intake.cursor < saved["resume_at"][index]:
-                doc = await self._next_doc(intake)
+                doc = self._next_doc(intake)
                 if doc is None:
                     break
                 carried = (doc.source, *doc.origin) in wanted
@@ -127,14 +132,21 @@ class Stepper:
         return weights_at(self._spec.mixture, self._base_weights, self._names, self.step, self.tokens_drawn,
                           self.live_changes)
 
-    async def next_step(self, build: bool = True) -> Step | None:
+    def change_weights(self, weights: dict[str, float]) -> int:
+        """Set the weights of the named sources from the next step on (the others keep theirs);
+        returns that step. Call between steps: the change is recorded at that step boundary."""
+        current = dict(zip(self._names, self.upcoming_weights()))
+        self.live_changes.append((self.step, {**current, **weights}))
+        return self.step
+
+    def next_step(self, build: bool = True) -> Step | None:
         """The next step, or None when the data (or --steps) has ended. With build=False the
         rank arrays are not made (a replay needs only the position after the step).
 
         The mixture picks a source for each unit (a segment), so every step's token shares
         track the weights within about one segment; the unit comes from that source's shuffle
         window, within the per-document cap of the step."""
-        await self.rehydrate()
+        self.rehydrate()
         spec = self._spec
         if spec.steps and self.step >= spec.steps:
             return None
@@ -153,7 +165,7 @@ class Stepper:
             source = next_source(self.passes, weights, live)
             if source is None:
                 break
-            unit = await self._draw(source, in_step)
+            unit = self._draw(source, in_step)
             if unit is None:
                 live[source] = False
                 continue
@@ -176,9 +188,10 @@ class Stepper:
                     [sum(s.length for row in rows for s in row) for rows in plan.rows],
                     {**plan.figures, "dropped": self.dropped}, weights)
         self.step += 1
+        self.live_changes[:] = in_force(self.live_changes, self.step)  # what replay needs, no history
         return step
 
-    async def _draw(self, source: int, in_step: dict[DocKey, int]) -> Unit | None:
+    def _draw(self, source: int, in_step: dict[DocKey, int]) -> Unit | None:
         """The source's next unit from its window, opening a new window when it is used up;
         None when the source has ended (a window may come back empty at an epoch's end, when
         the epoch's last documents were empty or dropped: the next epoch's window follows)."""
@@ -186,24 +199,21 @@ class Stepper:
         while block is None or block.exhausted:
             if self._intakes[source].dry:
                 return None
-            block = self.windows[source] = await self._fill(source)
+            block = self.windows[source] = self._fill(source)
         return block.draw(in_step, self._rank_cap * self.dp)
 
-    async def _fill(self, source: int) -> Block | None:
+    def _fill(self, source: int) -> Block | None:
         """The next window: documents from the cursor until it holds the window's size in units
         and enough tokens to spread its longest document (window.block_tokens_for), or until
         the epoch ends (a window holding two epochs would repeat documents within it)."""
         intake = self._intakes[source]
         share = self.weights[source] / (sum(self.weights) or 1.0)
         start, end, units, size = intake.cursor, intake.epoch_end, [], self._spec.window_segments(self.dp, share)
-        tokens, needed, docs = 0, 0, 0
+        tokens, needed = 0, 0
         while len(units) < size or tokens < needed:
-            doc = await self._next_doc(intake, until_group=end)  # a window never spans epochs
+            doc = self._next_doc(intake, until_group=end)  # a window never spans epochs
             if doc is None:
                 break
-            docs += 1
-            if docs % _FILL_YIELD_DOCS == 0:
-                await asyncio.sleep(0)  # a window is millions of tokens: let the ranks' sessions run
             doc_units = self._units(doc)
             if doc_units is None:
                 self.dropped += 1
@@ -219,9 +229,9 @@ class Stepper:
             return None
         return units_of(doc, self._spec.seq_len, self._bucket_rows)
 
-    async def _next_doc(self, intake: SourceIntake, until_group: int | None = None) -> Doc | None:
+    def _next_doc(self, intake: SourceIntake, until_group: int | None = None) -> Doc | None:
         """Wait for the source's next document; None if the source ran dry or its cursor
-        reached `until_group`."""
+        reached `until_group`. Raises Cancelled when `cancel` is set meanwhile."""
         delay, since = _POLL_MIN_S, time.monotonic()
         while (doc := intake.poll(until_group)) is None:
             if intake.dry or (until_group is not None and intake.group >= until_group):
@@ -231,6 +241,7 @@ class Stepper:
                 raise SourceFailed(intake.catalog.name, f"no sample arrived for {waited:.0f}s (worker timeout "
                                    f"{self._spec.worker_timeout:.0f}s): is a transform stuck? "
                                    "Raise --worker-timeout for very slow transforms")
-            await asyncio.sleep(delay)
+            if self.cancel.wait(delay):
+                raise Cancelled()
             delay = min(delay * 2, _POLL_MAX_S)
         return doc

@@ -3,16 +3,19 @@
 A background thread receives whole BATCH frames into fresh buffers; tensors are views of
 them (`torch.frombuffer`), so a batch is never copied after the socket. Every batch handed to
 the caller is acknowledged, which returns one credit: the coordinator never sends more than
-`prefetch` batches ahead of what this rank consumed.
+`prefetch` batches ahead of what this rank consumed. A rank process that ends without
+calling close() still says goodbye (atexit), so the coordinator knows it stopped on purpose.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import socket
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -72,6 +75,8 @@ class Loader:
         self._inbox: queue.Queue = queue.Queue()
         self._done = False
         self._sock: socket.socket | None = None
+        self.note: str | None = None  # the coordinator's last word on why no batch comes
+        self._closed = False
 
     @property
     def info(self) -> dict[str, Any]:
@@ -122,6 +127,8 @@ class Loader:
         self._position = header.get("state")
         self._thread = threading.Thread(target=self._receive_loop, name=f"omniload-rank{self.rank}", daemon=True)
         self._thread.start()
+        self._at_exit = _close_at_exit(weakref.ref(self))
+        atexit.register(self._at_exit)
 
     def __iter__(self) -> Loader:
         return self
@@ -151,8 +158,10 @@ class Loader:
     def close(self) -> None:
         """Hang up gracefully: the coordinator reads every ACK sent before it sees the end."""
         self._done = True
-        if self._sock is None:
+        if self._sock is None or self._closed:
             return
+        self._closed = True
+        atexit.unregister(self._at_exit)
         try:
             self._sock.sendall(encode(Message(Kind.BYE, {"step": self.step})))
             self._sock.shutdown(socket.SHUT_WR)
@@ -172,8 +181,9 @@ class Loader:
             try:
                 item = self._inbox.get(timeout=_WAIT_WARN_S)
             except queue.Empty:
-                print(f"omniload: rank {self.rank}: no batch from {self.addr} for {_WAIT_WARN_S:.0f}s; "
-                      "still waiting (is a source slow or the coordinator stuck?)", file=sys.stderr)
+                why = f"the coordinator says: {self.note}" if self.note else "is a source slow?"
+                print(f"omniload: rank {self.rank}: no batch from {self.addr} for {_WAIT_WARN_S:.0f}s; still "
+                      f"waiting ({why})", file=sys.stderr)
                 continue
             if isinstance(item, BaseException):
                 self._done = True
@@ -184,6 +194,10 @@ class Loader:
         try:
             while True:
                 frame = self._receive_frame()
+                if frame[0] is Kind.WAIT:  # not a batch: why none comes, said while this rank waits
+                    self.note = frame[1].get("message")
+                    print(f"omniload: rank {self.rank} waits: {self.note}", file=sys.stderr)
+                    continue
                 self._inbox.put(frame)
                 if frame[0] in (Kind.END, Kind.ERROR):
                     return
@@ -205,6 +219,15 @@ class Loader:
                 raise ConnectionError("the coordinator closed the connection")
             view = view[got:]
         return buffer
+
+
+def _close_at_exit(ref: weakref.ref) -> Any:
+    """An atexit hook that closes the loader if it still exists (and does not keep it alive)."""
+    def close() -> None:
+        loader = ref()
+        if loader is not None:
+            loader.close()
+    return close
 
 
 def _tensor(payload: bytearray, spec: dict[str, Any]) -> torch.Tensor:

@@ -8,7 +8,8 @@ Rank -> coordinator: HELLO (token, rank, world size, initial credit), ACK (a con
 which also returns one credit), BYE (the rank stops on purpose). A control client (`omniload
 mix`) sends HELLO with role "control", then MIX (new weights), answered by MIX (the step
 they take effect at). Coordinator -> rank: WELCOME, BATCH (tensor layout in the
-header, tensor bytes in the payload), END, ERROR. Either side may send ERROR and close.
+header, tensor bytes in the payload), WAIT (why no batch comes: the rank the job waits for),
+END, ERROR. Either side may send ERROR and close.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import orjson
 
 from omniload.errors import ProtocolError
 
-VERSION = 1
+VERSION = 2  # 2: WAIT
 MAGIC = b"OL"
 PREFIX = struct.Struct("<2sBBIQ")
 MAX_CONTROL_HEADER = 64 * 1024
@@ -36,6 +37,7 @@ class Kind(enum.IntEnum):
     ERROR = 6
     BYE = 7
     MIX = 8  # control client -> coordinator: new weights; coordinator -> control client: applied
+    WAIT = 9  # coordinator -> rank: a note on what the job waits for while no batch comes
 
 
 @dataclass(slots=True)
@@ -110,3 +112,46 @@ class FrameDecoder:
     @property
     def pending(self) -> int:
         return len(self._buf)
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """A HELLO's fields, checked: a peer's bad field is a ProtocolError, never a crash."""
+
+    token: str
+    role: str  # "rank" or "control"
+    rank: int = 0
+    world_size: int = 0
+    credits: int = 1
+    resume: dict[str, Any] | None = None
+
+
+def read_hello(message: Message) -> Hello:
+    if message.kind is not Kind.HELLO:
+        raise ProtocolError(f"expected HELLO, got {message.kind.name}")
+    header = message.header
+    token, role = header.get("token"), header.get("role", "rank")
+    if not isinstance(token, str) or role not in ("rank", "control"):
+        raise ProtocolError("HELLO needs a string token and the role 'rank' or 'control'")
+    if role == "control":
+        return Hello(token, role)
+    rank, world, credits = header.get("rank"), header.get("world_size"), header.get("credits", 1)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world, credits)):
+        raise ProtocolError(f"HELLO: rank, world_size and credits must be integers, got {rank!r}, {world!r}, "
+                            f"{credits!r}")
+    if not 0 <= rank < world:
+        raise ProtocolError(f"HELLO: rank {rank} is not in a world of {world} ranks")
+    resume = header.get("resume")
+    if resume is not None and not isinstance(resume, dict):
+        raise ProtocolError("HELLO: resume must be a loader state (a mapping)")
+    return Hello(token, role, rank, world, max(1, credits), resume)
+
+
+def read_step(message: Message) -> int:
+    """The step an ACK or BYE names (BYE may name none: -1)."""
+    step = message.header.get("step", -1 if message.kind is Kind.BYE else None)
+    if step is None and message.kind is Kind.BYE:
+        return -1
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise ProtocolError(f"{message.kind.name}: step must be an integer, got {step!r}")
+    return step

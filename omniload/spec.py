@@ -107,6 +107,7 @@ class Spec:
     plan_ahead: int = 8
     max_restarts: int = 3
     worker_timeout: float = 300.0
+    rank_timeout: float = 600.0  # a rank the others wait for may be silent this long; 0: forever
     mixture: tuple[Phase, ...] = ()
     balance: str = "attention"  # tokens | attention | module:function
     cost_coeffs: tuple[float, float, float] = DEFAULT_COST_COEFFS
@@ -142,6 +143,8 @@ class Spec:
             raise ConfigError(f"on_bad_file must be one of {ON_BAD_FILE}, got {self.on_bad_file!r}")
         if self.worker_timeout <= 0:
             raise ConfigError(f"worker_timeout must be > 0 seconds, got {self.worker_timeout}")
+        if not self.rank_timeout >= 0:
+            raise ConfigError(f"rank-timeout must be >= 0 seconds (0: wait forever), got {self.rank_timeout}")
         _at_least("balance_window", self.balance_window, 0)
         _at_least("shuffle_window", self.shuffle_window, 0)
         _at_least("shard_interleave", self.shard_interleave, 1)
@@ -211,8 +214,8 @@ class Spec:
 
 # Fields that change how the job runs, never which batches it yields (steps only says where
 # to stop: a resumed run may go further).
-RUNTIME_FIELDS = ("steps", "workers", "ring_mb", "plan_ahead", "max_restarts", "worker_timeout", "broadcast_at",
-                  "checkpoint_dir", "snapshot_every", "keep_snapshots", "resume", "allow_changed_data")
+RUNTIME_FIELDS = ("steps", "workers", "ring_mb", "plan_ahead", "max_restarts", "worker_timeout", "rank_timeout",
+                  "broadcast_at", "checkpoint_dir", "snapshot_every", "keep_snapshots", "resume", "allow_changed_data")
 
 
 def parse_phase(value: dict[str, Any] | Phase, where: str = "spec") -> Phase:

@@ -13,7 +13,6 @@ the steps since the snapshot.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import tempfile
 import time
 from pathlib import Path
@@ -75,14 +74,11 @@ def folder_size(steps: int, dp: int, seq_len: int, rows: int) -> None:
         errors: list = []
         writer = CheckpointWriter(folder, 100, 2, {"spec": spec.to_dict(), "files": {}}, errors.append)
 
-        async def run() -> None:
-            for _ in range(steps):
-                await stepper.next_step(build=False)
-                writer.write(stepper.export_state("f"), dp)
-                writer.flush()
-
         started = time.perf_counter()
-        asyncio.run(run())
+        for _ in range(steps):
+            stepper.next_step(build=False)
+            writer.write(stepper.export_state("f"), dp)
+            writer.flush()
         writer.close()
         assert not errors, errors
         files = list(Path(folder).iterdir())
@@ -104,12 +100,9 @@ def resume_time(dp: int, seq_len: int, rows: int, snapshot_at: int, replays: lis
         with tempfile.TemporaryDirectory() as folder:
             writer = CheckpointWriter(folder, snapshot_at, 2, {"spec": spec.to_dict(), "files": {}}, print)
 
-            async def run() -> None:
-                for _ in range(snapshot_at + replay):
-                    await stepper.next_step(build=False)
-                    writer.write(stepper.export_state("f"), dp)
-
-            asyncio.run(run())
+            for _ in range(snapshot_at + replay):
+                stepper.next_step(build=False)
+                writer.write(stepper.export_state("f"), dp)
             writer.close()
             expected = stepper.export_state("f")
             started = time.perf_counter()
@@ -117,12 +110,9 @@ def resume_time(dp: int, seq_len: int, rows: int, snapshot_at: int, replays: lis
             resumed = _stepper(spec, found.dp)
             resumed.restore({**found.state, "live": found.state["live"] + found.live})
 
-            async def replay_steps() -> None:
-                await resumed.rehydrate()
-                for _ in range(found.replay):
-                    await resumed.next_step(build=False)
-
-            asyncio.run(replay_steps())
+            resumed.rehydrate()
+            for _ in range(found.replay):
+                resumed.next_step(build=False)
             took = time.perf_counter() - started
             assert resumed.export_state("f") == expected, "the replay must land on the same position"
             print(f"  {found.replay:4d} steps replayed: {took:6.2f}s ({took / max(1, found.replay) * 1000:.0f} ms/step)")

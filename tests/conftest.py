@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -12,6 +13,10 @@ import pytest
 from omniload.workers.ring import PREFIX, SHM_DIR
 
 _GRACE_S = 10.0
+# Every process this test session starts inherits the marker, so the leak check finds this
+# session's orphans and never a process of a run beside it (a benchmark, another suite).
+_MARKER = "OMNILOAD_TEST_SESSION"
+os.environ[_MARKER] = uuid.uuid4().hex
 
 
 def _our_segments() -> list[str]:
@@ -19,15 +24,22 @@ def _our_segments() -> list[str]:
 
 
 def _orphans(since: float) -> list[psutil.Process]:
-    """omniload processes started since `since` that were reparented away from the test
-    (a coordinator, forkserver or worker whose parent died): children() cannot see them."""
+    """Processes of this session started since `since` that were reparented away from the
+    test (a coordinator, forkserver or worker whose parent died): children() cannot see them."""
     found = []
-    for process in psutil.process_iter(["cmdline", "create_time", "status"]):
+    for process in psutil.process_iter(["create_time", "status"]):
         info = process.info
         if (info["create_time"] or 0) >= since and info["status"] != psutil.STATUS_ZOMBIE \
-                and "omniload" in " ".join(info["cmdline"] or ()) and process.pid != os.getpid():
+                and process.pid != os.getpid() and _ours(process):
             found.append(process)
     return found
+
+
+def _ours(process: psutil.Process) -> bool:
+    try:
+        return process.environ().get(_MARKER) == os.environ[_MARKER]
+    except (psutil.Error, OSError):
+        return False
 
 
 @pytest.fixture(autouse=True)

@@ -2,7 +2,6 @@
 every segment once, and resume from any step identical to an uninterrupted run."""
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from types import SimpleNamespace
 
@@ -73,16 +72,13 @@ def _stepper(spec: Spec, dp: int = DP, lengths=None) -> Stepper:
 
 
 def _run(stepper: Stepper, steps: int) -> list:
-    async def go():
-        out = []
-        for _ in range(steps):
-            step = await stepper.next_step()
-            if step is None:
-                break
-            out.append(step)
-        return out
-
-    return asyncio.run(go())
+    out = []
+    for _ in range(steps):
+        step = stepper.next_step()
+        if step is None:
+            break
+        out.append(step)
+    return out
 
 
 def _rank_rows(step, rank):
@@ -184,12 +180,9 @@ def test_replaying_k_steps_from_a_snapshot_reaches_the_same_position(k):
     replayed.dp = DP
     replayed.restore({**snapshot, "live": [list(c) for c in live]})
 
-    async def replay():
-        await replayed.rehydrate()
-        for _ in range(k):
-            await replayed.next_step(build=False)
-
-    asyncio.run(replay())
+    replayed.rehydrate()
+    for _ in range(k):
+        replayed.next_step(build=False)
     assert replayed.export_state("f") == orjson.loads(orjson.dumps(direct.export_state("f")))
 
 
