@@ -407,7 +407,8 @@ class Coordinator:
         if stall is None:
             return
         message = stall.describe(self.spec.plan_ahead, timeout)
-        if timeout and stall.silent_s >= timeout:
+        # a rank that never connected may be slow to start (imports, a late node): told, not timed out
+        if timeout and stall.silent_s >= timeout and stall.connection != "never":
             self.fail("the rank watch", OmniloadError(f"stopping the job: {message}"))
             return
         every = min(_NOTE_EVERY_S, timeout / 4) if timeout else _NOTE_EVERY_S

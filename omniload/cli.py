@@ -39,7 +39,8 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--max-restarts", dict(type=int, help="Restarts of a crashed worker before the job fails.")),
     ("--worker-timeout", dict(type=float, help="Seconds without a sample from a source before the job fails.")),
     ("--rank-timeout", dict(type=float, help="Seconds a rank the others wait for may stay silent (no ACK, or "
-                                             "disconnected) before the job fails naming it (0: wait forever).")),
+                                             "disconnected) before the job fails naming it; a rank that has not "
+                                             "connected yet is only named (0: wait forever).")),
     ("--balance", dict(help="Cost model for balancing ranks: tokens, attention, or module:function.")),
     ("--cost-coeffs", dict(help="a,b,c of the attention cost a*len^2 + b*len + c.")),
     ("--balance-window", dict(type=int, help="Steps a hard-to-place document may wait for a better step.")),

@@ -152,7 +152,10 @@ class Loader:
         self.step = header["step"]
         self._position = header.get("state")
         self.meta = {k: v for k, v in header.items() if k not in ("tensors", "state")}
-        self._sock.sendall(encode(Message(Kind.ACK, {"step": self.step})))
+        try:
+            self._sock.sendall(encode(Message(Kind.ACK, {"step": self.step})))
+        except OSError:
+            pass  # the connection is lost: the receive thread says why at the next batch
         return batch
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,19 @@ def collect(ranks: list[tuple[subprocess.Popen, Path]], timeout: float = 90) -> 
 def run_ranks(spec: dict[str, Any], world: int, out_dir: Path, max_steps: int = 0) -> list[dict[str, Any]]:
     with omniload.Job(spec) as job:
         return collect(start_ranks(job, world, out_dir, max_steps))
+
+
+def wait_connected(job: omniload.Job, count: int, timeout: float = 60) -> None:
+    """Wait until `count` ranks hold a connection to the job's coordinator."""
+    port = int(job.addr.rsplit(":", 1)[1])
+    coordinator = psutil.Process(job._process.pid)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sum(c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
+               for c in coordinator.net_connections("tcp")) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{count} ranks did not connect in {timeout:.0f}s")
 
 
 def workers_of(job: omniload.Job) -> list[psutil.Process]:

@@ -1,8 +1,10 @@
 """A rank process for the tests: consume a job and write what it saw as JSON.
 
 Usage: python tests/rank_probe.py OUT.json [MAX_STEPS]   (OMNILOAD_*, RANK, WORLD_SIZE from env;
-PROBE_STEP_S: seconds each step takes, like a training step). Under torchrun, OUT may
-contain {rank}; the probe joins the gloo process group (needed for broadcast_at=tp).
+PROBE_STEP_S: seconds each step takes, like a training step; PROBE_HANG_AFTER=N: stop consuming
+after N batches and sleep, like a rank stuck in a collective; PROBE_NO_CLOSE=1: end without
+close(), as many trainers do). Under torchrun, OUT may contain {rank}; the probe joins the
+gloo process group (needed for broadcast_at=tp).
 """
 from __future__ import annotations
 
@@ -24,8 +26,12 @@ def main() -> None:
         dist.init_process_group("gloo")
     loader = omniload.connect()
     step_seconds = float(os.environ.get("PROBE_STEP_S", 0))
-    hashes, sample_ids, source_tokens, steps = [], [], {}, []
+    hang_after = int(os.environ.get("PROBE_HANG_AFTER", 0))
+    hashes, sample_ids, source_tokens, steps, waits = [], [], {}, [], []
+    waited = 0.0
     for batch in loader:
+        waits.append(loader.wait_seconds - waited)  # how long this batch kept the rank waiting
+        waited = loader.wait_seconds
         time.sleep(step_seconds)
         digest = hashlib.blake2b(digest_size=16)
         for name in sorted(batch):
@@ -37,14 +43,18 @@ def main() -> None:
             if source >= 0:
                 sample_ids.append(sid)
                 source_tokens[source] = source_tokens.get(source, 0) + length
+        if hang_after and len(hashes) >= hang_after:
+            time.sleep(3600)
         if max_steps and len(hashes) >= max_steps:
             break
-    loader.close()
+    if not os.environ.get("PROBE_NO_CLOSE"):
+        loader.close()
     if "MASTER_ADDR" in os.environ:
         dist.destroy_process_group()
     with open(out, "w") as f:
         json.dump({"hashes": hashes, "steps": steps, "sample_ids": sample_ids,
-                   "source_tokens": source_tokens, "wait_seconds": loader.wait_seconds}, f)
+                   "source_tokens": source_tokens, "wait_seconds": loader.wait_seconds,
+                   "waits": waits}, f)
 
 
 if __name__ == "__main__":

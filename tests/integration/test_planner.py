@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 import omniload
 from tests.corpus import mixed_sources
-from tests.jobs import PROBE, omniload_cli
+from tests.jobs import PROBE, ROOT, omniload_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -31,8 +32,13 @@ def test_tp_ranks_of_a_dp_group_see_identical_batches_and_dp_groups_are_disjoint
     assert not set(ranks[0]["sample_ids"]) & set(ranks[2]["sample_ids"]), "dp groups share samples"
 
 
-def test_live_mixture_change_applies_from_the_step_it_reports(corpus, tmp_path):
-    spec = {"sources": mixed_sources(corpus), "seq_len": 256, "rows": 4, "workers": 3, "epochs": 0, "steps": 60}
+@pytest.mark.parametrize("tokenizer", ["bytes", "tests.transforms_for_tests:slow_bytes"], ids=["fast", "slow-source"])
+def test_live_mixture_change_applies_from_the_step_it_reports(corpus, tmp_path, tokenizer, monkeypatch):
+    """With a slow source the change arrives while a step is being planned: the reply must
+    still name the first step drawn with the new weights."""
+    monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    spec = {"sources": mixed_sources(corpus), "seq_len": 256, "rows": 4, "workers": 3, "epochs": 0, "steps": 60,
+            "tokenizer": tokenizer}
     with omniload.Job(spec) as job:
         loader = omniload.connect(job.addr, job.token, rank=0, world_size=1)
         steps = []

@@ -70,6 +70,39 @@ def test_steps_queued_behind_a_write_go_out_as_one_record(tmp_path):
     assert not errors and records < 199 and last_position(tmp_path).step == 200
 
 
+def test_a_stalled_disk_holds_at_most_one_snapshot_and_two_records(tmp_path, monkeypatch):
+    """What waits for a slow disk is bounded: the newest snapshot replaces an older pending one,
+    and the log still reaches the last step with every live change."""
+    import threading
+    import time
+
+    from omniload.coordinator import checkpoint
+
+    gate = threading.Event()
+    real_append = checkpoint.CheckpointWriter._append
+    monkeypatch.setattr(checkpoint.CheckpointWriter, "_append", lambda self, record: (gate.wait(), real_append(self, record)))
+    errors = []
+    writer = CheckpointWriter(tmp_path, 4, 3, JOB, errors.append)
+    writer.write(_state(1), 2)
+    while not writer._busy:  # the writer thread took step 1 and now blocks on the disk
+        time.sleep(0.001)
+    changes = {step: {"web": step / 100, "code": 1.0} for step in range(7, 40, 7)}
+    for step in range(2, 40):
+        state = _state(step)
+        state["live"] = [[at, w] for at, w in changes.items() if at <= step][-1:]  # the change in force
+        writer.write(state, 2)
+        snapshot = writer._pending.snapshot
+        assert snapshot is None or snapshot[0]["step"] == step - step % 4, "only the newest snapshot waits"
+    gate.set()
+    writer.close()
+    found = last_position(tmp_path)
+    assert not errors and found.step == 39 and found.state["step"] == 36 and found.live == []
+    assert [p.name for p in sorted(tmp_path.glob("snapshot-*.json"))] == ["snapshot-0000000001.json",
+                                                                          "snapshot-0000000036.json"]
+    step, live = checkpoint._read_log(tmp_path, 1)  # replaying from the first snapshot meets every change
+    assert step == 39 and live == [[at, w] for at, w in changes.items()]
+
+
 def test_torn_last_record_is_ignored_and_reported(tmp_path, caplog):
     _write(tmp_path, 11)
     log = sorted(tmp_path.glob("deltas-*.log"))[-1]

@@ -1,6 +1,6 @@
 import pytest
 
-from omniload.coordinator.schedule import weights_at
+from omniload.coordinator.schedule import in_force, weights_at
 from omniload.errors import ConfigError
 from omniload.spec import Phase, Spec
 
@@ -31,6 +31,17 @@ def test_live_changes_apply_from_their_step_and_replay_the_same():
     assert weights_at(PHASES, BASE, NAMES, 39, 0, live) == pytest.approx([0.8, 0.2, 0.0])
     assert weights_at(PHASES, BASE, NAMES, 40, 0, live) == pytest.approx([0.4, 0.3, 0.3])
     assert weights_at(PHASES, BASE, NAMES, 4000, 0, live) == pytest.approx([0.4, 0.3, 0.3])
+
+
+def test_only_the_changes_in_force_are_kept_and_they_decide_the_same_weights():
+    live = [(10, {"web": 1.0}), (20, {"code": 1.0}), (20, {"books": 1.0}), (30, {"web": 0.5, "code": 0.5})]
+    assert in_force(live, 5) == live
+    assert in_force(live, 25) == live[2:]  # the later of two changes at one step wins
+    assert in_force(live, 30) == live[3:]
+    for step in range(0, 40):
+        kept = in_force(live, step)
+        for later in range(step, 40):
+            assert weights_at(PHASES, BASE, NAMES, later, 0, kept) == weights_at(PHASES, BASE, NAMES, later, 0, live)
 
 
 def test_no_schedule_means_the_source_weights():
