@@ -6,20 +6,27 @@ Lifecycle of a worker: STARTED -> (EXITED 0: done | EXITED != 0: restarted or jo
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import multiprocessing
+import os
+import shutil
 import signal
+import threading
 from collections.abc import Callable
 
+from omniload.errors import ConfigError
 from omniload.order import first_of_lane
 from omniload.spec import Spec
-from omniload.workers.ring import Ring, segment_path
+from omniload.workers.ring import SHM_DIR, Ring, segment_path
 from omniload.workers.worker import LaneConfig, WorkerConfig, run_worker
 
 from omniload.coordinator.catalog import SourceCatalog
 
 log = logging.getLogger("omniload")
 _WORKER_JOIN_S = 5.0
+_HELPER_STOP_S = 5.0
 
 
 class WorkerProcess:
@@ -76,12 +83,7 @@ class WorkerPool:
         self._plan = plan
         self._coordinator_pid = coordinator_pid
         self.lane_counts = [sum(1 for w in plan for s, _ in w if s == src.index) for src in catalog]
-        capacity = spec.ring_mb << 20
-        self.rings: dict[tuple[int, int], Ring] = {}
-        for worker in plan:
-            for source, lane in worker:
-                path = segment_path(coordinator_pid, job_id, f"s{source}-l{lane}")
-                self.rings[(source, lane)] = Ring.create(path, capacity)
+        self.rings = _create_rings(spec, plan, job_id, coordinator_pid)
         self._ctx = multiprocessing.get_context("forkserver")
         self._ctx.set_forkserver_preload(["omniload.workers.worker"])
         self.workers: list[WorkerProcess | None] = [None] * len(plan)
@@ -121,11 +123,14 @@ class WorkerPool:
         return sorted({s for s, _ in self._plan[worker_id]})
 
     def stop(self) -> None:
-        """Terminate and join every worker (kill what does not exit in time), unlink every ring."""
+        """Terminate and join every worker (kill what does not exit in time), unlink every ring,
+        and stop the forkserver and resource tracker: when the coordinator exits, no process of
+        the job is left."""
         self.stop_workers()
         for ring in self.rings.values():
             ring.close()
             ring.unlink()
+        _stop_helpers()
 
     def stop_workers(self) -> None:
         alive = [w for w in self.workers if w is not None]
@@ -137,3 +142,65 @@ class WorkerPool:
                 log.warning("worker %s did not exit in %.0fs; killing it", worker.pid, _WORKER_JOIN_S)
                 worker.kill()
                 worker.join(_WORKER_JOIN_S)
+
+
+def _create_rings(spec: Spec, plan: list[list[tuple[int, int]]], job_id: str,
+                  coordinator_pid: int) -> dict[tuple[int, int], Ring]:
+    """One ring per lane, allocated in full; raises ConfigError (and leaves no ring) when the
+    shared-memory directory cannot hold them all."""
+    rings: dict[tuple[int, int], Ring] = {}
+    try:
+        for source, lane in (key for worker in plan for key in worker):
+            path = segment_path(coordinator_pid, job_id, f"s{source}-l{lane}")
+            rings[(source, lane)] = Ring.create(path, spec.ring_mb << 20)
+    except OSError as exc:
+        for ring in rings.values():
+            ring.close()
+            ring.unlink()
+        raise _shm_error(exc, spec, plan) from None
+    return rings
+
+
+def _shm_error(exc: OSError, spec: Spec, plan: list[list[tuple[int, int]]]) -> ConfigError:
+    lanes = sum(len(worker) for worker in plan)
+    if exc.errno != errno.ENOSPC:
+        return ConfigError(f"cannot create a shared-memory ring in {SHM_DIR}: {exc}")
+    usage = shutil.disk_usage(SHM_DIR)
+    fewer = " / --workers" if lanes > len(spec.sources) else ""  # below one lane per source it cannot go
+    return ConfigError(
+        f"{SHM_DIR} is too small for this job's rings: it holds {_mb(usage.total)} with {_mb(usage.free)} free, "
+        f"the job needs {_mb(lanes * (spec.ring_mb << 20))} ({lanes} lanes x --ring-mb {spec.ring_mb}); "
+        f"enlarge {SHM_DIR} (docker run --shm-size=...) or lower --ring-mb{fewer}")
+
+
+def _mb(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MB"
+
+
+def _stop_helpers() -> None:
+    """Stop the forkserver, then the resource tracker, and reap them.
+
+    Both exit by themselves only once every holder of their pipe has exited, the coordinator
+    included, so without this they outlive the coordinator (by tens of ms, seconds on a busy
+    machine). Python has no public call for it; `_stop()` is what its own tests use. Each waits
+    for every worker's copy of the pipe to close, so a stray descendant holding one is killed
+    after _HELPER_STOP_S rather than hanging the shutdown."""
+    from multiprocessing import forkserver, resource_tracker
+
+    for helper, pid_field in ((forkserver._forkserver, "_forkserver_pid"),
+                              (resource_tracker._resource_tracker, "_pid")):
+        pid = getattr(helper, pid_field, None)
+        if pid is None or not hasattr(helper, "_stop"):
+            continue
+        deadline = threading.Timer(_HELPER_STOP_S, _kill_late, args=(pid,))
+        deadline.start()
+        try:
+            helper._stop()
+        finally:
+            deadline.cancel()
+
+
+def _kill_late(pid: int) -> None:
+    log.warning("multiprocessing helper %d did not exit in %.0fs; killing it", pid, _HELPER_STOP_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)

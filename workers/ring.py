@@ -47,11 +47,18 @@ class Ring:
 
     @classmethod
     def create(cls, path: Path, capacity: int) -> Ring:
+        """A new segment with every byte allocated; OSError (ENOSPC when the directory is
+        full) leaves no file behind."""
         capacity = _pad8(capacity)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, _HEADER + capacity)
+            # Allocated now, not sparse: a full /dev/shm fails here with ENOSPC instead of
+            # killing a worker by SIGBUS at some later write.
+            os.posix_fallocate(fd, 0, _HEADER + capacity)
             mm = mmap.mmap(fd, _HEADER + capacity)
+        except OSError:
+            path.unlink(missing_ok=True)
+            raise
         finally:
             os.close(fd)
         _U64.pack_into(mm, _CAP, capacity)

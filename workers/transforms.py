@@ -33,6 +33,9 @@ def load_transform(name: str) -> Transform:
         raise ConfigError(f"tokenizer {name!r}: cannot import module '{module}': {exc}") from None
     except AttributeError:
         raise ConfigError(f"tokenizer {name!r}: module '{module}' has no function '{func}'") from None
+    except Exception as exc:  # the user's module runs on import; whatever it raises is the cause
+        raise ConfigError(f"tokenizer {name!r}: importing module '{module}' failed: "
+                          f"{type(exc).__name__}: {exc}") from None
     return _per_value(fn)
 
 

@@ -11,14 +11,17 @@ import ctypes
 import os
 import select
 import signal
+import sys
 import threading
 import time
-from collections.abc import Iterator
+import traceback
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from omniload.errors import ConfigError
 from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at
 from omniload.workers.readers import BadFile, Shard, read_shard, use_system_allocator
 from omniload.workers.records import doc_record, error_record, skip_record
@@ -56,9 +59,23 @@ class WorkerConfig:
 
 
 def run_worker(config: WorkerConfig) -> None:
-    """Process entry point (forked by the coordinator's pool)."""
+    """Process entry point (forked by the coordinator's pool).
+
+    A shard's errors travel as ERROR records; an error outside any shard (a bug) ends the
+    worker with code 1, after its traceback and one line naming the worker and its sources
+    on stderr, which is the coordinator's."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the coordinator's to handle
     _exit_with(config.coordinator_pid)
+    try:
+        _serve(config)
+    except Exception as exc:
+        traceback.print_exc()
+        sources = ", ".join(sorted({f"'{lane.source_name}'" for lane in config.lanes}))
+        print(f"omniload: worker {os.getpid()} for source {sources} failed: {_cause(exc)}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def _serve(config: WorkerConfig) -> None:
     use_system_allocator()
     rings = [Ring.attach(Path(lane.ring_path)) for lane in config.lanes]
     producers = [_produce(lane) for lane in config.lanes]
@@ -95,22 +112,29 @@ def _write(ring: Ring, record: tuple, lane: LaneConfig) -> bool:
 
 
 def _produce(lane: LaneConfig) -> Iterator[tuple]:
-    """Records of this lane in the source's deterministic order, from (start_group, start_pos)."""
-    transform = load_transform(lane.tokenizer)
+    """Records of this lane in the source's deterministic order, from (start_group, start_pos).
+    An ERROR record is the lane's last: the source cannot go on."""
+    try:
+        transform = load_transform(lane.tokenizer)
+    except ConfigError as exc:  # the coordinator loaded it, but the user's module may fail here
+        yield error_record(lane.start_group, lane.start_pos, f"{exc} (loading it in the source's worker)")
+        return
     num_shards = len(lane.shards)
     end = lane.epochs * groups_per_epoch(num_shards, lane.interleave) if lane.epochs else None
     k, first_pos = lane.start_group, lane.start_pos
     while end is None or k < end:
-        yield from _produce_group(lane, transform, k, first_pos)
+        if (yield from _produce_group(lane, transform, k, first_pos)):
+            return
         _release_freed_memory()
         k += lane.num_lanes
         first_pos = 0
 
 
-def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: int) -> Iterator[tuple]:
+def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: int) -> Generator[tuple, None, bool]:
     """Group k's records from position first_pos: its shards read together, their rows taken in
     turn (omniload.order.interleave_rows) and transformed a batch at a time, so the worker holds
-    the group's raw values but never all of its tokens."""
+    the group's raw values but never all of its tokens. An unreadable shard's rows are skipped
+    (on_bad_file=skip) or its first due row is an ERROR; returns True after an ERROR."""
     members = [shard_at(g, len(lane.shards), lane.seed, lane.source_index)
                for g in group_members(k, len(lane.shards), lane.interleave)]
     shards = [lane.shards[index] for _, index in members]
@@ -118,32 +142,65 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
     # a restarted group reads only the rows still due: each shard's from its first due row
     first_due = np.array([shard.rows for shard in shards])
     np.minimum.at(first_due, member[first_pos:], row[first_pos:])
-    rows: list[_ShardRows | None] = []
-    skipped: dict[int, str] = {}
-    for m, ((epoch, index), shard) in enumerate(zip(members, shards)):
-        order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index)
-        try:
-            values = read_shard(shard, lane.column) if first_due[m] < shard.rows else []
-        except BadFile as exc:
-            message = f"{shard.file}: {exc}"
-            if not lane.skip_bad_files:
-                yield error_record(k, first_pos, message)
-                return
-            skipped[m] = f"skipped {shard.rows - first_due[m]} rows: {message}"
-            rows.append(None)
-            continue
-        rows.append(_ShardRows(values, order, int(first_due[m]), transform))
+    rows = [_open_shard(lane, transform, epoch, index, int(first_due[m]))
+            for m, (epoch, index) in enumerate(members)]
     for pos in range(first_pos, len(member)):
         m, r = int(member[pos]), int(row[pos])
-        if rows[m] is None:
-            yield skip_record(k, pos, skipped.pop(m, ""))
+        if isinstance(rows[m], _Unreadable):
+            if not lane.skip_bad_files:
+                yield error_record(k, pos, f"{rows[m].message} (the job stops on a bad file; "
+                                           "--on-bad-file skip skips it instead)")
+                return True
+            yield skip_record(k, pos, rows[m].say_once(shards[m].rows - int(first_due[m])))
             continue
         try:
             tokens = rows[m].tokens(r)
         except Exception as exc:  # the user's transform; its error must reach the user
-            yield error_record(k, pos, f"{shards[m].file}: transform failed: {type(exc).__name__}: {exc}")
-            return
+            yield error_record(k, pos, f"{shards[m].file}: transform failed: {_cause(exc)}")
+            return True
         yield doc_record(k, pos, shards[m].first_ordinal + int(rows[m].order[r]), tokens)
+    return False
+
+
+def _open_shard(lane: LaneConfig, transform: Transform, epoch: int, index: int,
+                first_due: int) -> _ShardRows | _Unreadable:
+    """A shard's rows from `first_due` on, or why it cannot be read."""
+    shard = lane.shards[index]
+    order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index)
+    if first_due >= shard.rows:  # every row of it was delivered before a restart
+        return _ShardRows([], order, first_due, transform)
+    try:
+        values = read_shard(shard, lane.column)
+    except BadFile as exc:
+        return _Unreadable(f"{shard.file}: {exc}")
+    except MemoryError:
+        raise  # the worker's trouble, not the file's: never skip a shard for it
+    except Exception as exc:  # a failure readers.py did not foresee is still this file's, not the worker's
+        return _Unreadable(f"{shard.file}: cannot read {_part(shard)}: {_cause(exc)}")
+    return _ShardRows(values, order, first_due, transform)
+
+
+def _part(shard: Shard) -> str:
+    """The part of its file a shard is, in the file format's words."""
+    if shard.format == "jsonl":
+        return f"lines {shard.start + 1}-{shard.stop}"
+    if shard.format == "parquet":
+        return f"row group {shard.start}"
+    return f"record batch {shard.start}" if shard.format == "arrow" else "the Arrow stream"
+
+
+@dataclass(slots=True)
+class _Unreadable:
+    """A shard that could not be read: the message, said with the file's first skipped row only."""
+
+    message: str
+    said: bool = False
+
+    def say_once(self, rows: int) -> str:
+        if self.said:
+            return ""
+        self.said = True
+        return f"skipped {rows} rows: {self.message}"
 
 
 class _ShardRows:
@@ -164,6 +221,10 @@ class _ShardRows:
             for i in picked:
                 self._values[i] = None
         return self._batch[r - self._start]
+
+
+def _cause(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _transform(transform: Transform, values: list) -> list[np.ndarray]:
