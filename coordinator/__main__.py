@@ -1,7 +1,8 @@
 """`python -m omniload.coordinator`: the coordinator process that `omniload.Job` starts.
 
 Reads the spec as JSON on stdin and the token from OMNILOAD_TOKEN; prints one JSON line
-`{"addr": "HOST:PORT", "job": ID}` on stdout when ranks can connect; exits with the job's code.
+`{"addr": "HOST:PORT", "metrics": "HOST:PORT" or null}` on stdout when ranks can connect;
+exits with the job's code.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def main() -> int:
     try:
         spec = Spec.from_dict(json.load(sys.stdin))
         coordinator = Coordinator(spec, os.environ["OMNILOAD_TOKEN"], args.host, args.port,
-                                  announce=lambda addr: print(json.dumps({"addr": addr}), flush=True),
+                                  announce=lambda addr, metrics: print(json.dumps({"addr": addr, "metrics": metrics}),
+                                                                       flush=True),
                                   job_id=args.job_id, exit_with_parent=True)
         return coordinator.run()
     except ConfigError as exc:

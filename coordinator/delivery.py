@@ -36,6 +36,7 @@ class RankState:
     said_bye: bool = False  # the rank closed on purpose (else it died or lost the network)
     heard: float = 0.0  # monotonic time of its last ACK, connect or disconnect
     seen: bool = False  # it has connected at least once
+    wait_s: float = 0.0  # the rank's own count of seconds it waited for batches (sent in ACKs)
 
     @property
     def connection(self) -> str:
@@ -56,6 +57,8 @@ class Delivery:
         self.positions: dict[int, dict] = {step: start}  # steps consumed -> the loader position then
         self.planned = step
         self.final: int | None = None  # set when the data has ended: the number of steps there are
+        self.delivered_tokens = 0  # real tokens of the steps every rank has consumed
+        self._tokens: dict[int, int] = {}  # step -> its real tokens, until every rank consumed it
         self._on_consumed = on_consumed
 
     @property
@@ -65,8 +68,9 @@ class Delivery:
     def consumed(self, rank: int) -> int:
         return self.progress.consumed[rank]
 
-    def add_step(self, number: int, frames: Frames, position: dict) -> None:
+    def add_step(self, number: int, frames: Frames, position: dict, tokens: int = 0) -> None:
         self.frames[number] = frames
+        self._tokens[number] = tokens
         self.positions[number + 1] = position
         self.planned = number + 1
         for state in self.ranks.values():
@@ -103,6 +107,7 @@ class Delivery:
             for done in range(before + 1, before + moved + 1):
                 self._on_consumed(self.positions[done])
             for number in range(before, before + moved):
+                self.delivered_tokens += self._tokens.pop(number, 0)
                 self.frames.pop(number, None)
                 self.positions.pop(number, None)
 

@@ -41,7 +41,8 @@ class SourceIntake:
         self.catalog = catalog
         self.rings = rings
         self._seed = seed
-        self._interleave = interleave
+        self.interleave = interleave
+        self.docs = self.tokens = 0  # taken so far (figures.py makes rates of them)
         self._end = catalog.epochs * groups_per_epoch(len(catalog.shards), interleave) if catalog.epochs else None
         self._rows_by_epoch: tuple[int, np.ndarray] | None = None
         self._group_rows: tuple[int, int] = (-1, 0)
@@ -63,7 +64,7 @@ class SourceIntake:
     @property
     def epoch_end(self) -> int:
         """The first group of the epoch after the cursor's."""
-        per_epoch = groups_per_epoch(len(self.catalog.shards), self._interleave)
+        per_epoch = groups_per_epoch(len(self.catalog.shards), self.interleave)
         return (self.group // per_epoch + 1) * per_epoch
 
     @property
@@ -92,7 +93,10 @@ class SourceIntake:
                 if record.payload:  # said once per unreadable file
                     log.warning("source '%s': %s", self.catalog.name, bytes(record.payload).decode(errors="replace"))
                 continue
-            return Doc(self.catalog.index, record.ordinal, tokens_of(record), record.group, record.pos)
+            tokens = tokens_of(record)
+            self.docs += 1
+            self.tokens += len(tokens)
+            return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos)
         return None
 
     def _shard_rows(self, g: int) -> int:
@@ -106,7 +110,7 @@ class SourceIntake:
 
     def _rows_of_group(self, k: int) -> int:
         if self._group_rows[0] != k:
-            members = group_members(k, len(self.catalog.shards), self._interleave)
+            members = group_members(k, len(self.catalog.shards), self.interleave)
             self._group_rows = (k, sum(self._shard_rows(g) for g in members))
         return self._group_rows[1]
 

@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +27,7 @@ from omniload.coordinator.stepper import Cancelled, Step, Stepper
 log = logging.getLogger("omniload")
 _STOP_S = 10.0
 
-StepHandler = Callable[[int, Any, dict], None]  # (step number, frames, position after the step)
+StepHandler = Callable[[int, Any, dict, int], None]  # (step number, frames, position after it, real tokens)
 
 
 class PlannerThread:
@@ -42,6 +43,8 @@ class PlannerThread:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._over: str | None = None  # why no more changes can be applied, once the thread ended
+        self._steps, self._seconds, self._last_step_s = 0, 0.0, 0.0
+        self._last: dict = {}  # the last step's figures (balance, weights, carry)
 
     def start(self, allowed: int) -> None:
         self._allowed = allowed
@@ -85,13 +88,16 @@ class PlannerThread:
         stepper = self._stepper
         try:
             while self._next_boundary():
+                started = time.perf_counter()
                 step = stepper.next_step()
                 if step is None:
                     self._finish(f"the data ended after {stepper.step} steps")
                     self._to_loop(self._on_end, stepper.step)
                     return
                 position = stepper.export_state(self._fingerprint)
-                self._to_loop(self._on_step, step.number, self._encode(step, position), position)
+                frames = self._encode(step, position)
+                self._count(step, time.perf_counter() - started)
+                self._to_loop(self._on_step, step.number, frames, position, sum(step.tokens))
         except Cancelled:
             pass
         except BaseException as exc:  # reported by the loop's one failure path
@@ -113,6 +119,22 @@ class PlannerThread:
                 future.set_result(self._stepper.change_weights(weights))
             if ready:
                 return True
+
+    def figures(self) -> dict:
+        """What the planner has done: steps, time per step (waiting for records included), and
+        the last step's balance, carry-over and weights. Read from any thread."""
+        mean = self._seconds / self._steps if self._steps else 0.0
+        return {"steps": self._steps, "ms_per_step": round(1000 * mean, 2),
+                "last_ms": round(1000 * self._last_step_s, 2), **self._last}
+
+    def _count(self, step: Step, seconds: float) -> None:
+        self._steps += 1
+        self._seconds += seconds
+        self._last_step_s = seconds
+        plan = step.figures
+        self._last = {"imbalance": round(plan.get("imbalance", 1.0), 4), "max_cost": plan.get("max_cost", 0.0),
+                      "mean_cost": plan.get("mean_cost", 0.0), "carry": plan.get("carried", 0),
+                      "weights": [round(w, 4) for w in step.weights]}
 
     def _finish(self, why: str) -> None:
         with self._wake:

@@ -122,6 +122,12 @@ class WorkerPool:
     def source_indexes_of(self, worker_id: int) -> list[int]:
         return sorted({s for s, _ in self._plan[worker_id]})
 
+    def workers_of_source(self, source: int) -> list[WorkerProcess]:
+        return [w for i, w in enumerate(self.workers) if w is not None and source in self.source_indexes_of(i)]
+
+    def restarts_of_source(self, source: int) -> int:
+        return sum(n for i, n in enumerate(self.restarts) if source in self.source_indexes_of(i))
+
     def stop(self) -> None:
         """Terminate and join every worker (kill what does not exit in time), unlink every ring,
         and stop the forkserver and resource tracker: when the coordinator exits, no process of

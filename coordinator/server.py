@@ -34,8 +34,10 @@ from omniload.coordinator.batches import encode_batch
 from omniload.coordinator.catalog import build_catalog, fingerprint, job_identity
 from omniload.coordinator.checkpoint import CheckpointWriter, Recovery, explain_mismatch, last_position
 from omniload.coordinator.delivery import Delivery, Frames, RankState, Variant
+from omniload.coordinator.figures import Figures
 from omniload.coordinator.intake import SourceIntake
 from omniload.coordinator.lanes import assign_lanes
+from omniload.coordinator.metrics import serve_metrics
 from omniload.coordinator.parallel import cp_slice
 from omniload.coordinator.planning import PlannerThread
 from omniload.coordinator.pool import WorkerPool
@@ -52,8 +54,10 @@ _NOTE_EVERY_S = 30.0  # how often waiting ranks hear what they wait for (at most
 
 class Coordinator:
     def __init__(self, spec: Spec, token: str, host: str = "127.0.0.1", port: int = 0,
-                 announce: Callable[[str], None] = print, job_id: str | None = None,
-                 exit_with_parent: bool = False) -> None:
+                 announce: Callable[[str, str | None], None] = lambda addr, metrics: print(addr),
+                 job_id: str | None = None, exit_with_parent: bool = False) -> None:
+        """`announce(addr, metrics_addr)` is called once ranks can connect (metrics_addr: None
+        without --metrics-port)."""
         self.spec = spec
         self.token = token.encode()
         self._host, self._port = host, port
@@ -72,6 +76,7 @@ class Coordinator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._note: str | None = None  # said once in the checkpoint log (e.g. allow_changed_data)
         self._last_note = 0.0
+        self._stall_message: str | None = None  # what the ranks wait for now, if they wait for a rank
         self._exit_code = 0
         self._should_exit: asyncio.Event
         self._admission: asyncio.Lock
@@ -123,17 +128,23 @@ class Coordinator:
         self._supervisor.watch_all()
         self._planner = PlannerThread(self._stepper, self._fingerprint, self._encode_step, loop, self._on_step,
                                       self._on_end, self.fail)
+        self._figures = Figures(self.job_id, self._source_names, self._intakes, self._pool, self._planner)
         if recovery and not await self._replay(recovery):
             return
-        server = await asyncio.start_server(Sessions(self).serve, self._host, self._port)
-        host, port = server.sockets[0].getsockname()[:2]
-        self._announce(f"{_public_host(host)}:{port}")
+        servers = [await asyncio.start_server(Sessions(self).serve, self._host, self._port)]
+        if self.spec.metrics_port is not None:
+            servers.append(await asyncio.start_server(serve_metrics(self.status), self._host, self.spec.metrics_port))
+        addr, *metrics = [_address_of(server) for server in servers]
+        if metrics:
+            log.warning("metrics at http://%s/metrics", metrics[0])
+        self._announce(addr, metrics[0] if metrics else None)
         ticker = loop.create_task(self._tick_loop())
         ticker.add_done_callback(lambda task: self._task_ended(task, "the coordinator's watch"))
         try:
             await self._should_exit.wait()
         finally:
-            server.close()
+            for server in servers:
+                server.close()
             ticker.cancel()
             await loop.run_in_executor(None, self._planner.stop)
             if self._delivery:
@@ -333,6 +344,10 @@ class Coordinator:
             log.info("every rank has its data; exiting")
             self._should_exit.set()
 
+    def status(self) -> dict[str, Any]:
+        """The job's figures now (`omniload status`, the metrics endpoint, launch's progress)."""
+        return self._figures.snapshot(self._delivery, self._stall_message)
+
     async def change_weights(self, weights: Any) -> int:
         """`omniload mix`: the step the new weights take effect at, exactly (the planner applies
         them between two steps)."""
@@ -365,8 +380,8 @@ class Coordinator:
             frames[variant] = encode_batch(step.number, arrays, meta)
         return frames
 
-    def _on_step(self, number: int, frames: Frames, position: dict) -> None:
-        self._delivery.add_step(number, frames, position)
+    def _on_step(self, number: int, frames: Frames, position: dict, tokens: int) -> None:
+        self._delivery.add_step(number, frames, position, tokens)
 
     def _on_end(self, steps: int) -> None:
         log.info("data ended after %d steps", steps)
@@ -397,6 +412,7 @@ class Coordinator:
                 if missing:
                     log.warning("still waiting for rank(s) %s to connect", missing)
                     warned = True
+            self._figures.sample(self._delivery, now)
             if self._delivery:
                 self._watch_ranks(now)
 
@@ -404,9 +420,9 @@ class Coordinator:
         """Tell the waiting ranks which rank they wait for; past --rank-timeout, stop the job."""
         stall = self._delivery.stall(self.spec.plan_ahead, now)
         timeout = self.spec.rank_timeout
+        self._stall_message = message = stall and stall.describe(self.spec.plan_ahead, timeout)
         if stall is None:
             return
-        message = stall.describe(self.spec.plan_ahead, timeout)
         # a rank that never connected may be slow to start (imports, a late node): told, not timed out
         if timeout and stall.silent_s >= timeout and stall.connection != "never":
             self.fail("the rank watch", OmniloadError(f"stopping the job: {message}"))
@@ -422,10 +438,11 @@ class Coordinator:
                     writer.write(note)
 
 
-def _public_host(host: str) -> str:
+def _address_of(server: asyncio.Server) -> str:
+    host, port = server.sockets[0].getsockname()[:2]
     if host in ("0.0.0.0", "::"):
-        return socket.gethostbyname(socket.gethostname())
-    return host
+        host = socket.gethostbyname(socket.gethostname())
+    return f"{host}:{port}"
 
 
 def _run_loop(main) -> None:

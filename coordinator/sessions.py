@@ -3,7 +3,8 @@
 A connection says HELLO with the job's token within `_HANDSHAKE_S`, then either
 - a rank: STARTING (HELLO) -> SERVING (ACKs, each returning a credit; BYE when it stops on
   purpose) -> CLOSED; or
-- a control client (`omniload mix`): MIX requests, each answered with the step it applies at.
+- a control client (`omniload mix`, `omniload status`): MIX requests, each answered with the
+  step it applies at, and STATUS requests, answered with the job's figures.
 
 A peer that breaks the protocol (bad bytes, wrong token, an ACK for a step it was never sent)
 is answered with ERROR and its connection closed; nothing else is disturbed. Everything else
@@ -19,8 +20,10 @@ import socket
 from collections import deque
 from typing import Any, Protocol
 
+import orjson
+
 from omniload.errors import ConfigError, ProtocolError
-from omniload.protocol import FrameDecoder, Hello, Kind, Message, encode, read_hello, read_step
+from omniload.protocol import FrameDecoder, Hello, Kind, Message, encode, read_hello, read_step, read_wait
 
 from omniload.coordinator.delivery import RankState
 
@@ -41,6 +44,7 @@ class Hub(Protocol):
     def acknowledge(self, state: RankState, step: int) -> None: ...
     def rank_gone(self, state: RankState) -> None: ...
     async def change_weights(self, weights: Any) -> int: ...
+    def status(self) -> dict[str, Any]: ...
 
 
 class Sessions:
@@ -96,6 +100,7 @@ class Sessions:
             while (message := await inbox.next()) is not None:
                 if message.kind is Kind.ACK:
                     self._hub.acknowledge(state, read_step(message))
+                    state.wait_s = read_wait(message) or state.wait_s
                 elif message.kind is Kind.BYE:
                     state.said_bye = True
                 else:
@@ -105,6 +110,9 @@ class Sessions:
 
     async def _control(self, inbox: _Inbox, writer: asyncio.StreamWriter) -> None:
         while (message := await inbox.next()) is not None:
+            if message.kind is Kind.STATUS:
+                writer.write(encode(Message(Kind.STATUS, {}, orjson.dumps(self._hub.status()))))
+                continue
             if message.kind is not Kind.MIX:
                 raise ProtocolError(f"unexpected {message.kind.name} on a control connection")
             weights = message.header.get("weights")

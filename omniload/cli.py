@@ -21,6 +21,7 @@ from omniload.spec import Spec, load_config, parse_source
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Spec) if f.name != "sources"}
 _CHILD_STOP_S = 10.0
+_PROGRESS_S = 30.0
 
 _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--seq-len", dict(type=int, help="Tokens per row.")),
@@ -41,6 +42,8 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--rank-timeout", dict(type=float, help="Seconds a rank the others wait for may stay silent (no ACK, or "
                                              "disconnected) before the job fails naming it; a rank that has not "
                                              "connected yet is only named (0: wait forever).")),
+    ("--metrics-port", dict(type=int, help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port; "
+                                           "the log names it).")),
     ("--balance", dict(help="Cost model for balancing ranks: tokens, attention, or module:function.")),
     ("--cost-coeffs", dict(help="a,b,c of the attention cost a*len^2 + b*len + c.")),
     ("--balance-window", dict(type=int, help="Steps a hard-to-place document may wait for a better step.")),
@@ -95,14 +98,17 @@ def main() -> None:
 @spec_options
 @click.option("--host", default="127.0.0.1", help="Address the coordinator listens on.")
 @click.option("--port", default=0, type=int, help="Port (0: any free port).")
+@click.option("--progress-every", default=_PROGRESS_S, type=float,
+              help="Seconds between progress lines on stderr (0: none).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def launch(config: str | None, sources: tuple[str, ...], host: str, port: int, cmd: tuple[str, ...],
-           **options: Any) -> None:
+def launch(config: str | None, sources: tuple[str, ...], host: str, port: int, progress_every: float, quiet: bool,
+           cmd: tuple[str, ...], **options: Any) -> None:
     """Start the coordinator, run CMD (e.g. torchrun ...) beside it, stop it when CMD exits.
 
     CMD gets OMNILOAD_ADDR and OMNILOAD_TOKEN in its environment; the exit code is CMD's."""
     spec = _or_exit(lambda: build_spec(config, sources, options))
-    sys.exit(run_launch(spec, list(cmd), host=host, port=port))
+    sys.exit(run_launch(spec, list(cmd), host=host, port=port, progress_every=0 if quiet else progress_every))
 
 
 @main.command()
@@ -118,8 +124,10 @@ def serve(config: str | None, sources: tuple[str, ...], host: str, port: int, **
     token = os.environ.get("OMNILOAD_TOKEN") or secrets.token_hex(16)
     setup_logging()
 
-    def announce(addr: str) -> None:
+    def announce(addr: str, metrics: str | None) -> None:
         click.echo(f"OMNILOAD_ADDR={addr}\nOMNILOAD_TOKEN={token}")
+        if metrics:
+            click.echo(f"# metrics: http://{metrics}/metrics")
         sys.stdout.flush()
 
     sys.exit(_or_exit(lambda: Coordinator(spec, token, host, port, announce=announce).run()))
@@ -138,6 +146,39 @@ def mix(addr: str, token: str, weights: str) -> None:
 
 
 @main.command()
+@click.option("--addr", envvar="OMNILOAD_ADDR", required=True, help="The coordinator's HOST:PORT.")
+@click.option("--token", envvar="OMNILOAD_TOKEN", required=True, help="The job's token.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures once as JSON (for scripts).")
+@click.option("--once", is_flag=True, help="Print the table once instead of refreshing it.")
+@click.option("--interval", default=1.0, type=float, help="Seconds between refreshes.")
+def status(addr: str, token: str, as_json: bool, once: bool, interval: float) -> None:
+    """Show a running job: sources, ranks and planner, refreshed in place until Ctrl-C or the job ends."""
+    import json
+
+    from omniload.control import job_status
+    from omniload.status_view import render
+
+    if as_json:
+        click.echo(json.dumps(_or_exit(lambda: job_status(addr, token)), indent=1))
+        return
+    live = not once and sys.stdout.isatty()
+    try:
+        while True:
+            figures = job_status(addr, token)
+            click.echo(("\x1b[H\x1b[J" if live else "") + render(figures))
+            if not live:
+                return
+            time.sleep(interval)
+    except OmniloadError as exc:
+        if not live:
+            click.echo(f"omniload: error: {exc}", err=True)
+            sys.exit(1)
+        click.echo(f"omniload: the job ended or cannot be reached ({exc})", err=True)
+    except KeyboardInterrupt:
+        pass
+
+
+@main.command()
 @click.option("--steps", default=40, type=int, help="Training steps.")
 @click.option("--nproc", default=2, type=int, help="Ranks (torchrun --nproc_per_node).")
 @click.option("--dir", "directory", default=None, help="Where the generated corpus goes [default: ~/.cache/omniload/demo].")
@@ -153,13 +194,16 @@ def demo(steps: int, nproc: int, directory: str | None) -> None:
     sys.exit(run_launch(spec, cmd))
 
 
-def run_launch(spec: Spec, cmd: list[str], host: str = "127.0.0.1", port: int = 0) -> int:
-    """Run CMD beside a coordinator for `spec`; returns CMD's exit code (or the coordinator's, if it failed)."""
+def run_launch(spec: Spec, cmd: list[str], host: str = "127.0.0.1", port: int = 0,
+               progress_every: float = _PROGRESS_S) -> int:
+    """Run CMD beside a coordinator for `spec`; returns CMD's exit code (or the coordinator's, if it failed).
+    Every `progress_every` seconds (0: never) one progress line goes to stderr."""
     from omniload.job import Job
 
     job = Job(spec, host=host, port=port)
     _or_exit(job.start, quiet=True)  # the coordinator has printed the reason
     child = None
+    next_progress = time.monotonic() + progress_every
     try:
         child = subprocess.Popen(cmd, env={**os.environ, **job.env()})
         while (code := child.poll()) is None:
@@ -168,6 +212,9 @@ def run_launch(spec: Spec, cmd: list[str], host: str = "127.0.0.1", port: int = 
                 click.echo(f"omniload: the coordinator exited with code {coordinator}; stopping {cmd[0]}", err=True)
                 _stop_child(child)
                 return coordinator
+            if progress_every and time.monotonic() >= next_progress:
+                next_progress = time.monotonic() + progress_every
+                _say_progress(job)
             time.sleep(0.2)
         if code != 0 and _wait_quietly(job, _CHILD_STOP_S) == ConfigError.exit_code:
             return ConfigError.exit_code  # CMD failed because the job's config is bad: say so
@@ -181,6 +228,16 @@ def run_launch(spec: Spec, cmd: list[str], host: str = "127.0.0.1", port: int = 
         return 127
     finally:
         job.stop()
+
+
+def _say_progress(job: Any) -> None:
+    from omniload.control import job_status
+    from omniload.status_view import progress_line
+
+    try:
+        click.echo(progress_line(job_status(job.addr, job.token, timeout=5.0)), err=True)
+    except OmniloadError:
+        pass  # the job is ending; the coordinator's own messages say why
 
 
 def _wait_quietly(job: Any, timeout: float) -> int | None:

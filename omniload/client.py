@@ -153,7 +153,8 @@ class Loader:
         self._position = header.get("state")
         self.meta = {k: v for k, v in header.items() if k not in ("tensors", "state")}
         try:
-            self._sock.sendall(encode(Message(Kind.ACK, {"step": self.step})))
+            # the time spent waiting so far rides along: `omniload status` shows each rank's wait %
+            self._sock.sendall(encode(Message(Kind.ACK, {"step": self.step, "wait": round(self.wait_seconds, 3)})))
         except OSError:
             pass  # the connection is lost: the receive thread says why at the next batch
         return batch

@@ -1,35 +1,52 @@
-"""Change a running job's mixture: `omniload mix` and `Job.set_weights` both use this."""
+"""Talk to a running job: change its mixture (`omniload mix`, `Job.set_weights`) and read its
+figures (`omniload status`, `Job.status`, launch's progress line)."""
 from __future__ import annotations
 
 import socket
+from typing import Any
+
+import orjson
 
 from omniload.errors import ConfigError, OmniloadError
 from omniload.protocol import MAX_CONTROL_HEADER, FrameDecoder, Kind, Message, encode
 
 _CONTROL_S = 30.0
+_MAX_STATUS = 64 << 20  # a status of thousands of ranks is a few MB
 
 
 def set_weights(addr: str, token: str, weights: dict[str, float]) -> int:
     """Set source weights from the next step the coordinator plans; returns that step.
 
     Sources not named keep their current weight. Every change is recorded with its step."""
+    return int(_ask(addr, token, Message(Kind.MIX, {"weights": weights})).header["step"])
+
+
+def job_status(addr: str, token: str, timeout: float = _CONTROL_S) -> dict[str, Any]:
+    """The job's figures (see coordinator/figures.py for what they hold)."""
+    return orjson.loads(_ask(addr, token, Message(Kind.STATUS), timeout).payload)
+
+
+def _ask(addr: str, token: str, request: Message, timeout: float = _CONTROL_S) -> Message:
+    """One request on a control connection, and its answer."""
     host, _, port = addr.rpartition(":")
     try:
-        sock = socket.create_connection((host, int(port)), timeout=_CONTROL_S)
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
     except (OSError, ValueError) as exc:
         raise OmniloadError(f"cannot reach the coordinator at {addr}: {exc}") from None
     with sock:
-        sock.sendall(encode(Message(Kind.HELLO, {"token": token, "role": "control"})) +
-                     encode(Message(Kind.MIX, {"weights": weights})))
-        decoder = FrameDecoder(MAX_CONTROL_HEADER, 0)
+        sock.sendall(encode(Message(Kind.HELLO, {"token": token, "role": "control"})) + encode(request))
+        decoder = FrameDecoder(MAX_CONTROL_HEADER, _MAX_STATUS)
         while True:
-            data = sock.recv(65536)
+            try:
+                data = sock.recv(1 << 20)
+            except OSError as exc:
+                raise OmniloadError(f"no answer from the coordinator at {addr}: {exc}") from None
             if not data:
                 raise OmniloadError(f"the coordinator at {addr} closed the connection without an answer")
             for reply in decoder.feed(data):
                 if reply.kind is Kind.ERROR:
                     raise ConfigError(f"coordinator at {addr}: {reply.header.get('message')}")
-                return int(reply.header["step"])
+                return reply
 
 
 def parse_weights(text: str) -> dict[str, float]:

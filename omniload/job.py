@@ -34,6 +34,7 @@ class Job:
         self.token = token or secrets.token_hex(16)
         self.job_id = secrets.token_hex(4)
         self.addr: str | None = None
+        self.metrics_addr: str | None = None  # HOST:PORT of /metrics, with metrics_port set
         self._host, self._port = host, port
         self._startup_timeout = startup_timeout
         self._process: subprocess.Popen | None = None
@@ -49,8 +50,8 @@ class Job:
         threading.Thread(target=self._relay_stderr, daemon=True).start()
         self._process.stdin.write(json.dumps(self.spec.to_dict()).encode())
         self._process.stdin.close()
-        line = self._read_ready_line()
-        self.addr = json.loads(line)["addr"]
+        ready = json.loads(self._read_ready_line())
+        self.addr, self.metrics_addr = ready["addr"], ready.get("metrics")
         return self
 
     def env(self) -> dict[str, str]:
@@ -63,6 +64,12 @@ class Job:
         from omniload.control import set_weights
 
         return set_weights(self.addr, self.token, weights)
+
+    def status(self) -> dict[str, Any]:
+        """The running job's figures: per source, per rank and for the planner (as `omniload status --json`)."""
+        from omniload.control import job_status
+
+        return job_status(self.addr, self.token)
 
     def log_tail(self) -> list[str]:
         """The coordinator's last lines of log (it also relays them to this process's stderr)."""

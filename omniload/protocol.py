@@ -7,7 +7,8 @@ A frame is a 16-byte prefix, an orjson header and raw payload bytes:
 Rank -> coordinator: HELLO (token, rank, world size, initial credit), ACK (a consumed step,
 which also returns one credit), BYE (the rank stops on purpose). A control client (`omniload
 mix`) sends HELLO with role "control", then MIX (new weights), answered by MIX (the step
-they take effect at). Coordinator -> rank: WELCOME, BATCH (tensor layout in the
+they take effect at), or STATUS, answered by STATUS (the job's figures as a JSON payload).
+Coordinator -> rank: WELCOME, BATCH (tensor layout in the
 header, tensor bytes in the payload), WAIT (why no batch comes: the rank the job waits for),
 END, ERROR. Either side may send ERROR and close.
 """
@@ -38,6 +39,7 @@ class Kind(enum.IntEnum):
     BYE = 7
     MIX = 8  # control client -> coordinator: new weights; coordinator -> control client: applied
     WAIT = 9  # coordinator -> rank: a note on what the job waits for while no batch comes
+    STATUS = 10  # control client -> coordinator: asks; coordinator -> client: the figures, JSON payload
 
 
 @dataclass(slots=True)
@@ -145,6 +147,12 @@ def read_hello(message: Message) -> Hello:
     if resume is not None and not isinstance(resume, dict):
         raise ProtocolError("HELLO: resume must be a loader state (a mapping)")
     return Hello(token, role, rank, world, max(1, credits), resume)
+
+
+def read_wait(message: Message) -> float | None:
+    """The seconds a rank says it has waited for batches so far (an ACK's optional field)."""
+    wait = message.header.get("wait")
+    return float(wait) if isinstance(wait, (int, float)) and not isinstance(wait, bool) and wait >= 0 else None
 
 
 def read_step(message: Message) -> int:

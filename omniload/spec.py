@@ -108,6 +108,7 @@ class Spec:
     max_restarts: int = 3
     worker_timeout: float = 300.0
     rank_timeout: float = 600.0  # a rank the others wait for may be silent this long; 0: forever
+    metrics_port: int | None = None  # Prometheus text at http://HOST:PORT/metrics; None: off, 0: any port
     mixture: tuple[Phase, ...] = ()
     balance: str = "attention"  # tokens | attention | module:function
     cost_coeffs: tuple[float, float, float] = DEFAULT_COST_COEFFS
@@ -143,6 +144,8 @@ class Spec:
             raise ConfigError(f"on_bad_file must be one of {ON_BAD_FILE}, got {self.on_bad_file!r}")
         if self.worker_timeout <= 0:
             raise ConfigError(f"worker_timeout must be > 0 seconds, got {self.worker_timeout}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise ConfigError(f"metrics-port must be a port number (0: any free port), got {self.metrics_port}")
         if not self.rank_timeout >= 0:
             raise ConfigError(f"rank-timeout must be >= 0 seconds (0: wait forever), got {self.rank_timeout}")
         _at_least("balance_window", self.balance_window, 0)
@@ -215,7 +218,7 @@ class Spec:
 # Fields that change how the job runs, never which batches it yields (steps only says where
 # to stop: a resumed run may go further).
 RUNTIME_FIELDS = ("steps", "workers", "ring_mb", "plan_ahead", "max_restarts", "worker_timeout", "rank_timeout",
-                  "broadcast_at", "checkpoint_dir", "snapshot_every", "keep_snapshots", "resume", "allow_changed_data")
+                  "metrics_port", "broadcast_at", "checkpoint_dir", "snapshot_every", "keep_snapshots", "resume", "allow_changed_data")
 
 
 def parse_phase(value: dict[str, Any] | Phase, where: str = "spec") -> Phase:
