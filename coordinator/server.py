@@ -131,9 +131,9 @@ class Coordinator:
         self._figures = Figures(self.job_id, self._source_names, self._intakes, self._pool, self._planner)
         if recovery and not await self._replay(recovery):
             return
-        servers = [await asyncio.start_server(Sessions(self).serve, self._host, self._port)]
+        servers = [await _listen(Sessions(self).serve, self._host, self._port, "--port")]
         if self.spec.metrics_port is not None:
-            servers.append(await asyncio.start_server(serve_metrics(self.status), self._host, self.spec.metrics_port))
+            servers.append(await _listen(serve_metrics(self.status), self._host, self.spec.metrics_port, "--metrics-port"))
         addr, *metrics = [_address_of(server) for server in servers]
         if metrics:
             log.warning("metrics at http://%s/metrics", metrics[0])
@@ -436,6 +436,14 @@ class Coordinator:
                 writer = self._delivery.ranks[rank].writer
                 if writer is not None:
                     writer.write(note)
+
+
+async def _listen(serve: Callable, host: str, port: int, flag: str) -> asyncio.Server:
+    try:
+        return await asyncio.start_server(serve, host, port)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another {flag} "
+                          "(0 picks a free port)") from None
 
 
 def _address_of(server: asyncio.Server) -> str:
