@@ -4,6 +4,8 @@ The group's first rank receives each batch and broadcasts it to the others over
 torch.distributed in the training process group, so the coordinator's connections and
 outbound bytes divide by tp. Every rank of the job must call `omniload.connect()`: the
 groups are created collectively, and rank 0 learns the layout from the coordinator first.
+With device="cuda:N" every rank's batch is on its GPU before the broadcast, so the group's
+backend must carry CUDA tensors (NCCL); without, the tensors are CPU ones (gloo).
 """
 from __future__ import annotations
 
@@ -19,14 +21,18 @@ from omniload.layout import Layout
 
 
 class BroadcastLoader:
-    """The Loader of a tensor-parallel group. Iteration, state_dict() and the first use are
-    collective: every rank of the job makes the same calls in the same order."""
+    """The Loader of a tensor-parallel group. Iteration, state_dict(), position() and the
+    first use are collective: every rank of the job makes the same calls in the same order.
+    Positions are kept by the group's leader (the last KEPT_POSITIONS, as a Loader keeps)."""
 
-    def __init__(self, addr: str, token: str, rank: int, world_size: int, prefetch: int) -> None:
+    def __init__(self, addr: str, token: str, rank: int, world_size: int, prefetch: int, *,
+                 pin_memory: bool = False, device: torch.device | None = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise ConfigError("broadcast_at='tp' needs torch.distributed initialized "
                               "(dist.init_process_group) before omniload.connect()")
         self._args = (addr, token, rank, world_size, prefetch)
+        self._placement = {"pin_memory": pin_memory, "device": device}
+        self.pin_memory, self.device = pin_memory, device
         self.rank, self.world_size = rank, world_size
         self._resume: dict[str, Any] | None = None
         self._loader: Loader | None = None
@@ -45,7 +51,7 @@ class BroadcastLoader:
     def _setup(self) -> None:
         """Rank 0 learns the layout; every rank makes every tp group; leaders connect."""
         addr, token, rank, world_size, prefetch = self._args
-        own = Loader(*self._args) if rank == 0 else None
+        own = Loader(*self._args, **self._placement) if rank == 0 else None
         if own and self._resume is not None:
             own.load_state_dict(self._resume)
         box: list[Any] = [own.info if own else None]
@@ -60,7 +66,7 @@ class BroadcastLoader:
         members = tuple(layout.group(rank, "tp"))
         self._group, self._leader = groups[members], members[0]
         if own is None and rank == self._leader:
-            own = Loader(*self._args)
+            own = Loader(*self._args, **self._placement)
             if self._resume is not None:
                 own.load_state_dict(self._resume)
         self._loader = own
@@ -84,7 +90,9 @@ class BroadcastLoader:
                 raise OmniloadError(header["error"])
             raise StopIteration
         if not self._loader:
-            batch = {name: torch.empty(shape, dtype=getattr(torch, dtype)) for name, dtype, shape in header["tensors"]}
+            batch = {name: torch.empty(shape, dtype=getattr(torch, dtype), device=self.device,
+                                       pin_memory=self.pin_memory and self.device is None)
+                     for name, dtype, shape in header["tensors"]}
         for name, _, _ in header["tensors"]:
             dist.broadcast(batch[name], src=self._leader, group=self._group)
         self.wait_seconds += time.perf_counter() - started
@@ -101,13 +109,32 @@ class BroadcastLoader:
         tensors = [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in batch.items()]
         return batch, {"step": self._loader.step, "meta": self._loader.meta, "tensors": tensors}
 
-    def state_dict(self) -> dict[str, str]:
-        """The loader position after the last batch (global: the same on every rank)."""
+    def state_dict(self, *, step: int | None = None) -> dict[str, str]:
+        """The loader position after the last batch (global: the same on every rank); with
+        step=, after that step (see position())."""
+        if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+            raise TypeError(f"step must be an int, got {step!r}")  # before the collective: every rank raises
         if self._group is None:
             self._setup()
-        box = [self._loader.state_dict() if self._loader else None]
+        answer = None
+        if self._loader:
+            try:
+                answer = ("state", self._loader.state_dict(step=step))
+            except OmniloadError as exc:  # raised on every rank, not only the leader
+                answer = ("error", str(exc))
+        box = [answer]
         dist.broadcast_object_list(box, src=self._leader, group=self._group)
-        return box[0]
+        kind, value = box[0]
+        if kind == "error":
+            raise OmniloadError(value)
+        return value
+
+    def position(self, step: int) -> dict[str, str]:
+        """The loader position after `step`, one of the last KEPT_POSITIONS handed out; an
+        OmniloadError naming the steps that can be asked for on every rank otherwise."""
+        if step is None:
+            raise TypeError("step must be an int, got None")
+        return self.state_dict(step=step)
 
     def close(self) -> None:
         if self._loader:

@@ -1,20 +1,28 @@
 """The rank client: `omniload.connect()` inside a training script.
 
 A background thread receives whole BATCH frames into fresh buffers; tensors are views of
-them (`torch.frombuffer`), so a batch is never copied after the socket. Every batch handed to
-the caller is acknowledged, which returns one credit: the coordinator never sends more than
-`prefetch` batches ahead of what this rank consumed. A rank process that ends without
+them (`torch.frombuffer`), so a batch is never copied after the socket. With pin_memory the
+buffers are page-locked (the receive thread reads the socket straight into them), still with no
+copy; with device= the training thread starts an asynchronous copy to the GPU. Every batch
+handed to the caller is acknowledged, which returns one credit: the coordinator never sends
+more than `prefetch` batches ahead of what this rank consumed. A rank process that ends without
 calling close() still says goodbye (atexit), so the coordinator knows it stopped on purpose.
+
+Each batch carries the loader position after it; the loader keeps the last KEPT_POSITIONS of
+them, so a trainer that fetches the next batch before it saves can still save the position of
+the step it trained on: `state_dict(step=...)`.
 """
 from __future__ import annotations
 
 import atexit
+import collections
 import os
 import queue
 import socket
 import sys
 import threading
 import time
+import warnings
 import weakref
 from typing import Any
 
@@ -29,15 +37,22 @@ _CLOSE_S = 5.0
 _MAX_HEADER = 16 << 20
 _MAX_PAYLOAD = 1 << 40
 _DTYPES = {"int64": torch.int64, "int32": torch.int32, "float32": torch.float32, "uint8": torch.uint8}
+KEPT_POSITIONS = 16  # positions (after the last steps handed out) that position(step) can return
 
 
 def connect(addr: str | None = None, token: str | None = None, *, rank: int | None = None,
-            world_size: int | None = None, prefetch: int = 4, broadcast_at: str | None = None) -> Loader:
+            world_size: int | None = None, prefetch: int = 4, broadcast_at: str | None = None,
+            pin_memory: bool = False, device: str | torch.device | None = None) -> Loader:
     """Connect this rank to its job's coordinator.
 
     Defaults come from the environment that `omniload launch` and torchrun set:
     OMNILOAD_ADDR, OMNILOAD_TOKEN, OMNILOAD_BROADCAST_AT, RANK and WORLD_SIZE. With
-    broadcast_at="tp", call it on every rank after torch.distributed.init_process_group."""
+    broadcast_at="tp", call it on every rank after torch.distributed.init_process_group.
+
+    pin_memory=True hands out tensors in page-locked memory, ready for
+    `.to(device, non_blocking=True)`; device="cuda:N" hands them out already on that GPU
+    (copied asynchronously from page-locked memory, on the current stream). Without CUDA,
+    pin_memory=True does nothing but warn once, and device="cuda..." is a ConfigError."""
     addr = addr or os.environ.get("OMNILOAD_ADDR")
     token = token or os.environ.get("OMNILOAD_TOKEN")
     if not addr or not token:
@@ -46,30 +61,66 @@ def connect(addr: str | None = None, token: str | None = None, *, rank: int | No
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
     broadcast_at = broadcast_at or os.environ.get("OMNILOAD_BROADCAST_AT", "none")
+    if broadcast_at not in ("none", "tp"):
+        raise ConfigError(f"broadcast_at must be 'none' or 'tp', got {broadcast_at!r}")
+    pin, target = placement(pin_memory, device)
     if broadcast_at == "tp":
         from omniload.broadcast import BroadcastLoader
 
-        return BroadcastLoader(addr, token, rank, world_size, prefetch)
-    if broadcast_at != "none":
-        raise ConfigError(f"broadcast_at must be 'none' or 'tp', got {broadcast_at!r}")
-    return Loader(addr, token, rank, world_size, prefetch)
+        return BroadcastLoader(addr, token, rank, world_size, prefetch, pin_memory=pin, device=target)
+    return Loader(addr, token, rank, world_size, prefetch, pin_memory=pin, device=target)
+
+
+def placement(pin_memory: bool, device: str | torch.device | None) -> tuple[bool, torch.device | None]:
+    """What pin_memory= and device= mean on this machine: (pin the buffers, the GPU to copy to).
+
+    Without CUDA, pin_memory=True is a no-op with a warning, as for torch's
+    DataLoader(pin_memory=True): page-locked memory only speeds up copies to a GPU, so the
+    same training script should run unchanged on a CPU-only machine (a laptop, CI). A device
+    there is none of cannot be honoured, so device="cuda..." is an error."""
+    try:
+        target = None if device is None else torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"device={device!r} is not a torch device: {exc}") from None
+    if target is not None and target.type == "cpu":
+        target = None
+    if target is not None and target.type != "cuda":
+        raise ConfigError(f"device must be a CUDA device or 'cpu', got {device!r}")
+    if not pin_memory and target is None:
+        return False, None  # the plain path never touches torch.cuda
+    if not torch.cuda.is_available():
+        if target is not None:
+            raise ConfigError(f"device={device!r}, but CUDA is not available here (torch.cuda.is_available() "
+                              "is False); leave device unset to get CPU tensors")
+        warnings.warn("omniload.connect(pin_memory=True): CUDA is not available, so batches are ordinary "
+                      "(not page-locked) CPU tensors", stacklevel=3)
+        return False, None
+    return True, target  # a copy to a GPU is asynchronous only from page-locked memory: device pins
 
 
 class Loader:
     """Iterate to get `dict[str, torch.Tensor]` batches; see the README's batch schema.
 
     Implements torch's Stateful protocol: `state_dict()` is the loader position after the
-    last batch handed out; `load_state_dict()`, before the first batch, resumes from one.
-    The connection is opened on first use (iteration, `info`), so a state can be loaded first.
+    last batch handed out (`step`); `position(step)` (or `state_dict(step=...)`) that after
+    one of the last KEPT_POSITIONS steps; `load_state_dict()`, before the first batch, resumes
+    from one. The connection is opened on first use (iteration, `info`), so a state can be
+    loaded first.
     """
 
-    def __init__(self, addr: str, token: str, rank: int, world_size: int, prefetch: int) -> None:
+    def __init__(self, addr: str, token: str, rank: int, world_size: int, prefetch: int, *,
+                 pin_memory: bool = False, device: torch.device | None = None) -> None:
+        """pin_memory and device as `placement()` resolved them (CUDA is there if either is set)."""
         self.addr, self.rank, self.world_size = addr, rank, world_size
         self._token, self._prefetch = token, prefetch
+        self.pin_memory, self.device = pin_memory, device
         self._resume: dict[str, Any] | None = None
         self._position: dict[str, Any] | None = None
+        # (step, the position after it), consecutive steps, oldest first; the WELCOME's
+        # position is that after the step before the first one this loader hands out
+        self._positions: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(maxlen=KEPT_POSITIONS)
         self._info: dict[str, Any] | None = None
-        self.step: int | None = None  # the last step handed out
+        self.step: int | None = None  # the last step handed out (steps count from 0 over the job)
         self.meta: dict[str, Any] = {}
         self.wait_seconds = 0.0  # time spent waiting for data inside __next__
         self._inbox: queue.Queue = queue.Queue()
@@ -85,11 +136,23 @@ class Loader:
             self._handshake()
         return self._info
 
-    def state_dict(self) -> dict[str, str]:
-        """The loader position after the last consumed batch, to save with the model."""
+    def state_dict(self, *, step: int | None = None) -> dict[str, str]:
+        """The loader position after the last batch handed out, to save with the model; with
+        step=, the position after that step (see position())."""
         from omniload.state import to_rank_dict
 
+        if step is not None:
+            return self.position(step)
         return to_rank_dict(self._position)  # None before first use: the job's start
+
+    def position(self, step: int) -> dict[str, str]:
+        """The loader position after `step`, in state_dict()'s format: resuming from it yields
+        step + 1 next. Any of the last KEPT_POSITIONS steps handed out can be asked for (and,
+        until that many are, the step before the first one); others raise OmniloadError
+        naming the steps that can."""
+        from omniload.state import to_rank_dict
+
+        return to_rank_dict(kept_position(self._positions, step))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from a saved position; call before the first batch."""
@@ -99,6 +162,13 @@ class Loader:
             raise OmniloadError("load_state_dict() must be called before the loader is used "
                                 "(before iterating or reading .info)")
         self._resume = self._position = from_rank_dict(state_dict)
+        self._keep_start(self._position)
+
+    def _keep_start(self, position: dict[str, Any] | None) -> None:
+        """Forget the kept positions but this one: where the steps this loader hands out start."""
+        self._positions.clear()
+        if position is not None:
+            self._positions.append((position["step"] - 1, position))
 
     def _handshake(self) -> None:
         host, _, port = self.addr.rpartition(":")
@@ -125,6 +195,12 @@ class Loader:
         self._sock.settimeout(None)
         self._info = header
         self._position = header.get("state")
+        self._keep_start(self._position)
+        if self.pin_memory:  # the receive thread allocates on the GPU the training thread uses
+            given = self.device.index if self.device is not None else None
+            self._cuda_index = torch.cuda.current_device() if given is None else given
+            if self.device is not None:  # "cuda": the current GPU when the loader connects
+                self.device = torch.device("cuda", self._cuda_index)
         self._thread = threading.Thread(target=self._receive_loop, name=f"omniload-rank{self.rank}", daemon=True)
         self._thread.start()
         self._at_exit = _close_at_exit(weakref.ref(self))
@@ -149,8 +225,12 @@ class Loader:
             self._done = True
             raise OmniloadError(f"coordinator at {self.addr}: {header.get('message')}")
         batch = {t["name"]: _tensor(payload, t) for t in header["tensors"]}
+        if self.device is not None:  # queued on the current stream: the trainer's kernels see the data
+            batch = {name: t.to(self.device, non_blocking=True) for name, t in batch.items()}
         self.step = header["step"]
         self._position = header.get("state")
+        if self._position is not None:
+            self._positions.append((self.step, self._position))
         self.meta = {k: v for k, v in header.items() if k not in ("tensors", "state")}
         try:
             # the time spent waiting so far rides along: `omniload status` shows each rank's wait %
@@ -189,6 +269,9 @@ class Loader:
                 print(f"omniload: rank {self.rank}: no batch from {self.addr} for {_WAIT_WARN_S:.0f}s; still "
                       f"waiting ({why})", file=sys.stderr)
                 continue
+            if isinstance(item, _ReceiveFailed):
+                self._done = True
+                raise OmniloadError(str(item))
             if isinstance(item, BaseException):
                 self._done = True
                 raise OmniloadError(f"lost the coordinator at {self.addr}: {item}") from item
@@ -196,6 +279,8 @@ class Loader:
 
     def _receive_loop(self) -> None:
         try:
+            if self.pin_memory:  # else page-locked memory would make a CUDA context on GPU 0
+                torch.cuda.set_device(self._cuda_index)
             while True:
                 frame = self._receive_frame()
                 if frame[0] is Kind.WAIT:  # not a batch: why none comes, said while this rank waits
@@ -208,21 +293,35 @@ class Loader:
         except Exception as exc:  # handed to the training thread, which raises it
             self._inbox.put(exc)
 
-    def _receive_frame(self) -> tuple[Kind, dict[str, Any], bytearray]:
+    def _receive_frame(self) -> tuple[Kind, dict[str, Any], bytearray | torch.Tensor]:
         prefix = self._receive_exactly(PREFIX.size)
         kind, header_len, payload_len = parse_prefix(prefix, _MAX_HEADER, _MAX_PAYLOAD)
         header = parse_header(self._receive_exactly(header_len))
+        if self.pin_memory and kind is Kind.BATCH:
+            return kind, header, self._receive_pinned(payload_len)
         return kind, header, self._receive_exactly(payload_len)
+
+    def _receive_pinned(self, size: int) -> torch.Tensor:
+        """The payload read straight into page-locked memory (on the receive thread, no copy)."""
+        try:
+            buffer = _page_locked(size)
+        except RuntimeError as exc:
+            raise _ReceiveFailed(f"rank {self.rank}: cannot allocate {size} bytes of page-locked memory for a "
+                                 f"batch (pin_memory=True): {exc}") from exc
+        self._receive_into(memoryview(buffer.numpy()))
+        return buffer
 
     def _receive_exactly(self, size: int) -> bytearray:
         buffer = bytearray(size)
-        view = memoryview(buffer)
+        self._receive_into(memoryview(buffer))
+        return buffer
+
+    def _receive_into(self, view: memoryview) -> None:
         while view:
             got = self._sock.recv_into(view)
             if not got:
                 raise ConnectionError("the coordinator closed the connection")
             view = view[got:]
-        return buffer
 
 
 def _close_at_exit(ref: weakref.ref) -> Any:
@@ -234,11 +333,38 @@ def _close_at_exit(ref: weakref.ref) -> Any:
     return close
 
 
-def _tensor(payload: bytearray, spec: dict[str, Any]) -> torch.Tensor:
+class _ReceiveFailed(OmniloadError):
+    """The receive thread failed on this side (not the connection); its message says how."""
+
+
+def kept_position(positions: collections.deque[tuple[int, Any]], step: int) -> Any:
+    """The position kept for `step` among consecutive (step, position) pairs, oldest first;
+    OmniloadError naming the steps that can be asked for if it is not kept."""
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise TypeError(f"step must be an int, got {step!r}")
+    if not positions:
+        raise OmniloadError(f"no position after step {step} is kept: the loader has not connected yet (the "
+                            "first batch or reading .info connects it; state_dict() is the start until then)")
+    first, last = positions[0][0], positions[-1][0]
+    if first <= step <= last:
+        return positions[step - first][1]
+    why = f"step {step} has not been handed out yet" if step > last else f"step {step} is too old"
+    raise OmniloadError(f"{why}: ask for a step from {first} to {last} (the loader keeps its last "
+                        f"{positions.maxlen} positions: after each step it handed out, and before its first)")
+
+
+def _page_locked(size: int) -> torch.Tensor:
+    """From torch's caching host allocator: freed buffers are reused once their copies are done."""
+    return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+
+
+def _tensor(payload: bytearray | torch.Tensor, spec: dict[str, Any]) -> torch.Tensor:
     dtype = _DTYPES[spec["dtype"]]
     count = 1
     for dim in spec["shape"]:
         count *= dim
+    if isinstance(payload, torch.Tensor):  # page-locked: views keep it pinned
+        return payload[spec["offset"]:spec["offset"] + count * dtype.itemsize].view(dtype).view(spec["shape"])
     if count == 0:
         return torch.empty(spec["shape"], dtype=dtype)
     return torch.frombuffer(payload, dtype=dtype, count=count, offset=spec["offset"]).view(spec["shape"])
