@@ -223,6 +223,23 @@ def last_position(folder: str | os.PathLike) -> Recovery | None:
     return None
 
 
+def snapshot_steps(folder: str | os.PathLike) -> list[int]:
+    """The steps of the folder's snapshots, oldest first (whether they read cleanly or not)."""
+    return sorted(_step_of(path, _SNAPSHOT) for path in Path(folder).glob(f"{_SNAPSHOT}*.json"))
+
+
+def read_snapshot(folder: str | os.PathLike, step: int) -> tuple[dict[str, Any], int, dict[str, Any]] | None:
+    """Snapshot `step` as (state, dp, {"spec", "files"}), or None if it is gone or does not read cleanly."""
+    path = Path(folder) / f"{_SNAPSHOT}{step:010d}.json"
+    return _read_snapshot(path) if path.exists() else None
+
+
+def log_after(folder: str | os.PathLike, base: int) -> tuple[int, list]:
+    """The last consumed step the log records after snapshot `base`, and the live mixture
+    changes recorded since (each [step it takes effect at, weights])."""
+    return _read_log(Path(folder), base)
+
+
 def _read_snapshot(path: Path) -> tuple[dict[str, Any], int, dict[str, Any]] | None:
     try:
         raw = path.read_bytes()

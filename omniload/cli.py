@@ -267,5 +267,26 @@ def _or_exit(action: Callable[[], Any], quiet: bool = False) -> Any:
         sys.exit(exc.exit_code if isinstance(exc, ConfigError) else 1)
 
 
+@main.command()
+@click.option("--checkpoint-dir", required=True, envvar="OMNILOAD_CHECKPOINT_DIR", help="The job's --checkpoint-dir.")
+@click.option("--step", required=True, type=click.IntRange(min=0), help="The step to trace, 0-based (loader.step).")
+@click.option("--rank", type=click.IntRange(min=0), help="Only this global rank's batch (its data-parallel replica's).")
+@click.option("--dp-rank", type=click.IntRange(min=0), help="Only this data-parallel rank's batch.")
+@click.option("--workers", default=2, type=click.IntRange(min=1), help="Source workers for the replay.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts instead of a table.")
+def trace(checkpoint_dir: str, step: int, rank: int | None, dp_rank: int | None, workers: int, as_json: bool) -> None:
+    """Which documents trained STEP on each data-parallel rank, recomputed from the checkpoint folder."""
+    import orjson
+
+    from omniload.coordinator.logs import setup_logging
+    from omniload.coordinator.trace import format_trace, trace_step, trace_to_dict
+
+    if rank is not None and dp_rank is not None:
+        raise click.UsageError("give --rank or --dp-rank, not both")
+    setup_logging()
+    found = _or_exit(lambda: trace_step(checkpoint_dir, step, rank=rank, dp_rank=dp_rank, workers=workers))
+    click.echo(orjson.dumps(trace_to_dict(found)).decode() if as_json else format_trace(found))
+
+
 if __name__ == "__main__":
     main()

@@ -73,3 +73,8 @@ def first_of_lane(lane: int, num_lanes: int, from_k: int) -> int:
 
 def sample_id(source: int, ordinal: int, chunk: int) -> int:
     return (source << (ORDINAL_BITS + CHUNK_BITS)) | (ordinal << CHUNK_BITS) | chunk
+
+
+def split_sample_id(value: int) -> tuple[int, int, int]:
+    """(source, ordinal, chunk) of a sample_id: the inverse of `sample_id`."""
+    return value >> (ORDINAL_BITS + CHUNK_BITS), (value >> CHUNK_BITS) & (MAX_ORDINAL - 1), value & (MAX_CHUNKS - 1)

@@ -4,7 +4,9 @@ Usage: python tests/rank_probe.py OUT.json [MAX_STEPS]   (OMNILOAD_*, RANK, WORL
 PROBE_STEP_S: seconds each step takes, like a training step; PROBE_HANG_AFTER=N: stop consuming
 after N batches and sleep, like a rank stuck in a collective; PROBE_NO_CLOSE=1: end without
 close(), as many trainers do). Under torchrun, OUT may contain {rank}; the probe joins the
-gloo process group (needed for broadcast_at=tp).
+gloo process group (needed for broadcast_at=tp). Each step's segments are recorded as
+[sample_id, tokens, crc32 of their input_ids as int64] ("step_segments", padding included;
+empty where the rank holds slices of the rows, with context parallelism).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import json
 import os
 import sys
 import time
+import zlib
 
 import omniload
 
@@ -27,7 +30,7 @@ def main() -> None:
     loader = omniload.connect()
     step_seconds = float(os.environ.get("PROBE_STEP_S", 0))
     hang_after = int(os.environ.get("PROBE_HANG_AFTER", 0))
-    hashes, sample_ids, source_tokens, steps, waits = [], [], {}, [], []
+    hashes, sample_ids, source_tokens, steps, waits, step_segments = [], [], {}, [], [], []
     waited = 0.0
     for batch in loader:
         waits.append(loader.wait_seconds - waited)  # how long this batch kept the rank waiting
@@ -39,6 +42,7 @@ def main() -> None:
         hashes.append(digest.hexdigest())
         steps.append(loader.step)
         lengths = (batch["cu_seqlens"][1:] - batch["cu_seqlens"][:-1]).tolist()
+        step_segments.append(_segments(batch, lengths))
         for source, sid, length in zip(batch["source"].tolist(), batch["sample_id"].tolist(), lengths):
             if source >= 0:
                 sample_ids.append(sid)
@@ -54,7 +58,16 @@ def main() -> None:
     with open(out, "w") as f:
         json.dump({"hashes": hashes, "steps": steps, "sample_ids": sample_ids,
                    "source_tokens": source_tokens, "wait_seconds": loader.wait_seconds,
-                   "waits": waits}, f)
+                   "waits": waits, "step_segments": step_segments}, f)
+
+
+def _segments(batch: dict, lengths: list[int]) -> list[list[int]]:
+    if "input_ids" not in batch or batch["input_ids"].numel() != sum(lengths):
+        return []  # context parallelism: this rank holds slices of the rows
+    tokens = batch["input_ids"].reshape(-1).numpy()
+    bounds = batch["cu_seqlens"].tolist()
+    return [[sid, length, zlib.crc32(tokens[start:start + length].astype("int64").tobytes())]
+            for sid, length, start in zip(batch["sample_id"].tolist(), lengths, bounds)]
 
 
 if __name__ == "__main__":
