@@ -26,7 +26,7 @@ async def _plan(stepper, allowed: int, change_after: float | None = None):
     steps: asyncio.Queue = asyncio.Queue()
     errors: list = []
     planner = PlannerThread(stepper, "f", lambda step, position: step.weights, loop,
-                            lambda number, weights, position: steps.put_nowait((number, weights)),
+                            lambda number, weights, position, tokens: steps.put_nowait((number, weights)),
                             lambda count: steps.put_nowait(None), lambda where, exc: errors.append(exc))
     planner.start(allowed)
     at = None
