@@ -19,7 +19,7 @@ from omniload.order import groups_per_epoch
 
 from omniload.coordinator.delivery import Delivery
 from omniload.coordinator.intake import SourceIntake
-from omniload.coordinator.planning import PlannerThread
+from omniload.coordinator.planning import Planner
 from omniload.coordinator.pool import WorkerPool
 
 SAMPLE_S = 1.0  # rates are measured over at least this long
@@ -43,7 +43,7 @@ class Rates:
 
 class Figures:
     def __init__(self, job_id: str, names: Sequence[str], intakes: Sequence[SourceIntake], pool: WorkerPool,
-                 planner: PlannerThread) -> None:
+                 planner: Planner) -> None:
         self._job_id, self._names, self._intakes, self._pool, self._planner = job_id, names, intakes, pool, planner
         self._started = time.monotonic()
         self._rates = Rates()

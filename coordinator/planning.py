@@ -1,128 +1,146 @@
-"""The planner thread: plans and encodes steps off the event loop, as far as the ranks allow.
+"""The planner: plans and encodes steps as far as the ranks allow, without holding the loop.
 
-Planning a step waits for records and takes milliseconds (tens at DP=1024), and encoding the
-ranks' frames copies every token, so none of it runs on the loop that serves the ranks. The
-thread owns the stepper; the loop talks to it through three verbs (`allow`, `change_weights`,
-`stop`) and gets finished steps, the end of the data and failures back through
-`call_soon_threadsafe`.
+It is a task on the event loop that drives the stepper's requests (coordinator/stepper.py):
+a wait for records becomes an `await`, and a pure computation (balancing and building a
+step, encoding its frames) runs in place while it is quick and on a thread once it is not
+(`Offloader`). At a small data-parallel size a step costs a millisecond or two and the loop
+plans it between two ACKs; a thread there would only add the GIL's back-and-forth (measured:
+25% fewer tokens/s at dp=2 on 2 cores). At dp=1024 a step costs tens of milliseconds, which
+then go to a thread, and the stepper yields between draws, so ranks are served meanwhile.
 
-Lifecycle: CREATED -> PLANNING (start) -> ENDED (the data ended) | STOPPED (stop) | FAILED.
-A live mixture change is applied by the thread between two steps, so the step it names in
-its reply is exactly the first step planned with the new weights.
+Lifecycle: CREATED -> PLANNING (start) -> ENDED (the data ended) | STOPPED (stop) | FAILED
+(the task's exception, which the coordinator's failure path reports). A live mixture change
+is applied between two steps, so the step it names is exactly the first one planned with
+the new weights.
 """
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from omniload.errors import OmniloadError
 
-from omniload.coordinator.stepper import Cancelled, Step, Stepper
+from omniload.coordinator.stepper import Compute, Requests, Step, Stepper
 
-log = logging.getLogger("omniload")
-_STOP_S = 10.0
+_INLINE_MAX_S = 0.003  # computations of a kind that take longer than this (on average) go to a thread
 
 StepHandler = Callable[[int, Any, dict, int], None]  # (step number, frames, position after it, real tokens)
 
 
-class PlannerThread:
+class Offloader:
+    """Runs pure computations in place while those of their kind are quick, on a thread while
+    they are not. A moving average of their CPU time decides (the thread's own, so time the
+    process spent preempted or waiting for the GIL does not count)."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, float] = {}
+
+    async def run(self, kind: str, fn: Callable[[], Any]) -> Any:
+        def timed() -> tuple[Any, float]:
+            started = time.thread_time()
+            return fn(), time.thread_time() - started
+
+        if self._seconds.get(kind, 0.0) > _INLINE_MAX_S:
+            result, took = await asyncio.get_running_loop().run_in_executor(None, timed)
+        else:
+            result, took = timed()
+        self._seconds[kind] = 0.8 * self._seconds.get(kind, took) + 0.2 * took
+        return result
+
+
+async def drive(requests: Requests, offloader: Offloader) -> Any:
+    """Run a step's requests on the event loop: await where it waits, offload costly computations."""
+    try:
+        request = next(requests)
+        while True:
+            if isinstance(request, Compute):
+                request = requests.send(await offloader.run("step", request.fn))
+            else:
+                await asyncio.sleep(request)
+                request = requests.send(None)
+    except StopIteration as done:
+        return done.value
+
+
+class Planner:
     def __init__(self, stepper: Stepper, fingerprint: str, encode: Callable[[Step, dict], Any],
-                 loop: asyncio.AbstractEventLoop, on_step: StepHandler, on_end: Callable[[int], None],
-                 on_error: Callable[[str, BaseException], None]) -> None:
+                 on_step: StepHandler, on_end: Callable[[int], None]) -> None:
         self._stepper, self._fingerprint, self._encode = stepper, fingerprint, encode
-        self._loop = loop
-        self._on_step, self._on_end, self._on_error = on_step, on_end, on_error
-        self._wake = threading.Condition()
+        self._on_step, self._on_end = on_step, on_end
+        self._offloader = Offloader()
         self._allowed = 0  # may plan the steps numbered below this
-        self._changes: list[tuple[dict[str, float], concurrent.futures.Future]] = []
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-        self._over: str | None = None  # why no more changes can be applied, once the thread ended
+        self._wake = asyncio.Event()
+        self._changes: list[tuple[dict[str, float], asyncio.Future]] = []
+        self.task: asyncio.Task | None = None
+        self._over: str | None = None  # why no more changes can be applied, once planning ended
         self._steps, self._seconds, self._last_step_s = 0, 0.0, 0.0
         self._last: dict = {}  # the last step's figures (balance, weights, carry)
 
-    def start(self, allowed: int) -> None:
+    def start(self, allowed: int) -> asyncio.Task:
         self._allowed = allowed
-        self._thread = threading.Thread(target=self._run, name="omniload-planner", daemon=True)
-        self._thread.start()
+        self.task = asyncio.get_running_loop().create_task(self._run())
+        return self.task
 
     def allow(self, until: int) -> None:
-        """Let the thread plan the steps numbered below `until` (the slowest rank moved)."""
-        with self._wake:
-            if until > self._allowed:
-                self._allowed = until
-                self._wake.notify()
+        """Let the planner plan the steps numbered below `until` (the slowest rank moved)."""
+        if until > self._allowed:
+            self._allowed = until
+            self._wake.set()
 
-    def change_weights(self, weights: dict[str, float]) -> concurrent.futures.Future:
-        """A future of the step the new weights take effect at. Before start, the change is
-        applied at once (the loop owns the stepper until then)."""
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._wake:
-            if self._over:
-                future.set_exception(OmniloadError(self._over))
-            elif self._thread is None:
-                future.set_result(self._stepper.change_weights(weights))
-            else:
-                self._changes.append((weights, future))
-                self._wake.notify()
-        return future
+    async def change_weights(self, weights: dict[str, float]) -> int:
+        """The step the new weights take effect at. Before start, applied at once."""
+        if self._over:
+            raise OmniloadError(self._over)
+        if self.task is None:
+            return self._stepper.change_weights(weights)
+        future = asyncio.get_running_loop().create_future()
+        self._changes.append((weights, future))
+        self._wake.set()
+        return await future
 
-    def stop(self) -> None:
-        """End the thread, even mid-wait for a record; bounded by _STOP_S."""
-        with self._wake:
-            self._stopping = True
-            self._wake.notify()
-        self._stepper.cancel.set()
-        if self._thread is not None:
-            self._thread.join(_STOP_S)
-            if self._thread.is_alive():
-                log.warning("the planner thread did not stop in %.0fs", _STOP_S)
+    async def stop(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
         self._finish("the job is stopping")
 
-    def _run(self) -> None:
+    async def _run(self) -> None:
         stepper = self._stepper
         try:
-            while self._next_boundary():
+            while await self._next_boundary():
                 started = time.perf_counter()
-                step = stepper.next_step()
+                step = await drive(stepper.step_requests(), self._offloader)
                 if step is None:
                     self._finish(f"the data ended after {stepper.step} steps")
-                    self._to_loop(self._on_end, stepper.step)
+                    self._on_end(stepper.step)
                     return
                 position = stepper.export_state(self._fingerprint)
-                frames = self._encode(step, position)
+                frames = await self._offloader.run("encode", lambda: self._encode(step, position))
                 self._count(step, time.perf_counter() - started)
-                self._to_loop(self._on_step, step.number, frames, position, sum(step.tokens))
-        except Cancelled:
-            pass
-        except BaseException as exc:  # reported by the loop's one failure path
-            self._finish(f"the planner failed: {exc}")
-            self._to_loop(self._on_error, "the planner", exc)
+                self._on_step(step.number, frames, position, sum(step.tokens))
+        except BaseException as exc:
+            self._finish("the job is stopping" if isinstance(exc, asyncio.CancelledError)
+                         else f"the planner failed: {exc}")
+            raise
 
-    def _next_boundary(self) -> bool:
-        """Wait between two steps until one may be planned; apply the mixture changes that came
-        meanwhile. False when stopping."""
+    async def _next_boundary(self) -> bool:
+        """Wait between two steps until one may be planned, applying the mixture changes that
+        came meanwhile. Returns True (the loop ends by cancellation)."""
         while True:
-            with self._wake:
-                while not self._stopping and not self._changes and self._stepper.step >= self._allowed:
-                    self._wake.wait()
-                if self._stopping:
-                    return False
-                changes, self._changes = self._changes, []
-                ready = self._stepper.step < self._allowed
+            changes, self._changes = self._changes, []
             for weights, future in changes:
-                future.set_result(self._stepper.change_weights(weights))
-            if ready:
+                if not future.done():
+                    future.set_result(self._stepper.change_weights(weights))
+            if self._stepper.step < self._allowed:
                 return True
+            self._wake.clear()
+            await self._wake.wait()
 
     def figures(self) -> dict:
         """What the planner has done: steps, time per step (waiting for records included), and
-        the last step's balance, carry-over and weights. Read from any thread."""
+        the last step's balance, carry-over and weights."""
         mean = self._seconds / self._steps if self._steps else 0.0
         return {"steps": self._steps, "ms_per_step": round(1000 * mean, 2),
                 "last_ms": round(1000 * self._last_step_s, 2), **self._last}
@@ -137,14 +155,8 @@ class PlannerThread:
                       "weights": [round(w, 4) for w in step.weights]}
 
     def _finish(self, why: str) -> None:
-        with self._wake:
-            self._over = self._over or why
-            changes, self._changes = self._changes, []
+        self._over = self._over or why
+        changes, self._changes = self._changes, []
         for _, future in changes:
-            future.set_exception(OmniloadError(why))
-
-    def _to_loop(self, callback: Callable, *args: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:  # the loop has closed: the job is over and nobody waits for this
-            pass
+            if not future.done():
+                future.set_exception(OmniloadError(why))

@@ -1,12 +1,13 @@
 """The coordinator: one asyncio process per job. Its lifecycle, admission of ranks, one failure path.
 
 It reads top to bottom: index sources and fork the worker pool (before the loop) -> replay a
---resume folder (off the loop) -> bind and announce -> serve ranks while the planner thread
-plans ahead of the slowest rank and a tick watches the job -> shut down (stop the planner,
+--resume folder (off the loop) -> bind and announce -> serve ranks while the planner plans
+ahead of the slowest rank and a tick watches the job -> shut down (stop the planner,
 close connections, stop workers, unlink rings). A second Ctrl-C forces the exit.
 
 Who does what: sessions.py speaks the wire, delivery.py sends frames and counts ACKs
-(progress.py), planning.py plans on a thread, supervision.py replaces dead workers, and
+(progress.py), planning.py plans (a costly step's computation on a thread), supervision.py
+replaces dead workers, and
 checkpoint.py writes on a thread. The loop only waits: nothing here blocks on a disk, a join
 or a long computation. Every unexpected error, in any task, thread or callback, ends in
 `fail`, which names where it happened and tells every rank.
@@ -39,7 +40,7 @@ from omniload.coordinator.intake import SourceIntake
 from omniload.coordinator.lanes import assign_lanes
 from omniload.coordinator.metrics import serve_metrics
 from omniload.coordinator.parallel import cp_slice
-from omniload.coordinator.planning import PlannerThread
+from omniload.coordinator.planning import Planner
 from omniload.coordinator.pool import WorkerPool
 from omniload.coordinator.sessions import Refused, Sessions
 from omniload.coordinator.stepper import Step, Stepper
@@ -70,8 +71,7 @@ class Coordinator:
         self._variants: dict[int, Variant] = {}  # the ranks that connect, with the frame each gets
         self._frame_kinds: list[Variant] = []  # one frame of each per step
         self._delivery: Delivery | None = None
-        self._planner: PlannerThread | None = None
-        self._planner_started = False
+        self._planner: Planner | None = None
         self._checkpoints: CheckpointWriter | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._note: str | None = None  # said once in the checkpoint log (e.g. allow_changed_data)
@@ -112,8 +112,6 @@ class Coordinator:
                      sum(self._pool.lane_counts))
             _run_loop(self._main(recovery))
         finally:
-            if self._planner:
-                self._planner.stop()
             self._pool.stop()
             if self._checkpoints:
                 self._checkpoints.close()
@@ -126,8 +124,7 @@ class Coordinator:
         self._install_signal_handlers(loop)
         self._supervisor = Supervisor(self._pool, self._intakes, self.spec.max_restarts, self.fail)
         self._supervisor.watch_all()
-        self._planner = PlannerThread(self._stepper, self._fingerprint, self._encode_step, loop, self._on_step,
-                                      self._on_end, self.fail)
+        self._planner = Planner(self._stepper, self._fingerprint, self._encode_step, self._on_step, self._on_end)
         self._figures = Figures(self.job_id, self._source_names, self._intakes, self._pool, self._planner)
         if recovery and not await self._replay(recovery):
             return
@@ -146,7 +143,7 @@ class Coordinator:
             for server in servers:
                 server.close()
             ticker.cancel()
-            await loop.run_in_executor(None, self._planner.stop)
+            await self._planner.stop()
             if self._delivery:
                 for state in self._delivery.ranks.values():
                     if state.writer is not None:
@@ -279,16 +276,16 @@ class Coordinator:
             if at != delivery.consumed(rank) and (at not in delivery.positions or at < delivery.slowest):
                 message = (f"rank {rank} brings the loader position of step {at}, but this job is at step "
                            f"{delivery.consumed(rank)}: restore the same checkpoint step on every rank")
-                if not self._planner_started:
+                if self._planner.task is None:
                     self.fail(f"rank {rank}'s HELLO", ConfigError(message))
                 raise Refused(message)
             state = delivery.attach(rank, writer, hello.credits, at)
             writer.write(encode(Message(Kind.WELCOME, self._welcome(state, at))))
             delivery.pump(state)
-            if not self._planner_started:
+            if self._planner.task is None:
                 self._stepper.dp = self._layout.dp
-                self._planner.start(allowed=delivery.slowest + self.spec.plan_ahead)
-                self._planner_started = True
+                planning = self._planner.start(allowed=delivery.slowest + self.spec.plan_ahead)
+                planning.add_done_callback(lambda task: self._task_ended(task, "the planner"))
             return state
 
     def _check_hello(self, hello: Hello) -> dict | None:
@@ -352,7 +349,7 @@ class Coordinator:
         """`omniload mix`: the step the new weights take effect at, exactly (the planner applies
         them between two steps)."""
         checked = self._check_weights(weights)
-        step = await asyncio.wrap_future(self._planner.change_weights(checked))
+        step = await self._planner.change_weights(checked)
         log.info("mixture changed from step %d on: %s", step, checked)
         return step
 
@@ -367,10 +364,10 @@ class Coordinator:
             raise ConfigError(f"weights must be numbers >= 0, not all zero, got {weights}")
         return {k: float(v) for k, v in weights.items()}
 
-    # -- planning (the planner thread's side) ----------------------------------------------
+    # -- planning ---------------------------------------------------------------------------
     def _encode_step(self, step: Step, position: dict) -> Frames:
-        """On the planner thread: one frame for each kind of rank; each carries the loader
-        position after the step, which the rank's state_dict() returns."""
+        """One frame for each kind of rank (pure: it may run on a thread); each carries the
+        loader position after the step, which the rank's state_dict() returns."""
         meta = {"tokens": step.tokens, "dp": self._layout.dp, "plan": step.figures,
                 "weights": dict(zip(self._source_names, step.weights)), "state": position}
         frames = {}

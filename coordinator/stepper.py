@@ -2,15 +2,23 @@
 
 The only waiting here is for a source's next record; every decision is made by the pure
 functions in schedule.py, mixture.py, window.py and planner.py, so the steps are a function of spec,
-seed, files and the recorded live mixture changes. A stepper blocks while it waits: the
-coordinator runs it on its planner thread (coordinator/planning.py), never on the event loop.
+seed, files and the recorded live mixture changes.
+
+The stepper is sans-I/O in how it waits: a step is a generator (`step_requests`) that yields
+requests, a float (wait that many seconds for records; 0: let others run) or a `Compute`
+(a pure function to evaluate, such as balancing and building the step), and is sent back the
+result. `next_step` drives it on the calling thread, sleeping and computing in place (replay,
+trace, tests); the coordinator drives it on its event loop (coordinator/planning.py), where
+it awaits instead of sleeping and moves a costly `Compute` to a thread.
 """
 from __future__ import annotations
 
 import dataclasses
 import threading
 import time
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,10 +35,37 @@ from omniload.coordinator.schedule import in_force, weights_at
 from omniload.coordinator.window import Block, DocKey, Unit, block_tokens_for, make_block, restore_block, units_of
 
 _POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
+_FILL_YIELD_DOCS = 256  # documents read into a window between chances for others to run
+_DRAW_YIELD_UNITS = 512  # units drawn into a step between chances for others to run
 
 
 class Cancelled(Exception):
     """The stepper was cancelled while it waited for a record (the job is stopping)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """A request of a step: evaluate `fn()` (pure: it touches no stepper state) and send back the result."""
+
+    fn: Callable[[], Any]
+
+
+Requests = Generator[float | Compute, Any, Any]  # what a step yields, is sent, and returns
+
+
+def drive(requests: Requests, cancel: threading.Event) -> Any:
+    """Run a step's requests on this thread: sleep where it waits, compute in place."""
+    try:
+        request = next(requests)
+        while True:
+            if isinstance(request, Compute):
+                request = requests.send(request.fn())
+                continue
+            if cancel.wait(request) if request else cancel.is_set():
+                raise Cancelled()
+            request = requests.send(None)
+    except StopIteration as done:
+        return done.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +136,9 @@ class Stepper:
     def rehydrate(self) -> None:
         """Rebuild the carried segments and the windows by re-reading their documents; the
         first step does it too. Until then export_state does not hold the restored position."""
+        drive(self._rehydrate(), self.cancel)
+
+    def _rehydrate(self) -> Requests:
         if self._saved is None:
             return
         saved = self._saved
@@ -112,7 +150,7 @@ class Stepper:
             start = (window[0], window[1]) if window is not None else None
             units: list[Unit] = []
             while intake.cursor < saved["resume_at"][index]:
-                doc = self._next_doc(intake)
+                doc = yield from self._next_doc(intake)
                 if doc is None:
                     break
                 carried = (doc.source, *doc.origin) in wanted
@@ -140,13 +178,17 @@ class Stepper:
         return self.step
 
     def next_step(self, build: bool = True) -> Step | None:
-        """The next step, or None when the data (or --steps) has ended. With build=False the
-        rank arrays are not made (a replay needs only the position after the step).
+        """The next step, or None when the data (or --steps) has ended; waits on this thread.
+        With build=False the rank arrays are not made (a replay needs only the position)."""
+        return drive(self.step_requests(build), self.cancel)
+
+    def step_requests(self, build: bool = True) -> Requests:
+        """The next step as requests (see the module's doc); returns the Step, or None.
 
         The mixture picks a source for each unit (a segment), so every step's token shares
         track the weights within about one segment; the unit comes from that source's shuffle
         window, within the per-document cap of the step."""
-        self.rehydrate()
+        yield from self._rehydrate()
         spec = self._spec
         if spec.steps and self.step >= spec.steps:
             return None
@@ -165,7 +207,7 @@ class Stepper:
             source = next_source(self.passes, weights, live)
             if source is None:
                 break
-            unit = self._draw(source, in_step)
+            unit = yield from self._draw(source, in_step)
             if unit is None:
                 live[source] = False
                 continue
@@ -176,22 +218,29 @@ class Stepper:
             in_step[key] = in_step.get(key, 0) + tokens
             fresh.extend(unit)
             need -= tokens
+            if len(fresh) % _DRAW_YIELD_UNITS < len(unit):
+                yield 0.0  # a step at dp=1024 draws thousands of units: let the ranks' sessions run
         if not fresh and not self.carry:
             return None
-        plan = plan_step(self.carry, fresh, self.dp, spec.rows, spec.seq_len, self._cost, spec.balance_window,
-                         self._rank_cap)
+        carry, dp = list(self.carry), self.dp
+
+        def balance_and_build():  # pure: the costly part of a step at a large dp
+            plan = plan_step(carry, fresh, dp, spec.rows, spec.seq_len, self._cost, spec.balance_window,
+                             self._rank_cap)
+            return plan, [build_batch(rows, spec.seq_len) for rows in plan.rows] if build else []
+
+        plan, batches = yield Compute(balance_and_build)
         self.carry = plan.carry
         for segment in self.carry:  # not delivered: the next step counts it, and draws around it
             if weights[segment.source] > 0:
                 advance(self.passes, segment.source, -segment.length, weights)
-        step = Step(self.step, [build_batch(rows, spec.seq_len) for rows in plan.rows] if build else [],
-                    [sum(s.length for row in rows for s in row) for rows in plan.rows],
+        step = Step(self.step, batches, [sum(s.length for row in rows for s in row) for rows in plan.rows],
                     {**plan.figures, "dropped": self.dropped}, weights)
         self.step += 1
         self.live_changes[:] = in_force(self.live_changes, self.step)  # what replay needs, no history
         return step
 
-    def _draw(self, source: int, in_step: dict[DocKey, int]) -> Unit | None:
+    def _draw(self, source: int, in_step: dict[DocKey, int]) -> Requests:
         """The source's next unit from its window, opening a new window when it is used up;
         None when the source has ended (a window may come back empty at an epoch's end, when
         the epoch's last documents were empty or dropped: the next epoch's window follows)."""
@@ -199,21 +248,24 @@ class Stepper:
         while block is None or block.exhausted:
             if self._intakes[source].dry:
                 return None
-            block = self.windows[source] = self._fill(source)
+            block = self.windows[source] = yield from self._fill(source)
         return block.draw(in_step, self._rank_cap * self.dp)
 
-    def _fill(self, source: int) -> Block | None:
+    def _fill(self, source: int) -> Requests:
         """The next window: documents from the cursor until it holds the window's size in units
         and enough tokens to spread its longest document (window.block_tokens_for), or until
         the epoch ends (a window holding two epochs would repeat documents within it)."""
         intake = self._intakes[source]
         share = self.weights[source] / (sum(self.weights) or 1.0)
         start, end, units, size = intake.cursor, intake.epoch_end, [], self._spec.window_segments(self.dp, share)
-        tokens, needed = 0, 0
+        tokens, needed, docs = 0, 0, 0
         while len(units) < size or tokens < needed:
-            doc = self._next_doc(intake, until_group=end)  # a window never spans epochs
+            doc = yield from self._next_doc(intake, until_group=end)  # a window never spans epochs
             if doc is None:
                 break
+            docs += 1
+            if docs % _FILL_YIELD_DOCS == 0:
+                yield 0.0  # a window is millions of tokens: let the ranks' sessions run
             doc_units = self._units(doc)
             if doc_units is None:
                 self.dropped += 1
@@ -229,9 +281,9 @@ class Stepper:
             return None
         return units_of(doc, self._spec.seq_len, self._bucket_rows)
 
-    def _next_doc(self, intake: SourceIntake, until_group: int | None = None) -> Doc | None:
+    def _next_doc(self, intake: SourceIntake, until_group: int | None = None) -> Requests:
         """Wait for the source's next document; None if the source ran dry or its cursor
-        reached `until_group`. Raises Cancelled when `cancel` is set meanwhile."""
+        reached `until_group`."""
         delay, since = _POLL_MIN_S, time.monotonic()
         while (doc := intake.poll(until_group)) is None:
             if intake.dry or (until_group is not None and intake.group >= until_group):
@@ -241,7 +293,6 @@ class Stepper:
                 raise SourceFailed(intake.catalog.name, f"no sample arrived for {waited:.0f}s (worker timeout "
                                    f"{self._spec.worker_timeout:.0f}s): is a transform stuck? "
                                    "Raise --worker-timeout for very slow transforms")
-            if self.cancel.wait(delay):
-                raise Cancelled()
+            yield delay
             delay = min(delay * 2, _POLL_MAX_S)
         return doc

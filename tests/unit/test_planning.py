@@ -1,13 +1,15 @@
-"""The planner thread over in-memory sources: as far as allowed, mixture changes at an exact step
-boundary even while a step waits for slow records, and a clean stop mid-wait."""
+"""The planner over in-memory sources: as far as allowed, mixture changes at an exact step
+boundary even while a step waits for slow records, costly computations moved off the loop,
+and a clean stop mid-wait."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
 
-from omniload.coordinator.planning import PlannerThread
+from omniload.coordinator.planning import Offloader, Planner
 from omniload.errors import OmniloadError
 from tests.unit.test_stepper import ListIntake, _spec, _stepper, heavy_tailed
 
@@ -16,36 +18,39 @@ NEW = {"s0": 0.0, "s1": 0.0, "s2": 1.0}
 
 
 class SlowIntake(ListIntake):
+    """A source whose records trickle in: often none is there yet when the planner asks."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self._asked = 0
+
     def poll(self, until_group=None):
-        time.sleep(0.0005)  # a slow source: a step takes tens of milliseconds to gather
-        return super().poll(until_group)
+        self._asked += 1
+        return super().poll(until_group) if self._asked % 4 == 0 else None
 
 
 async def _plan(stepper, allowed: int, change_after: float | None = None):
-    loop = asyncio.get_running_loop()
     steps: asyncio.Queue = asyncio.Queue()
-    errors: list = []
-    planner = PlannerThread(stepper, "f", lambda step, position: step.weights, loop,
-                            lambda number, weights, position, tokens: steps.put_nowait((number, weights)),
-                            lambda count: steps.put_nowait(None), lambda where, exc: errors.append(exc))
-    planner.start(allowed)
+    planner = Planner(stepper, "f", lambda step, position: step.weights,
+                      lambda number, weights, position, tokens: steps.put_nowait((number, weights)),
+                      lambda count: steps.put_nowait(None))
+    task = planner.start(allowed)
     at = None
     if change_after is not None:
         await asyncio.sleep(change_after)
-        at = await asyncio.wrap_future(planner.change_weights(NEW))
+        at = await planner.change_weights(NEW)
     got = [await asyncio.wait_for(steps.get(), 30) for _ in range(allowed)]
     await asyncio.sleep(0.05)
     assert steps.empty(), "the planner went past what was allowed"
-    await loop.run_in_executor(None, planner.stop)
-    assert not errors, errors
+    await planner.stop()
+    assert task.cancelled() or task.exception() is None
     return got, at, planner
 
 
 def test_a_change_applies_from_exactly_the_step_it_names_even_mid_step():
-    spec = _spec()
-    stepper = _stepper(spec)
+    stepper = _stepper(_spec())
     stepper._intakes[:] = [SlowIntake(i, heavy_tailed(i, 1500)) for i in range(3)]
-    got, at, _ = asyncio.run(_plan(stepper, allowed=12, change_after=0.15))
+    got, at, _ = asyncio.run(_plan(stepper, allowed=12, change_after=0.05))
     assert 0 < at < 12, "the change came while steps were being planned"
     for number, weights in got:
         assert (weights == [0.0, 0.0, 1.0]) == (number >= at), (number, at, weights)
@@ -54,6 +59,7 @@ def test_a_change_applies_from_exactly_the_step_it_names_even_mid_step():
 def test_a_change_while_held_by_the_slowest_rank_names_the_next_step():
     got, at, planner = asyncio.run(_plan(_stepper(_spec()), allowed=3, change_after=0.3))
     assert at == 3 and [n for n, _ in got] == [0, 1, 2]
+    assert planner.figures()["steps"] == 3
 
 
 def test_stop_ends_a_wait_for_records_and_later_changes_say_why():
@@ -65,15 +71,26 @@ def test_stop_ends_a_wait_for_records_and_later_changes_say_why():
     stepper._intakes[:] = [Dry(i, [10]) for i in range(3)]
 
     async def go():
-        planner = PlannerThread(stepper, "f", lambda s, p: None, asyncio.get_running_loop(),
-                                lambda *a: None, lambda *a: None, lambda *a: None)
+        planner = Planner(stepper, "f", lambda s, p: None, lambda *a: None, lambda *a: None)
         planner.start(4)
         await asyncio.sleep(0.1)
         started = time.monotonic()
-        await asyncio.get_running_loop().run_in_executor(None, planner.stop)
-        return planner, time.monotonic() - started
+        await planner.stop()
+        took = time.monotonic() - started
+        with pytest.raises(OmniloadError, match="stopping"):
+            await planner.change_weights(NEW)
+        return took
 
-    planner, took = asyncio.run(go())
-    assert took < 1.0
-    with pytest.raises(OmniloadError, match="stopping"):
-        planner.change_weights(NEW).result(1)
+    assert asyncio.run(go()) < 1.0
+
+
+def test_quick_computations_stay_on_the_loop_and_slow_ones_move_to_a_thread():
+    async def go():
+        offloader, loop_thread = Offloader(), threading.get_ident()
+        quick = [await offloader.run("quick", threading.get_ident) for _ in range(5)]
+        slow = [await offloader.run("slow", lambda: (time.sleep(0.01), threading.get_ident())[1]) for _ in range(5)]
+        return loop_thread, quick, slow
+
+    loop_thread, quick, slow = asyncio.run(go())
+    assert quick == [loop_thread] * 5
+    assert slow[0] == loop_thread and all(t != loop_thread for t in slow[1:]), "after one slow run, a thread"
