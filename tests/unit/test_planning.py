@@ -84,11 +84,19 @@ def test_stop_ends_a_wait_for_records_and_later_changes_say_why():
     assert asyncio.run(go()) < 1.0
 
 
+def _busy() -> int:
+    """10 ms of CPU (sleeping would not count: the offloader weighs CPU time)."""
+    started = time.thread_time()
+    while time.thread_time() - started < 0.01:
+        pass
+    return threading.get_ident()
+
+
 def test_quick_computations_stay_on_the_loop_and_slow_ones_move_to_a_thread():
     async def go():
         offloader, loop_thread = Offloader(), threading.get_ident()
         quick = [await offloader.run("quick", threading.get_ident) for _ in range(5)]
-        slow = [await offloader.run("slow", lambda: (time.sleep(0.01), threading.get_ident())[1]) for _ in range(5)]
+        slow = [await offloader.run("slow", _busy) for _ in range(5)]
         return loop_thread, quick, slow
 
     loop_thread, quick, slow = asyncio.run(go())
