@@ -115,6 +115,9 @@ def chaos_fuzz(rounds: int, idle: int, steps: int) -> None:
     def fuzz(job) -> None:
         host, port = job.addr.rsplit(":", 1)
         coordinator = psutil.Process(job._process.pid)
+        while sum(c.laddr.port == int(port) and c.status == psutil.CONN_ESTABLISHED
+                  for c in coordinator.net_connections("tcp")) < 2:
+            time.sleep(0.05)  # the good ranks hold ranks 0 and 1 first: a HELLO for them is then a duplicate
         sockets = [socket.create_connection((host, int(port))) for _ in range(idle)]
         before = coordinator.memory_info().rss
         hello = encode(Message(Kind.HELLO, {"token": job.token, "rank": 0, "world_size": 2}))
@@ -129,14 +132,15 @@ def chaos_fuzz(rounds: int, idle: int, steps: int) -> None:
                     sock.sendall(make())
                     sock.shutdown(socket.SHUT_WR)
                     answered["error frame" if sock.recv(65536)[:2] == b"OL" else "closed"] += 1
+            answered["rounds"] = answered.get("rounds", 0) + 1
         answered["memory growth MB"] = (coordinator.memory_info().rss - before) / 2**20
         for sock in sockets:
             sock.close()
 
     with omniload.Job(spec) as job:
-        chaos = _run(job, 2, 0.002, during=fuzz)
+        chaos = _run(job, 2, 0.01, during=fuzz)
         code = job.wait(30)
-    print(f"{rounds * 7} bad connections and {idle} idle sockets beside 2 good ranks over {steps} steps")
+    print(f"{answered['rounds'] * 7} bad connections and {idle} idle sockets beside 2 good ranks over {steps} steps")
     print(f"good ranks' batches identical to an undisturbed run: {all(a[0] == b[0] for a, b in zip(calm, chaos))}")
     print(f"coordinator exit code {code} (0: no crash); answers {answered}")
 
@@ -152,7 +156,7 @@ def main() -> None:
     fuzz = sub.add_parser("fuzz")
     fuzz.add_argument("--rounds", type=int, default=200)
     fuzz.add_argument("--idle", type=int, default=500)
-    fuzz.add_argument("--steps", type=int, default=600)
+    fuzz.add_argument("--steps", type=int, default=1500)
     args = parser.parse_args()
     os.environ.setdefault("OMNILOAD_LOG", "WARNING")
     if args.what == "workers":
