@@ -43,7 +43,11 @@ def test_balance_beats_round_robin_and_nears_the_bound(lengths, dp):
     figures = a.figures(costs)
     naive = max(costs[r::dp].sum() for r in range(dp))
     assert figures["max_cost"] <= naive + 1e-6
-    assert figures["to_bound"] <= 4 / 3 + 1e-9  # LPT's guarantee on identical machines
+    # Graham's bound for greedy list scheduling: the busiest rank is at most the mean plus one
+    # segment (LPT's 4/3 is against the optimum, which the lower bound may sit below: hypothesis
+    # found a case at 1.335 of the bound)
+    assert figures["max_cost"] <= figures["mean_cost"] + costs.max() + 1e-6
+    assert figures["to_bound"] <= 1.5
 
 
 def test_carried_segments_go_first():
