@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-IGNORE_INDEX = -100
-PAD_ID = 0
+from omniload.wire import IGNORE_INDEX, PAD_ID, expand  # noqa: F401  (IGNORE_INDEX: the packer's too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,43 +38,35 @@ def chunk_bounds(length: int, seq_len: int) -> list[tuple[int, int]]:
     return [(start, min(start + seq_len, length)) for start in range(0, length, seq_len)]
 
 
-def build_batch(rows: Sequence[Sequence[Segment]], seq_len: int) -> dict[str, np.ndarray]:
-    """The arrays a rank receives; see README 'Batch schema'."""
-    n = len(rows) * seq_len
-    input_ids = np.full(n, PAD_ID, dtype=np.int64)
-    labels = np.full(n, IGNORE_INDEX, dtype=np.int64)
-    position_ids = np.empty(n, dtype=np.int64)
-    ramp = np.arange(seq_len, dtype=np.int64)
-    longest = max((s.position_start + s.length for row in rows for s in row), default=0)
-    if longest > seq_len:
-        ramp = np.arange(longest, dtype=np.int64)
-    lengths: list[int] = []
-    sources: list[int] = []
-    sample_ids: list[int] = []
+def compact_batch(rows: Sequence[Sequence[Segment]], seq_len: int) -> dict[str, np.ndarray]:
+    """A rank's batch as it travels (omniload.wire): token ids, segment bounds and ids."""
+    input_ids = np.full((len(rows), seq_len), PAD_ID, dtype=np.int32)
+    flat = input_ids.reshape(-1)
+    lengths, sources, sample_ids, starts = [], [], [], []
     for r, row in enumerate(rows):
         offset = r * seq_len
         for segment in row:
-            stop = offset + segment.length
-            input_ids[offset:stop] = segment.tokens
-            labels[offset : stop - 1] = segment.tokens[1:]
-            position_ids[offset:stop] = ramp[segment.position_start : segment.position_start + segment.length]
+            flat[offset : offset + segment.length] = segment.tokens
+            offset += segment.length
             lengths.append(segment.length)
             sources.append(segment.source)
             sample_ids.append(segment.sample_id)
-            offset = stop
+            starts.append(segment.position_start)
         pad = (r + 1) * seq_len - offset
         if pad:
-            position_ids[offset : offset + pad] = ramp[:pad]
             lengths.append(pad)
             sources.append(-1)
             sample_ids.append(-1)
+            starts.append(0)
     cu_seqlens = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu_seqlens[1:])
-    return {
-        "input_ids": input_ids.reshape(len(rows), seq_len),
-        "labels": labels.reshape(len(rows), seq_len),
-        "position_ids": position_ids.reshape(len(rows), seq_len),
-        "cu_seqlens": cu_seqlens,
-        "source": np.asarray(sources, dtype=np.int64),
-        "sample_id": np.asarray(sample_ids, dtype=np.int64),
-    }
+    wire = {"input_ids": input_ids, "cu_seqlens": cu_seqlens, "source": np.asarray(sources, dtype=np.int32),
+            "sample_id": np.asarray(sample_ids, dtype=np.int64)}
+    if any(starts):
+        wire["position_start"] = np.asarray(starts, dtype=np.int32)
+    return wire
+
+
+def build_batch(rows: Sequence[Sequence[Segment]], seq_len: int) -> dict[str, np.ndarray]:
+    """The arrays a rank receives; see README 'Batch schema'."""
+    return expand(compact_batch(rows, seq_len))

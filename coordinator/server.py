@@ -28,10 +28,11 @@ from omniload.layout import Layout
 from omniload.protocol import Hello, Kind, Message, encode
 from omniload.spec import Spec
 from omniload.state import check_state
+from omniload.wire import expand, narrow
 from omniload.workers.readers import use_system_allocator
 from omniload.workers.ring import remove_stale_segments
 
-from omniload.coordinator.batches import encode_batch
+from omniload.coordinator.batches import encode_batch, step_fields
 from omniload.coordinator.catalog import build_catalog, fingerprint, job_identity
 from omniload.coordinator.checkpoint import CheckpointWriter, Recovery, explain_mismatch, last_position
 from omniload.coordinator.delivery import Delivery, Frames, RankState, Variant
@@ -368,13 +369,21 @@ class Coordinator:
     def _encode_step(self, step: Step, position: dict) -> Frames:
         """One frame for each kind of rank (pure: it may run on a thread); each carries the
         loader position after the step, which the rank's state_dict() returns."""
-        meta = {"tokens": step.tokens, "dp": self._layout.dp, "plan": step.figures,
-                "weights": dict(zip(self._source_names, step.weights)), "state": position}
-        frames = {}
+        shared = step_fields({"dp": self._layout.dp, "imbalance": round(step.figures["imbalance"], 4),
+                              "weights": dict(zip(self._source_names, step.weights)), "state": position})
+        frames, full_rows = {}, {}
         for variant in self._frame_kinds:
             dp_rank, cp_rank, has_data = variant
-            arrays = cp_slice(step.batches[dp_rank], self.spec.cp, cp_rank) if has_data else {}
-            frames[variant] = encode_batch(step.number, arrays, meta)
+            fields = {"tokens": step.tokens[dp_rank], "compact": has_data and self.spec.cp == 1}
+            if not has_data:
+                arrays = {}
+            elif self.spec.cp == 1:
+                arrays = step.batches[dp_rank]
+            else:  # a slice's labels and positions need the whole row: sent, as int32
+                if dp_rank not in full_rows:
+                    full_rows[dp_rank] = expand(step.batches[dp_rank])
+                arrays = narrow(cp_slice(full_rows[dp_rank], self.spec.cp, cp_rank))
+            frames[variant] = encode_batch(step.number, arrays, fields, shared)
         return frames
 
     def _on_step(self, number: int, frames: Frames, position: dict, tokens: int) -> None:

@@ -29,7 +29,7 @@ from omniload.state import STATE_VERSION
 from omniload.coordinator.cost import cost_function
 from omniload.coordinator.intake import Doc, SourceIntake
 from omniload.coordinator.mixture import advance, join, next_source
-from omniload.coordinator.packer import Segment, build_batch, doc_key
+from omniload.coordinator.packer import Segment, compact_batch, doc_key
 from omniload.coordinator.planner import plan_step
 from omniload.coordinator.schedule import in_force, weights_at
 from omniload.coordinator.window import Block, DocKey, Unit, block_tokens_for, make_block, restore_block, units_of
@@ -71,7 +71,7 @@ def drive(requests: Requests, cancel: threading.Event) -> Any:
 @dataclass(frozen=True, slots=True)
 class Step:
     number: int  # 0-based
-    batches: list[dict[str, np.ndarray]]  # one per data-parallel rank
+    batches: list[dict[str, np.ndarray]]  # one per data-parallel rank, as on the wire (omniload.wire)
     tokens: list[int]  # real (non-padding) tokens per data-parallel rank
     figures: dict  # the planner's: rank costs, max/mean, lower bound, carried
     weights: list[float]
@@ -227,7 +227,7 @@ class Stepper:
         def balance_and_build():  # pure: the costly part of a step at a large dp
             plan = plan_step(carry, fresh, dp, spec.rows, spec.seq_len, self._cost, spec.balance_window,
                              self._rank_cap)
-            return plan, [build_batch(rows, spec.seq_len) for rows in plan.rows] if build else []
+            return plan, [compact_batch(rows, spec.seq_len) for rows in plan.rows] if build else []
 
         plan, batches = yield Compute(balance_and_build)
         self.carry = plan.carry

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import math
 import os
 import queue
 import socket
@@ -224,20 +225,37 @@ class Loader:
         if kind is Kind.ERROR:
             self._done = True
             raise OmniloadError(f"coordinator at {self.addr}: {header.get('message')}")
-        batch = {t["name"]: _tensor(payload, t) for t in header["tensors"]}
+        batch = self._schema({t["name"]: _tensor(payload, t) for t in header["tensors"]}, header.get("compact"))
         if self.device is not None:  # queued on the current stream: the trainer's kernels see the data
             batch = {name: t.to(self.device, non_blocking=True) for name, t in batch.items()}
         self.step = header["step"]
         self._position = header.get("state")
         if self._position is not None:
             self._positions.append((self.step, self._position))
-        self.meta = {k: v for k, v in header.items() if k not in ("tensors", "state")}
+        self.meta = {k: v for k, v in header.items() if k not in ("tensors", "state", "compact")}
         try:
             # the time spent waiting so far rides along: `omniload status` shows each rank's wait %
             self._sock.sendall(encode(Message(Kind.ACK, {"step": self.step, "wait": round(self.wait_seconds, 3)})))
         except OSError:
             pass  # the connection is lost: the receive thread says why at the next batch
         return batch
+
+    def _schema(self, received: dict[str, torch.Tensor], compact: bool) -> dict[str, torch.Tensor]:
+        """The batch schema from what the frame holds (omniload.wire): labels and positions
+        derived from compact frames, narrowed arrays widened. Derived arrays are page-locked
+        with pin_memory, like the received ones."""
+        import numpy as np
+
+        from omniload.wire import expand, widen
+
+        def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:  # the schema's arrays are int64
+            if not self.pin_memory:
+                return np.empty(shape, np.int64)
+            return _page_locked(8 * math.prod(shape)).view(torch.int64).view(shape).numpy()
+
+        views = {name: tensor.numpy() for name, tensor in received.items()}
+        arrays = expand(views, empty) if compact else widen(views, empty)
+        return {name: received[name] if a is views.get(name) else torch.from_numpy(a) for name, a in arrays.items()}
 
     def close(self) -> None:
         """Hang up gracefully: the coordinator reads every ACK sent before it sees the end."""

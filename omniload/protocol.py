@@ -51,7 +51,11 @@ class Message:
 
 def encode_parts(kind: Kind, header: dict[str, Any], payload: bytes | memoryview = b"") -> tuple[bytes, bytes | memoryview]:
     """Prefix+header as one bytes object and the payload untouched, so big payloads are not copied."""
-    head = orjson.dumps(header)
+    return encode_raw(kind, orjson.dumps(header), payload)
+
+
+def encode_raw(kind: Kind, head: bytes, payload: bytes | memoryview = b"") -> tuple[bytes, bytes | memoryview]:
+    """Like encode_parts, with the header already encoded as a JSON object."""
     return PREFIX.pack(MAGIC, VERSION, kind, len(head), len(payload)) + head, payload
 
 

@@ -72,3 +72,26 @@ def test_a_mixture_change_before_the_first_step_keeps_the_other_weights(corpus, 
             next(loader)
             weights = loader.meta["weights"]
     assert weights == pytest.approx({"web": 0.6 / 1.5, "code": 0.3 / 1.5, "books": 0.6 / 1.5})
+
+
+def test_context_parallel_slices_reassemble_into_the_full_rows(corpus):
+    """cp ranks get int32 slices on the wire (a slice's labels need the whole row) and widen
+    them: put back together they are the batch one rank gets without context parallelism."""
+    from omniload.coordinator.parallel import cp_unslice
+
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "steps": 6}
+    with omniload.Job(spec) as job, omniload.connect(job.addr, job.token, rank=0, world_size=1) as whole:
+        full = [{k: v.clone() for k, v in batch.items()} for batch in whole]
+    with omniload.Job({**spec, "cp": 2}) as job:
+        ranks = [omniload.connect(job.addr, job.token, rank=r, world_size=2) for r in range(2)]
+        sliced = [[{k: v.clone() for k, v in batch.items()} for batch in loader] for loader in ranks]
+        for loader in ranks:
+            loader.close()
+    assert len(full) == len(sliced[0]) == len(sliced[1]) == 6
+    for step, batch in enumerate(full):
+        for name in ("input_ids", "labels", "position_ids"):
+            parts = [sliced[r][step][name] for r in range(2)]
+            assert all(p.dtype == torch.int64 and p.shape == (2, 32) for p in parts)
+            assert torch.equal(torch.from_numpy(cp_unslice([p.numpy() for p in parts])), batch[name]), (step, name)
+        for name in ("cu_seqlens", "source", "sample_id"):
+            assert torch.equal(sliced[0][step][name], batch[name]) and torch.equal(sliced[1][step][name], batch[name])

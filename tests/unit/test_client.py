@@ -93,7 +93,7 @@ def test_with_cuda_pin_memory_pins_and_device_implies_it(monkeypatch):
 def test_tensors_are_the_same_views_of_a_byte_or_a_tensor_payload():
     arrays = {"input_ids": np.arange(15, dtype=np.int64).reshape(3, 5), "cu_seqlens": np.array([0, 7, 15], np.int32),
               "empty": np.zeros((0,), np.int64), "source": np.array([1, -1, 2], np.int64)}
-    head, payload = encode_batch(3, arrays, {})
+    head, payload = encode_batch(3, arrays, {}, b"{}")
     (message,) = FrameDecoder(max_payload=1 << 20).feed(head + bytes(payload))
     assert message.kind is Kind.BATCH
     received = bytearray(message.payload)

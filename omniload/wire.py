@@ -1,0 +1,70 @@
+"""A rank's batch on the wire, and the batch schema a rank makes of it; pure numpy.
+
+The schema (README "Batch schema") spends 24 bytes a token on three int64 arrays, two of
+which follow from the token ids and the segment boundaries. On the wire a batch is
+
+    input_ids       int32 [rows, seq_len]
+    cu_seqlens      int32 [segments + 1]
+    source          int32 [segments]      -1: padding
+    sample_id       int64 [segments]
+    position_start  int32 [segments]      only when a segment's positions do not start at 0
+                                          (long_docs=bucket continues a document's positions)
+
+about 4 bytes a token, and `expand` makes the schema of it on the rank. The coordinator's
+`build_batch` is `expand` of the same arrays, so both ends share one definition of labels and
+positions. With context parallelism a rank gets slices of the rows, whose labels and
+positions need the whole row: those frames carry all three arrays, as int32 (`narrow`), and
+the rank widens them (`widen`).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+IGNORE_INDEX = -100
+PAD_ID = 0
+SCHEMA_INT64 = ("input_ids", "labels", "position_ids", "source", "sample_id")  # int64 in the schema
+
+Allocate = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+
+
+def expand(wire: dict[str, np.ndarray], empty: Allocate = np.empty) -> dict[str, np.ndarray]:
+    """The schema's arrays from the compact ones; `empty` allocates the derived arrays (the
+    rank passes page-locked memory with pin_memory)."""
+    ids = wire["input_ids"]
+    rows, seq_len = ids.shape
+    cu = wire["cu_seqlens"].astype(np.int64)
+    segment = np.repeat(np.arange(len(cu) - 1), np.diff(cu))  # the segment of every token
+    input_ids = empty((rows, seq_len), np.dtype(np.int64))
+    input_ids[...] = ids
+    positions = empty((rows, seq_len), np.dtype(np.int64))
+    flat = positions.reshape(-1)
+    np.subtract(np.arange(rows * seq_len), cu[:-1][segment], out=flat)
+    if "position_start" in wire:
+        flat += wire["position_start"][segment]
+    labels = empty((rows, seq_len), np.dtype(np.int64))
+    following = labels.reshape(-1)
+    following[:-1] = input_ids.reshape(-1)[1:]  # the next token ...
+    following[cu[1:] - 1] = IGNORE_INDEX  # ... within the same segment
+    following[(wire["source"] < 0)[segment]] = IGNORE_INDEX  # and none on padding
+    source = empty(wire["source"].shape, np.dtype(np.int64))
+    source[...] = wire["source"]
+    return {"input_ids": input_ids, "labels": labels, "position_ids": positions,
+            "cu_seqlens": wire["cu_seqlens"], "source": source, "sample_id": wire["sample_id"]}
+
+
+def narrow(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The schema's int64 token-sized arrays as int32, for the wire (ids, labels and positions fit)."""
+    return {name: a.astype(np.int32) if name in SCHEMA_INT64 and name != "sample_id" else a
+            for name, a in arrays.items()}
+
+
+def widen(arrays: dict[str, np.ndarray], empty: Allocate = np.empty) -> dict[str, np.ndarray]:
+    """Back to the schema's dtypes after `narrow`."""
+    out = dict(arrays)
+    for name, a in arrays.items():
+        if name in SCHEMA_INT64 and a.dtype != np.int64:
+            out[name] = empty(a.shape, np.dtype(np.int64))
+            out[name][...] = a
+    return out
