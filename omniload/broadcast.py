@@ -33,6 +33,10 @@ class BroadcastLoader:
         self._args = (addr, token, rank, world_size, prefetch)
         self._placement = {"pin_memory": pin_memory, "device": device}
         self.pin_memory, self.device = pin_memory, device
+        # Batches are CPU tensors unless device= puts them on a GPU, and an NCCL group cannot
+        # carry CPU tensors ("No backend type associated with device type cpu"): such batches
+        # and every header go over gloo side groups, whatever the job's default backend is.
+        self._backend = None if device is not None else "gloo"
         self.rank, self.world_size = rank, world_size
         self._resume: dict[str, Any] | None = None
         self._loader: Loader | None = None
@@ -55,14 +59,14 @@ class BroadcastLoader:
         if own and self._resume is not None:
             own.load_state_dict(self._resume)
         box: list[Any] = [own.info if own else None]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=dist.new_group(backend=self._backend))
         self.info = box[0]
         layout = Layout(**self.info["layout"])
         groups = {}
         for r in range(world_size):  # every rank creates every group, in the same order
             members = tuple(layout.group(r, "tp"))
             if members not in groups:
-                groups[members] = dist.new_group(list(members))
+                groups[members] = dist.new_group(list(members), backend=self._backend)
         members = tuple(layout.group(rank, "tp"))
         self._group, self._leader = groups[members], members[0]
         if own is None and rank == self._leader:
