@@ -84,7 +84,10 @@ class CheckpointWriter:
         self._thread.start()
 
     def write(self, state: dict[str, Any], dp: int, note: str | None = None) -> None:
-        """Record that every rank consumed the steps before `state["step"]`; never blocks on the disk."""
+        """Record that every rank consumed the steps before `state["step"]`; never blocks on the disk.
+        Raises if the writer has stopped (its error went to on_error)."""
+        if not self._thread.is_alive() and not self._closing:
+            raise RuntimeError("the checkpoint writer has stopped")
         live = [change for change in state["live"] if change not in self._live_seen]
         self._live_seen = state["live"]
         snapshot = self._first or state["step"] % self._every == 0
@@ -125,7 +128,7 @@ class CheckpointWriter:
                 with self._wake:
                     self._busy = False
                     self._wake.notify_all()
-        except OSError as exc:
+        except BaseException as exc:  # the disk's (OSError) or a bug: either way the job must hear it
             self._on_error(exc)
         finally:
             if self._log:

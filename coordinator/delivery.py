@@ -138,8 +138,6 @@ class Delivery:
 
     def stall(self, plan_ahead: int, now: float) -> Stall | None:
         """The rank the others wait for, if they wait for one (see progress.find_stall)."""
-        if self.final is not None:
-            return None
         heard = {r: s.heard for r, s in self.ranks.items()}
         connection = {r: s.connection for r, s in self.ranks.items()}
-        return find_stall(self.progress, self.planned, plan_ahead, heard, connection, now)
+        return find_stall(self.progress, self.planned, plan_ahead, heard, connection, now, self.final is not None)

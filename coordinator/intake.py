@@ -8,7 +8,6 @@ buffer beyond the rings.
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,9 +47,6 @@ class SourceIntake:
         self._group_rows: tuple[int, int] = (-1, 0)
         self.group, self.pos = 0, 0
         self._advance(0)
-        # held while a record is taken: the planner thread reads the rings, and a worker's
-        # replacement (coordinator/supervision.py) resets them and starts at the cursor
-        self.lock = threading.Lock()
 
     @property
     def cursor(self) -> tuple[int, int]:
@@ -74,10 +70,6 @@ class SourceIntake:
     def poll(self, until_group: int | None = None) -> Doc | None:
         """The next document if its record has arrived, else None (also when dry, or when the
         cursor has reached `until_group`)."""
-        with self.lock:
-            return self._take(until_group)
-
-    def _take(self, until_group: int | None) -> Doc | None:
         while not self.dry and (until_group is None or self.group < until_group):
             data = self.rings[lane_of(self.group, len(self.rings))].read()
             if data is None:

@@ -75,6 +75,7 @@ class Planner:
         self._changes: list[tuple[dict[str, float], asyncio.Future]] = []
         self.task: asyncio.Task | None = None
         self._over: str | None = None  # why no more changes can be applied, once planning ended
+        self._early: list[dict[str, float]] = []  # changes applied before start, in order
         self._steps, self._seconds, self._last_step_s = 0, 0.0, 0.0
         self._last: dict = {}  # the last step's figures (balance, weights, carry)
 
@@ -94,11 +95,18 @@ class Planner:
         if self._over:
             raise OmniloadError(self._over)
         if self.task is None:
+            self._early.append(weights)
             return self._stepper.change_weights(weights)
         future = asyncio.get_running_loop().create_future()
         self._changes.append((weights, future))
         self._wake.set()
         return await future
+
+    def reapply_early_changes(self) -> None:
+        """After the stepper moved to a rank's position before start: the changes already
+        answered apply from there."""
+        for weights in self._early:
+            self._stepper.change_weights(weights)
 
     async def stop(self) -> None:
         if self.task is not None and not self.task.done():
@@ -113,7 +121,8 @@ class Planner:
                 started = time.perf_counter()
                 step = await drive(stepper.step_requests(), self._offloader)
                 if step is None:
-                    self._finish(f"the data ended after {stepper.step} steps")
+                    self._finish(f"the data has ended after {stepper.step} steps: there is no later step to "
+                                 "apply new weights to")
                     self._on_end(stepper.step)
                     return
                 position = stepper.export_state(self._fingerprint)

@@ -63,22 +63,25 @@ class Stall:
             "never": f"rank {self.rank} has not connected for {self.silent_s:.0f}s",
         }[self.connection] + f" (it has consumed {self.consumed} steps)"
         waiting = ", ".join(map(str, self.waiting[:8])) + (" ..." if len(self.waiting) > 8 else "")
-        why = (f"rank(s) {waiting} are {self.ahead} steps ahead of it and wait: --plan-ahead {plan_ahead} lets "
-               "no rank get further ahead of the slowest. A rank that draws batches the others do not (say, "
-               "for evaluation) blocks the job: draw the same number of batches on every rank")
+        why = f"rank(s) {waiting} are {self.ahead} steps ahead of it and wait"
+        if self.connection == "connected" and self.ahead >= plan_ahead:
+            why += (f": --plan-ahead {plan_ahead} lets no rank get further ahead of the slowest. A rank that draws "
+                    "batches the others do not (say, for evaluation) blocks the job: draw the same number of "
+                    "batches on every rank")
         limit = f"--rank-timeout {timeout_s:.0f}s" if timeout_s else "--rank-timeout is off"
         return f"{what}; {why} ({limit})"
 
 
 def find_stall(progress: Progress, planned: int, plan_ahead: int, heard: Mapping[int, float],
-               connection: Mapping[int, str], now: float) -> Stall | None:
+               connection: Mapping[int, str], now: float, ended: bool = False) -> Stall | None:
     """The rank the others wait for, or None when nobody waits on a rank (e.g. on a slow source).
 
     `heard[rank]` is when the rank last acknowledged, connected or disconnected;
-    `connection[rank]` is as in Stall."""
-    if planned - progress.slowest < plan_ahead:
+    `connection[rank]` is as in Stall. `ended`: the data has ended after `planned` steps, so
+    ranks that have them all wait for the others to finish, whatever --plan-ahead says."""
+    if not ended and planned - progress.slowest < plan_ahead:
         return None  # the planner is not held by the slowest rank
-    waiting = progress.ranks_at(planned)
+    waiting = [r for r in progress.ranks_at(planned) if connection.get(r) == "connected"]  # gone ranks wait for none
     laggards = progress.ranks_at(progress.slowest)
     if not waiting or planned == progress.slowest:
         return None

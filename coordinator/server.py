@@ -15,6 +15,7 @@ or a long computation. Every unexpected error, in any task, thread or callback, 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -44,7 +45,7 @@ from omniload.coordinator.parallel import cp_slice
 from omniload.coordinator.planning import Planner
 from omniload.coordinator.pool import WorkerPool
 from omniload.coordinator.sessions import Refused, Sessions
-from omniload.coordinator.stepper import Step, Stepper
+from omniload.coordinator.stepper import Cancelled, Step, Stepper
 from omniload.coordinator.supervision import Supervisor
 
 log = logging.getLogger("omniload")
@@ -52,6 +53,12 @@ _TICK_S = 0.5
 _LAG_WARN_S = 1.0  # the loop was blocked this long between two ticks: say so, it is a bug
 _CONNECT_WARN_S = 60.0
 _NOTE_EVERY_S = 30.0  # how often waiting ranks hear what they wait for (at most)
+_DISK_FIXES = {
+    errno.ENOSPC: "free space there or choose another --checkpoint-dir",
+    errno.EDQUOT: "raise the disk quota there or choose another --checkpoint-dir",
+    errno.EACCES: "let this user write there or choose another --checkpoint-dir",
+    errno.EROFS: "the file system is read-only: choose another --checkpoint-dir",
+}
 
 
 class Coordinator:
@@ -164,6 +171,7 @@ class Coordinator:
                 os._exit(130)
             log.info("%s: shutting down (again to force)", signal.Signals(signum).name)
             self._exit_code = self._exit_code or 128 + signum
+            self._stepper.cancel.set()
             self._should_exit.set()
 
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -180,6 +188,7 @@ class Coordinator:
             return
         log.error("%s", message, exc_info=None if expected else exc)
         self._exit_code = 2 if isinstance(exc, ConfigError) else 1
+        self._stepper.cancel.set()  # a resume's replay, on a thread, stops waiting for records
         if self._delivery:
             self._delivery.tell_all(Message(Kind.ERROR, {"message": message}))
         self._should_exit.set()
@@ -193,13 +202,15 @@ class Coordinator:
             self.fail(where, task.exception())
 
     def _checkpoint_failed(self, exc: BaseException) -> None:
-        """From the checkpoint writer's thread: stop the job, naming the folder."""
+        """From the checkpoint writer's thread: stop the job, naming the folder and what to do."""
         folder = self.spec.checkpoint_dir or self.spec.resume
-        error = OmniloadError(f"checkpoint folder {folder}: {exc}; free space there or choose another --checkpoint-dir")
+        if isinstance(exc, OSError):
+            fix = _DISK_FIXES.get(exc.errno, "check the folder's disk, or choose another --checkpoint-dir")
+            exc = OmniloadError(f"checkpoint folder {folder}: {exc}; {fix}")
         if self._loop is None or self._loop.is_closed():  # no loop yet, or it has already ended
-            log.error("%s", error)
+            log.error("checkpoint folder %s: %s", folder, exc)
             return
-        self._loop.call_soon_threadsafe(self.fail, "the checkpoint writer", error)
+        self._loop.call_soon_threadsafe(self.fail, "the checkpoint writer", exc)
 
     # -- positions and checkpoints ------------------------------------------------------------
     def _read_resume_folder(self) -> Recovery | None:
@@ -226,7 +237,9 @@ class Coordinator:
 
         try:
             self._start = await asyncio.get_running_loop().run_in_executor(None, replay)
-        except OmniloadError as exc:
+        except Cancelled:
+            return False  # the job is stopping (Ctrl-C, or a failure) before it started
+        except Exception as exc:
             self.fail("the resume", exc)
             return False
         log.warning("resuming from %s at step %d, its last consistent step (snapshot of step %d, %d steps "
@@ -309,6 +322,7 @@ class Coordinator:
     async def _reposition(self, position: dict) -> None:
         """Move the job to the loader position the first rank brought, before any step is planned."""
         await self._supervisor.restart_all(lambda: self._stepper.restore(position))
+        self._planner.reapply_early_changes()
         self._start = position
         log.warning("resuming at step %d, the loader position the ranks brought", position["step"])
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from omniload.errors import ConfigError, ProtocolError
+from omniload.errors import OmniloadError, ProtocolError
 from omniload.protocol import FrameDecoder, Hello, Kind, Message, encode, read_hello, read_step, read_wait
 
 from omniload.coordinator.delivery import RankState
@@ -118,7 +118,7 @@ class Sessions:
             weights = message.header.get("weights")
             try:
                 step = await self._hub.change_weights(weights)
-            except ConfigError as exc:
+            except OmniloadError as exc:  # bad weights, or no step left to change: the client's answer
                 _say(writer, Kind.ERROR, message=str(exc))
                 continue
             _say(writer, Kind.MIX, step=step, weights=weights)

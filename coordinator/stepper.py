@@ -35,8 +35,7 @@ from omniload.coordinator.schedule import in_force, weights_at
 from omniload.coordinator.window import Block, DocKey, Unit, block_tokens_for, make_block, restore_block, units_of
 
 _POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
-_FILL_YIELD_DOCS = 256  # documents read into a window between chances for others to run
-_DRAW_YIELD_UNITS = 512  # units drawn into a step between chances for others to run
+_BREATHE_S = 0.002  # the longest a step computes between two chances for others to run
 
 
 class Cancelled(Exception):
@@ -97,6 +96,7 @@ class Stepper:
         self.windows: list[Block | None] = [None] * len(intakes)
         self.step = 0
         self.cancel = threading.Event()  # set from another thread to end a wait for records
+        self._breathed = time.monotonic()
         self._saved: dict | None = None  # set by restore until the carry and windows are rebuilt
 
     def export_state(self, fingerprint: str) -> dict:
@@ -218,8 +218,7 @@ class Stepper:
             in_step[key] = in_step.get(key, 0) + tokens
             fresh.extend(unit)
             need -= tokens
-            if len(fresh) % _DRAW_YIELD_UNITS < len(unit):
-                yield 0.0  # a step at dp=1024 draws thousands of units: let the ranks' sessions run
+            yield from self._breathe()  # a step at dp=1024 draws thousands of units
         if not fresh and not self.carry:
             return None
         carry, dp = list(self.carry), self.dp
@@ -258,14 +257,11 @@ class Stepper:
         intake = self._intakes[source]
         share = self.weights[source] / (sum(self.weights) or 1.0)
         start, end, units, size = intake.cursor, intake.epoch_end, [], self._spec.window_segments(self.dp, share)
-        tokens, needed, docs = 0, 0, 0
+        tokens, needed = 0, 0
         while len(units) < size or tokens < needed:
             doc = yield from self._next_doc(intake, until_group=end)  # a window never spans epochs
             if doc is None:
                 break
-            docs += 1
-            if docs % _FILL_YIELD_DOCS == 0:
-                yield 0.0  # a window is millions of tokens: let the ranks' sessions run
             doc_units = self._units(doc)
             if doc_units is None:
                 self.dropped += 1
@@ -281,9 +277,18 @@ class Stepper:
             return None
         return units_of(doc, self._spec.seq_len, self._bucket_rows)
 
+    def _breathe(self) -> Requests:
+        """Every _BREATHE_S of work, a chance for others to run (a window is millions of
+        tokens, a restore re-reads it: the ranks' sessions must not wait for that)."""
+        now = time.monotonic()
+        if now - self._breathed > _BREATHE_S:
+            self._breathed = now
+            yield 0.0
+
     def _next_doc(self, intake: SourceIntake, until_group: int | None = None) -> Requests:
         """Wait for the source's next document; None if the source ran dry or its cursor
         reached `until_group`."""
+        yield from self._breathe()
         delay, since = _POLL_MIN_S, time.monotonic()
         while (doc := intake.poll(until_group)) is None:
             if intake.dry or (until_group is not None and intake.group >= until_group):

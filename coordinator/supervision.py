@@ -2,14 +2,13 @@
 
 The loop watches every worker's sentinel. A worker that exits 0 has finished its lanes; one
 that dies is replaced at its sources' cursors, its unread records dropped, up to
-`--max-restarts` times, then the job fails naming the source and the exit. Joining and
-forking happen on an executor thread, holding the locks of the worker's sources' intakes, so
-the planner thread never reads a ring while it is reset.
+`--max-restarts` times, then the job fails naming the source and the exit. The rings are
+reset and the cursors read on the loop, which is also where the planner reads the rings, so
+the two never meet; only joining and forking happen on an executor thread.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -42,12 +41,14 @@ class Supervisor:
     async def restart_all(self, before_start: Callable[[], None]) -> None:
         """Stop every worker, run `before_start` (e.g. move the cursors), start them all again."""
         self.unwatch_all()
+        if self._tasks:  # a replacement under way finishes first, or two workers would share its rings
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self.unwatch_all()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._pool.stop_workers)
         before_start()
         for worker_id in range(len(self._pool.workers)):
-            await loop.run_in_executor(None, self._start, worker_id)
-            self._watch(worker_id)
+            await self._start(worker_id)
 
     def _watch(self, worker_id: int) -> None:
         worker = self._pool.workers[worker_id]
@@ -68,8 +69,8 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         worker = self._pool.workers[worker_id]
         await loop.run_in_executor(None, worker.join, _JOIN_DEAD_S)
-        if worker.exitcode == 0:
-            return  # its lanes are done
+        if worker.exitcode == 0 or self._pool.workers[worker_id] is not worker:
+            return  # its lanes are done, or it was replaced meanwhile (restart_all)
         sources = ", ".join(f"'{s}'" for s in self._pool.sources_of(worker_id))
         cause = f"worker {worker.pid} for source {sources} {worker.describe_exit()}"
         if self._pool.restarts[worker_id] >= self._max_restarts:
@@ -78,16 +79,15 @@ class Supervisor:
         self._pool.restarts[worker_id] += 1
         log.warning("%s; restarting it at the source cursor (restart %d of %d)", cause,
                     self._pool.restarts[worker_id], self._max_restarts)
-        await loop.run_in_executor(None, self._start, worker_id)
-        self._watch(worker_id)
+        await self._start(worker_id)
 
-    def _start(self, worker_id: int) -> None:
-        """A fresh worker at its sources' cursors; the dead one's unread records are dropped."""
-        with contextlib.ExitStack() as held:
-            for source in self._pool.source_indexes_of(worker_id):
-                held.enter_context(self._intakes[source].lock)
-            self._pool.reset_rings(worker_id)
-            self._pool.start(worker_id, lambda source: self._intakes[source].cursor)
+    async def _start(self, worker_id: int) -> None:
+        """A fresh worker at its sources' cursors; the dead one's unread records are dropped.
+        Its rings stay empty until it starts, so the cursors cannot move meanwhile."""
+        self._pool.reset_rings(worker_id)
+        cursors = {source: self._intakes[source].cursor for source in self._pool.source_indexes_of(worker_id)}
+        await asyncio.get_running_loop().run_in_executor(None, self._pool.start, worker_id, cursors.__getitem__)
+        self._watch(worker_id)
 
     async def close(self) -> None:
         """Stop watching; wait for a replacement under way (it is quick) so none starts after."""

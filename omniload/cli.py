@@ -162,17 +162,15 @@ def status(addr: str, token: str, as_json: bool, once: bool, interval: float) ->
         click.echo(json.dumps(_or_exit(lambda: job_status(addr, token)), indent=1))
         return
     live = not once and sys.stdout.isatty()
+    figures = _or_exit(lambda: job_status(addr, token))  # a wrong address or token: exit 1 naming it
     try:
         while True:
-            figures = job_status(addr, token)
             click.echo(("\x1b[H\x1b[J" if live else "") + render(figures))
             if not live:
                 return
             time.sleep(interval)
+            figures = job_status(addr, token)
     except OmniloadError as exc:
-        if not live:
-            click.echo(f"omniload: error: {exc}", err=True)
-            sys.exit(1)
         click.echo(f"omniload: the job ended or cannot be reached ({exc})", err=True)
     except KeyboardInterrupt:
         pass

@@ -37,6 +37,11 @@ class BadFile(Exception):
     """A file that cannot be read as its format; the message says why."""
 
 
+# What reading a file's data can raise when the data is at fault (not the reader): a value of
+# the wrong type or range, bytes that do not decode, a truncated or unreadable file.
+DATA_ERRORS = (ValueError, TypeError, OverflowError, KeyError, IndexError, EOFError, OSError, pa.ArrowException)
+
+
 @dataclass(frozen=True, slots=True)
 class Shard:
     file: str

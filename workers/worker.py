@@ -23,7 +23,7 @@ import numpy as np
 
 from omniload.errors import ConfigError
 from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at
-from omniload.workers.readers import BadFile, Shard, read_shard, use_system_allocator
+from omniload.workers.readers import DATA_ERRORS, BadFile, Shard, read_shard, use_system_allocator
 from omniload.workers.records import doc_record, error_record, skip_record
 from omniload.workers.ring import RecordTooLarge, Ring
 from omniload.workers.transforms import Transform, load_transform
@@ -173,10 +173,8 @@ def _open_shard(lane: LaneConfig, transform: Transform, epoch: int, index: int,
         values = read_shard(shard, lane.column)
     except BadFile as exc:
         return _Unreadable(f"{shard.file}: {exc}")
-    except MemoryError:
-        raise  # the worker's trouble, not the file's: never skip a shard for it
-    except Exception as exc:  # a failure readers.py did not foresee is still this file's, not the worker's
-        return _Unreadable(f"{shard.file}: cannot read {_part(shard)}: {_cause(exc)}")
+    except DATA_ERRORS as exc:  # bad data readers.py did not foresee is still the file's; other errors are
+        return _Unreadable(f"{shard.file}: cannot read {_part(shard)}: {_cause(exc)}")  # bugs: the worker dies
     return _ShardRows(values, order, first_due, transform)
 
 

@@ -67,3 +67,31 @@ def test_a_trainer_that_stops_without_close_ends_quietly(corpus, tmp_path):
         log = "\n".join(job.log_tail())
     assert [len(r["hashes"]) for r in ranks] == [10, 10]
     assert "disconnected" not in log, log
+
+
+def test_a_rank_that_stops_in_the_last_steps_is_named_too(corpus, tmp_path):
+    """Once the data has ended the planner waits for nobody, yet a rank that stopped short
+    still holds the others in their last collective: it is named and timed out as before."""
+    spec = {**_spec(corpus), "epochs": 1, "steps": 10, "plan_ahead": 8}
+    with omniload.Job(spec) as job:
+        (done, _), = start_ranks(job, 1, tmp_path, env={"RANK": "0", "WORLD_SIZE": "2", "PROBE_HANG_AFTER": "10"})
+        (short, _), = start_ranks(job, 1, tmp_path, env={"RANK": "1", "WORLD_SIZE": "2", "PROBE_HANG_AFTER": "5"})
+        assert job.wait(60) == 1
+        log = "\n".join(job.log_tail())
+        for rank in (done, short):
+            rank.kill()
+            rank.wait()
+    assert "stopping the job: rank 1 has not acknowledged a batch for 3s (it has consumed 5 steps)" in log, log
+
+
+def test_a_mix_after_the_data_ended_is_refused_and_the_job_goes_on(corpus, tmp_path):
+    spec = {**_spec(corpus), "epochs": 1, "steps": 6, "plan_ahead": 8}
+    with omniload.Job(spec) as job:
+        loader = omniload.connect(job.addr, job.token, rank=0, world_size=1)
+        next(loader)
+        time.sleep(0.5)  # the planner has planned all 6 steps and seen the end
+        with pytest.raises(omniload.ConfigError, match="the data has ended after 6 steps"):
+            job.set_weights({"web": 1.0})
+        assert len([batch for batch in loader]) == 5
+        loader.close()
+        assert job.wait(15) == 0

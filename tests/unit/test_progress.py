@@ -67,3 +67,17 @@ def test_no_stall_while_the_planner_may_go_on_or_nobody_has_run_dry():
     assert find_stall(progress, planned=4, plan_ahead=4, heard=heard, connection=connection, now=50.0) is None
     progress.move(0, 4)
     assert find_stall(progress, planned=4, plan_ahead=4, heard=heard, connection=connection, now=50.0).rank == 1
+
+
+def test_after_the_data_ended_the_ranks_at_the_end_wait_for_the_one_that_stopped_short():
+    progress = Progress([0, 1], start=0)
+    progress.move(0, 10)
+    progress.move(1, 5)
+    heard, now = {0: 99.0, 1: 90.0}, 100.0
+    connected = {0: "connected", 1: "connected"}
+    assert find_stall(progress, 10, 8, heard, connected, now) is None  # 5 behind, plan-ahead 8: planning goes on
+    stall = find_stall(progress, 10, 8, heard, connected, now, ended=True)
+    assert (stall.rank, stall.consumed, stall.waiting) == (1, 5, (0,))
+    assert "--plan-ahead" not in stall.describe(8, 600)  # not plan-ahead's doing: the data ended
+    # a rank that has everything and hung up waits for nobody
+    assert find_stall(progress, 10, 8, heard, {0: "said bye", 1: "connected"}, now, ended=True) is None
