@@ -1,0 +1,140 @@
+"""Fan-out: one job serving many ranks that pull as fast as they can.
+
+P processes each run R rank clients in threads (world = P x R) against one served job; the
+ranks consume batches without a model until the job's --steps end (every rank of a job
+consumes the same steps: a rank that stopped early would hold the others). Prints, per world
+size: delivered real tokens/s and received MB/s over all ranks, the gap between a rank's
+consecutive batches (p50/p99 over every rank), the time until every rank had its first batch,
+the coordinator's CPU use while every rank is served, and the bytes received per token slot
+(frames and headers included).
+
+    python scripts/bench_fanout.py [--worlds 16,64,256,1024] [--tokens 100e6] [--procs 8]
+
+Uses only the public API (omniload.Job, omniload.connect), so it runs on older commits too.
+What it does not show: a real network (loopback only), relays (not built yet), training work
+on the ranks, and more than this machine's cores.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def _ranks(addr: str, token: str, ranks: list[int], world: int, conn) -> None:
+    import socket
+
+    import omniload
+
+    results, received = [], []
+    recv_into = socket.socket.recv_into
+
+    def counted(sock, buffer, *args):  # every byte the rank clients receive, headers included
+        got = recv_into(sock, buffer, *args)
+        received.append(got)
+        return got
+
+    socket.socket.recv_into = counted
+
+    def one(rank: int) -> None:
+        loader = omniload.connect(addr, token, rank=rank, world_size=world)
+        arrivals, tokens, slots, first = [], 0, 0, None
+        for batch in loader:
+            now = time.time()
+            if first is None:
+                first = now
+            arrivals.append(now)
+            lengths = (batch["cu_seqlens"][1:] - batch["cu_seqlens"][:-1]).numpy()
+            tokens += int(lengths[batch["source"].numpy() >= 0].sum())
+            slots += batch["input_ids"].numel()
+        loader.close()
+        results.append({"rank": rank, "first": first, "arrivals": arrivals, "tokens": tokens, "slots": slots})
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in ranks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    conn.send((results, sum(received)))
+
+
+def run(world: int, procs: int, steps: int, spec: dict) -> dict:
+    import psutil
+
+    import omniload
+
+    procs = min(procs, world)
+    ctx = multiprocessing.get_context("spawn")
+    with omniload.Job({**spec, "steps": steps}) as job:
+        coordinator = psutil.Process(job._process.pid)
+        start = time.time()
+        pipes, children = [], []
+        for p in range(procs):
+            receive, send = ctx.Pipe(duplex=False)
+            child = ctx.Process(target=_ranks, args=(job.addr, job.token, list(range(p, world, procs)), world, send))
+            child.start()
+            pipes.append(receive)
+            children.append(child)
+        cpu_samples: list[tuple[float, float]] = []
+        sampling = threading.Event()
+
+        def sample_cpu() -> None:  # to take the coordinator's CPU over the span every rank is served
+            while not sampling.wait(0.25):
+                cpu_samples.append((time.time(), sum(coordinator.cpu_times()[:2])))
+
+        sampler = threading.Thread(target=sample_cpu, daemon=True)
+        sampler.start()
+        answers = [receive.recv() for receive in pipes]
+        sampling.set()
+        sampler.join()
+        for child in children:
+            child.join()
+    results = [r for rank_results, _ in answers for r in rank_results]
+    received = sum(nbytes for _, nbytes in answers)
+    gaps = np.concatenate([np.diff(r["arrivals"][1:]) for r in results if len(r["arrivals"]) > 2])
+    begin, end = min(r["first"] for r in results), max(r["arrivals"][-1] for r in results)
+    served = [(t, c) for t, c in cpu_samples if max(r["first"] for r in results) <= t <= end]
+    cpu = (served[-1][1] - served[0][1]) / (served[-1][0] - served[0][0]) if len(served) > 1 else float("nan")
+    return {"world": world, "procs": procs, "tokens_per_s": sum(r["tokens"] for r in results) / (end - begin),
+            "mb_per_s": received / (end - begin) / 1e6,
+            "gap_p50": float(np.percentile(gaps, 50)), "gap_p99": float(np.percentile(gaps, 99)),
+            "first_batch": max(r["first"] for r in results) - start, "cpu": cpu,
+            "bytes_per_token": received / sum(r["slots"] for r in results)}
+
+
+def main() -> None:
+    from bench_data import make_sources
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worlds", default="16,64,256,1024")
+    parser.add_argument("--tokens", type=float, default=100e6, help="tokens per run (the steps follow from the world)")
+    parser.add_argument("--procs", type=int, default=8, help="processes the rank clients are spread over")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--rows", type=int, default=4)
+    args = parser.parse_args()
+    spec = {"sources": make_sources(3, 20000), "seq_len": args.seq_len, "rows": args.rows, "seed": 0, "epochs": 0,
+            "ring_mb": 4, "rank_timeout": 0}
+    print(f"machine: {os.cpu_count()} cores; 3 sources, byte tokenizer, seq_len {args.seq_len} x rows {args.rows}, "
+          f"about {args.tokens / 1e6:.0f}M tokens a run, {args.procs} client processes")
+    print(f"{'world':>6}{'tokens/s':>14}{'MB/s':>8}{'gap p50':>9}{'gap p99':>9}{'p99/p50':>8}{'1st batch':>10}"
+          f"{'coord CPU':>10}{'B/token':>9}")
+    for world in (int(w) for w in args.worlds.split(",")):
+        steps = max(12, round(args.tokens / (world * args.rows * args.seq_len)))
+        r = run(world, args.procs, steps, spec)
+        print(f"{world:>6}{r['tokens_per_s']:>14,.0f}{r['mb_per_s']:>8.0f}{r['gap_p50'] * 1000:>7.0f}ms"
+              f"{r['gap_p99'] * 1000:>7.0f}ms{r['gap_p99'] / r['gap_p50']:>8.1f}{r['first_batch']:>9.1f}s"
+              f"{r['cpu']:>9.0%}{r['bytes_per_token']:>9.2f}")
+    print("B/token: bytes the rank clients received (frames, headers included) per token slot of their batches")
+
+
+if __name__ == "__main__":
+    main()
