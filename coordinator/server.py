@@ -415,13 +415,13 @@ class Coordinator:
     async def _tick_loop(self) -> None:
         started = due = time.monotonic()
         warned = False
+        busy = time.thread_time()
         while True:
             due += _TICK_S
             await asyncio.sleep(max(0.0, due - time.monotonic()))
-            now = time.monotonic()
+            now, was_busy, busy = time.monotonic(), busy, time.thread_time()
             if now - due > _LAG_WARN_S:
-                log.warning("the event loop was blocked for %.1fs; ranks waited meanwhile (a bug in omniload: "
-                            "please report it)", now - due)
+                _say_late(now - due, busy - was_busy)
             due = max(due, now - _TICK_S)
             if self._parent is not None and os.getppid() != self._parent:
                 log.error("the launching process is gone; shutting down")
@@ -456,6 +456,18 @@ class Coordinator:
                 writer = self._delivery.ranks[rank].writer
                 if writer is not None:
                     writer.write(note)
+
+
+def _say_late(late: float, cpu: float) -> None:
+    """The tick came `late` seconds late, the loop's thread having used `cpu` seconds since the
+    last one: its own work blocked it (a bug), or the host gave it no CPU (too busy a host)."""
+    if cpu > late / 2:
+        log.warning("the event loop was blocked for %.1fs by its own work; ranks waited meanwhile (a bug in "
+                    "omniload: please report it)", late)
+    else:
+        log.warning("the coordinator got no CPU for %.1fs (it ran %.2fs of it): the host is overloaded; ranks "
+                    "waited meanwhile. Leave the coordinator a core (fewer --workers, or fewer ranks per host)",
+                    late, cpu)
 
 
 async def _listen(serve: Callable, host: str, port: int, flag: str) -> asyncio.Server:
