@@ -56,3 +56,27 @@ def test_one_epoch_delivers_every_document_chunk_exactly_once(corpus, tmp_path, 
     delivered = ranks[0]["sample_ids"] + ranks[1]["sample_ids"]
     assert len(delivered) == len(set(delivered)), "a sample was delivered twice"
     assert set(delivered) == _expected_ids(sources, 96), "a sample was lost"
+
+
+def test_64_ranks_of_one_job_get_every_step_and_never_the_same_sample(corpus):
+    import threading
+
+    import omniload
+
+    world, steps = 64, 5
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 1, "workers": 3, "seed": 1, "steps": steps}
+    seen: dict[int, list[list[int]]] = {}
+
+    def rank(r: int, job: omniload.Job) -> None:
+        with omniload.connect(job.addr, job.token, rank=r, world_size=world) as loader:
+            seen[r] = [[i for i in batch["sample_id"].tolist() if i >= 0] for batch in loader]
+
+    with omniload.Job(spec) as job:
+        threads = [threading.Thread(target=rank, args=(r, job)) for r in range(world)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    assert sorted(seen) == list(range(world)) and all(len(batches) == steps for batches in seen.values())
+    delivered = [i for batches in seen.values() for batch in batches for i in batch]
+    assert delivered and len(delivered) == len(set(delivered)), "a sample went to two ranks or twice to one"
