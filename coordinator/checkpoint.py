@@ -78,6 +78,7 @@ class CheckpointWriter:
         self._live_seen: list = []  # the live changes of the last position handed over
         self._busy = False
         self._closing = False
+        self._failed = False
         self._wake = threading.Condition()
         self._log = None
         self._thread = threading.Thread(target=self._run, name="omniload-checkpoint", daemon=True)
@@ -85,9 +86,9 @@ class CheckpointWriter:
 
     def write(self, state: dict[str, Any], dp: int, note: str | None = None) -> None:
         """Record that every rank consumed the steps before `state["step"]`; never blocks on the disk.
-        Raises if the writer has stopped (its error went to on_error)."""
-        if not self._thread.is_alive() and not self._closing:
-            raise RuntimeError("the checkpoint writer has stopped")
+        After a failed write this does nothing: on_error has the cause, and the job is stopping."""
+        if self._failed:
+            return
         live = [change for change in state["live"] if change not in self._live_seen]
         self._live_seen = state["live"]
         snapshot = self._first or state["step"] % self._every == 0
@@ -129,6 +130,7 @@ class CheckpointWriter:
                     self._busy = False
                     self._wake.notify_all()
         except BaseException as exc:  # the disk's (OSError) or a bug: either way the job must hear it
+            self._failed = True
             self._on_error(exc)
         finally:
             if self._log:

@@ -53,6 +53,7 @@ _TICK_S = 0.5
 _LAG_WARN_S = 1.0  # the loop was blocked this long between two ticks: say so, it is a bug
 _CONNECT_WARN_S = 60.0
 _NOTE_EVERY_S = 30.0  # how often waiting ranks hear what they wait for (at most)
+_HANG_UP_S = 2.0  # how long ranks get to read the last frames and hang up when the job stops
 _DISK_FIXES = {
     errno.ENOSPC: "free space there or choose another --checkpoint-dir",
     errno.EDQUOT: "raise the disk quota there or choose another --checkpoint-dir",
@@ -152,12 +153,26 @@ class Coordinator:
                 server.close()
             ticker.cancel()
             await self._planner.stop()
-            if self._delivery:
-                for state in self._delivery.ranks.values():
-                    if state.writer is not None:
-                        state.writer.close()
+            await self._hang_up()
             await self._supervisor.close()
             await asyncio.gather(ticker, return_exceptions=True)
+
+    async def _hang_up(self) -> None:
+        """Half-close every rank's connection and give the ranks a moment to read what was sent
+        (an ERROR above all) and hang up: closing with their ACKs unread would reset the
+        connection, and the reset would throw away the ERROR they had not read yet."""
+        if self._delivery is None:
+            return
+        ranks = self._delivery.ranks.values()
+        for state in ranks:
+            if state.writer is not None and not state.writer.is_closing() and state.writer.can_write_eof():
+                state.writer.write_eof()
+        deadline = time.monotonic() + _HANG_UP_S
+        while any(state.writer is not None for state in ranks) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for state in ranks:
+            if state.writer is not None:
+                state.writer.close()
 
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
         signals = 0

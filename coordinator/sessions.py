@@ -8,7 +8,7 @@ A connection says HELLO with the job's token within `_HANDSHAKE_S`, then either
 
 A peer that breaks the protocol (bad bytes, wrong token, an ACK for a step it was never sent)
 is answered with ERROR and its connection closed; nothing else is disturbed. Everything else
-that goes wrong here is a bug and propagates to the caller, the coordinator's one failure path.
+that goes wrong here is a bug, handed to the coordinator's one failure path (`Hub.fail`).
 The coordinator (`Hub`) decides what a HELLO, an ACK or a MIX means.
 """
 from __future__ import annotations
@@ -45,6 +45,7 @@ class Hub(Protocol):
     def rank_gone(self, state: RankState) -> None: ...
     async def change_weights(self, weights: Any) -> int: ...
     def status(self) -> dict[str, Any]: ...
+    def fail(self, where: str, exc: BaseException) -> None: ...
 
 
 class Sessions:
@@ -74,6 +75,8 @@ class Sessions:
             _say(writer, Kind.ERROR, message=f"protocol error: {exc or 'no HELLO in time'}")
         except (ConnectionError, asyncio.CancelledError):
             pass  # the peer is gone, or the coordinator is shutting down: end the session quietly
+        except Exception as exc:  # a bug: the job stops, and every rank (this one too) is told why
+            self._hub.fail(f"the session of {peer}", exc)
         finally:
             writer.close()
 

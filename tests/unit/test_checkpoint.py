@@ -103,9 +103,10 @@ def test_a_stalled_disk_holds_at_most_one_snapshot_and_two_records(tmp_path, mon
     assert step == 39 and live == [[at, w] for at, w in changes.items()]
 
 
-def test_any_error_of_the_writer_reaches_the_job_and_later_writes_say_so(tmp_path, monkeypatch):
+def test_any_error_of_the_writer_reaches_the_job_once(tmp_path, monkeypatch):
     """Not only a full disk: a bug in the writer must stop the job too, never leave it
-    training on without checkpoints."""
+    training on without checkpoints. Writes after it are dropped: the job is stopping, and a
+    second error there would hide the first."""
     from omniload.coordinator import checkpoint
 
     def broken(self, *args):
@@ -116,10 +117,9 @@ def test_any_error_of_the_writer_reaches_the_job_and_later_writes_say_so(tmp_pat
     writer = CheckpointWriter(tmp_path, 4, 2, JOB, errors.append)
     writer.write(_state(1), 2)
     writer._thread.join(5)
-    assert [type(e) for e in errors] == [ValueError]
-    with pytest.raises(RuntimeError, match="the checkpoint writer has stopped"):
-        writer.write(_state(2), 2)
+    writer.write(_state(2), 2)
     writer.close()
+    assert [type(e) for e in errors] == [ValueError]
 
 
 def test_torn_last_record_is_ignored_and_reported(tmp_path, caplog):
