@@ -30,6 +30,7 @@ from omniload.errors import ConfigError, OmniloadError
 from omniload.layout import Layout
 from omniload.order import split_sample_id
 from omniload.spec import Spec
+from omniload.workers.readers import part_name
 
 from omniload.coordinator.catalog import SourceCatalog, build_catalog, fingerprint, job_identity
 from omniload.coordinator.checkpoint import explain_mismatch, last_position, log_after, read_snapshot, snapshot_steps
@@ -298,21 +299,12 @@ def format_trace(trace: StepTrace) -> str:
         tokens = sum(s.tokens for s in rank.segments)
         lines.append(f"\ndp rank {rank.dp_rank} (ranks {_ranges(rank.ranks)}): {len(rank.segments)} segments, "
                      f"{tokens} tokens, {rank.padding} padding")
-        rows = [[str(s.batch_row), str(s.offset), str(s.tokens), str(s.sample_id), s.source, s.file, _part(s),
+        rows = [[str(s.batch_row), str(s.offset), str(s.tokens), str(s.sample_id), s.source, s.file, part_name(s.format, s.part),
                  str(s.row), str(s.chunk)] for s in rank.segments]
         widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(_COLUMNS)]
         for cells in [list(_COLUMNS), *rows]:
             lines.append("  " + "  ".join(cell.ljust(width) for cell, width in zip(cells, widths)).rstrip())
     return "\n".join(lines)
-
-
-def _part(segment: Traced) -> str:
-    """The shard in the file format's words."""
-    if segment.format == "parquet":
-        return f"row group {segment.part}"
-    if segment.format == "arrow":
-        return f"record batch {segment.part}"
-    return f"rows from {segment.part}" if segment.format == "jsonl" else "stream"
 
 
 def _ranges(ranks: list[int]) -> str:

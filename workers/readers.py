@@ -53,6 +53,15 @@ class Shard:
     byte_offset: int = 0  # plain JSON lines: where line `start` begins
 
 
+def part_name(fmt: str, start: int) -> str:
+    """The part of its file a shard starting at `start` is, in the file format's words."""
+    if fmt == "jsonl":
+        return f"the lines from {start + 1}"
+    if fmt == "parquet":
+        return f"row group {start}"
+    return f"record batch {start}" if fmt == "arrow" else "the Arrow stream"
+
+
 def detect_format(path: str) -> str | None:
     name = path.lower()
     for suffix in sorted(_SUFFIXES, key=len, reverse=True):

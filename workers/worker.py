@@ -23,7 +23,7 @@ import numpy as np
 
 from omniload.errors import ConfigError
 from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at
-from omniload.workers.readers import DATA_ERRORS, BadFile, Shard, read_shard, use_system_allocator
+from omniload.workers.readers import DATA_ERRORS, BadFile, Shard, part_name, read_shard, use_system_allocator
 from omniload.workers.records import doc_record, error_record, skip_record
 from omniload.workers.ring import RecordTooLarge, Ring
 from omniload.workers.transforms import Transform, load_transform
@@ -174,17 +174,8 @@ def _open_shard(lane: LaneConfig, transform: Transform, epoch: int, index: int,
     except BadFile as exc:
         return _Unreadable(f"{shard.file}: {exc}")
     except DATA_ERRORS as exc:  # bad data readers.py did not foresee is still the file's; other errors are
-        return _Unreadable(f"{shard.file}: cannot read {_part(shard)}: {_cause(exc)}")  # bugs: the worker dies
+        return _Unreadable(f"{shard.file}: cannot read {part_name(shard.format, shard.start)}: {_cause(exc)}")  # bugs: the worker dies
     return _ShardRows(values, order, first_due, transform)
-
-
-def _part(shard: Shard) -> str:
-    """The part of its file a shard is, in the file format's words."""
-    if shard.format == "jsonl":
-        return f"lines {shard.start + 1}-{shard.stop}"
-    if shard.format == "parquet":
-        return f"row group {shard.start}"
-    return f"record batch {shard.start}" if shard.format == "arrow" else "the Arrow stream"
 
 
 @dataclass(slots=True)
