@@ -40,6 +40,10 @@ class Rates:
             self.rate[key] = max(0.0, (value - seen[1]) / (now - seen[0]))
             self._last[key] = (now, value)
 
+    def forget(self, key: Any) -> None:
+        self._last.pop(key, None)
+        self.rate.pop(key, None)
+
 
 class Figures:
     def __init__(self, job_id: str, names: Sequence[str], intakes: Sequence[SourceIntake], pool: WorkerPool,
@@ -55,9 +59,12 @@ class Figures:
             name = intake.catalog.name
             self._rates.sample(("docs", name), intake.docs, now)
             self._rates.sample(("tokens", name), intake.tokens, now)
-        for worker in self._pool.workers:
-            if worker is not None and worker.pid is not None:
-                self._rates.sample(("cpu", worker.pid), self._cpu_seconds(worker.pid), now)
+        pids = {worker.pid for worker in self._pool.workers if worker is not None and worker.pid is not None}
+        for gone in set(self._processes) - pids:  # replaced workers: their figures go with them
+            del self._processes[gone]
+            self._rates.forget(("cpu", gone))
+        for pid in pids:
+            self._rates.sample(("cpu", pid), self._cpu_seconds(pid), now)
         if delivery is not None:
             self._rates.sample("delivered", delivery.delivered_tokens, now)
             for state in delivery.ranks.values():
@@ -107,5 +114,4 @@ class Figures:
             times = process.cpu_times()
             return times.user + times.system
         except psutil.Error:  # it just exited; its replacement is sampled from the next tick
-            self._processes.pop(pid, None)
             return 0.0

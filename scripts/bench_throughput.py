@@ -159,7 +159,8 @@ def main() -> None:
               f"{ours['tokens_per_s'] / baseline['tokens_per_s']:>8.2f}"
               f"{baseline['ttfb']:>14.2f}s{ours['ttfb']:>14.2f}s")
     limit = loopback_bytes_per_s()
-    print(f"omniload delivered {delivered / 1e6:,.0f} MB/s to the ranks; plain loopback TCP copy "
+    print(f"omniload handed out {delivered / 1e6:,.0f} MB/s of batch tensors (the wire carries about a sixth: "
+          f"see bench_fanout); plain loopback TCP copy "
           f"{limit / 1e6:,.0f} MB/s ({delivered / limit:.1%} of the limit)")
 
 
