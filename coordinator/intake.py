@@ -42,6 +42,7 @@ class SourceIntake:
         self._seed = seed
         self.interleave = interleave
         self.docs = self.tokens = 0  # taken so far (figures.py makes rates of them)
+        self.empty_polls = 0  # polls that found the due ring empty: the planner waited on this source
         self._end = catalog.epochs * groups_per_epoch(len(catalog.shards), interleave) if catalog.epochs else None
         self._rows_by_epoch: tuple[int, np.ndarray] | None = None
         self._group_rows: tuple[int, int] = (-1, 0)
@@ -73,6 +74,7 @@ class SourceIntake:
         while not self.dry and (until_group is None or self.group < until_group):
             data = self.rings[lane_of(self.group, len(self.rings))].read()
             if data is None:
+                self.empty_polls += 1
                 return None
             record = decode(data)
             if record.kind is RecordKind.ERROR:

@@ -2,7 +2,7 @@
 
 A source is a list of shards (a file's row-group range). Epoch `e` visits the shards in a
 permutation drawn from `(seed, source, e)` and the rows of each shard in a permutation drawn
-from `(seed, source, e, shard)`. Shards are numbered globally across epochs,
+from `(seed, source, e, shard)`, within bounded slices of the shard (see row_permutation). Shards are numbered globally across epochs,
 `g = e * num_shards + position`.
 
 Shards are read `interleave` at a time: group `k` holds up to `interleave` consecutive shards of
@@ -31,9 +31,17 @@ def shard_permutation(num_shards: int, seed: int, source: int, epoch: int) -> np
     return rng.permutation(num_shards)
 
 
-def row_permutation(num_rows: int, seed: int, source: int, epoch: int, shard: int) -> np.ndarray:
+def row_permutation(num_rows: int, seed: int, source: int, epoch: int, shard: int,
+                    slice_rows: int = 0) -> np.ndarray:
+    """A shard's rows in the order they are consumed. With `slice_rows` (0: the whole shard is
+    one slice) the rows are shuffled within consecutive slices of that many rows and the slices
+    come in file order, so a worker streams a shard holding one slice at a time; the
+    coordinator's shuffle window mixes across slices."""
     rng = np.random.default_rng([seed, source, epoch, shard, 0x2057])
-    return rng.permutation(num_rows)
+    if slice_rows <= 0 or slice_rows >= num_rows:
+        return rng.permutation(num_rows)
+    keys = rng.random(num_rows)
+    return np.lexsort((keys, np.arange(num_rows) // slice_rows))
 
 
 def shard_at(g: int, num_shards: int, seed: int, source: int) -> tuple[int, int]:

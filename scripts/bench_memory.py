@@ -1,18 +1,28 @@
-"""Total loader memory as ranks grow: omniload vs the colocated DataLoader baseline.
+"""Total loader memory as ranks grow: omniload vs a plain per-rank DataLoader and two peers.
 
-N real rank processes (1, 2, 4, 8, 16) over K sources (4 and 16), each rank consuming at the
-same fixed rate (10 steps/s) on both sides. Baseline: each rank runs a DataLoader with W
-workers over every source. omniload: one coordinator with min(K, N*W, --omniload-workers)
-workers in total, never more than the baseline: its worker count follows what the data needs
-(here 16 ranks at 10 steps/s need ~330k tokens/s), not the number of ranks. Each source's files have multi-MB row groups, so its
-file-access state (row-group buffer, token arrays, the index) is several MB.
+N real rank processes (e.g. 1, 2, 4, 8, 16) over K sources (4 and 16), each rank consuming at
+the same fixed rate (10 steps/s) on every side, each side doing the same read, byte-tokenize
+and pack on the same files:
+
+- `dataloader`: the lean colocated baseline (colocated.lean_loader), what a user writes by
+  hand: each rank runs a DataLoader with W workers over every source, reading a row group at a
+  time and tokenizing a document when it is taken.
+- `streaming` (MosaicML) and `litdata` (Lightning): the same documents converted once into the
+  peer's format in the cache, each rank reading them with the peer's dataset in a DataLoader
+  with W workers (peers.py). Skipped with a message where the peer is not installed.
+- `planned`: the older baseline that runs omniload's planner and packer in every worker
+  (colocated.colocated_loader, used by the throughput benchmark); heavier than what users run,
+  so it is off unless asked for with --kinds.
+- `omniload`: one coordinator with min(K, N*W, --omniload-workers) workers in total, never
+  more than the baseline: its worker count follows what the data needs, not the rank count.
 
 Memory is PSS summed over every process of the loading stack (ranks and their DataLoader
 workers; coordinator, forkserver, workers), sampled at steady state while batches flow,
-minus the PSS of N bare `import torch` rank processes measured the same way, so both sides
-count only what loading adds.
+minus the PSS of N bare `import torch` rank processes measured the same way, so every side
+counts only what loading adds.
 
     python scripts/bench_memory.py [--ranks 1,2,4,8,16] [--sources 4,16] [--workers-per-rank 2]
+                                   [--kinds dataloader,streaming,litdata,omniload]
 """
 from __future__ import annotations
 
@@ -27,6 +37,10 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from peers import PEERS, clean_streaming_leftovers, convert, free_port, missing  # noqa: E402
+
+_KINDS = ("dataloader", "streaming", "litdata", "planned", "omniload")
+_LABELS = {"dataloader": "DataLoader", "streaming": "streaming", "litdata": "LitData", "planned": "planned"}
 _RATE = 10.0  # steps per second per rank
 _WARM_STEPS = 20
 _SAMPLES, _SAMPLE_GAP_S = 3, 0.7
@@ -48,12 +62,19 @@ def _rank(kind: str, spec_dict: dict, rank: int, world: int, workers: int, conn,
     addr, token = conn.recv()
     if kind == "omniload":
         loader = omniload.connect(addr, token, rank=rank, world_size=world)
-    else:  # only the baseline's ranks load the readers and the planner
-        from colocated import colocated_loader
+    elif kind in PEERS:
+        from peers import peer_loader, rank_environment
+
+        rank_environment(rank, world, token)
+        loader = peer_loader(kind, addr, [s.get("weight", 1.0) for s in spec_dict["sources"]], spec_dict["rows"],
+                             spec_dict["seq_len"], workers)
+    else:  # only the baselines' ranks load the readers (and, planned, the planner)
+        from colocated import colocated_loader, lean_loader
 
         from omniload.spec import Spec
 
-        loader = colocated_loader(Spec.from_dict(spec_dict), rank, world, workers)
+        make = lean_loader if kind == "dataloader" else colocated_loader
+        loader = make(Spec.from_dict(spec_dict), rank, world, workers)
     started = time.monotonic()
     for step, _ in enumerate(loader, start=1):
         progress[rank] = step
@@ -68,6 +89,23 @@ def _pss(pids: list[int]) -> float:
         except psutil.NoSuchProcess:
             pass
     return total / 2**20
+
+
+def _roles(coordinator: int) -> dict[str, list[int]]:
+    """omniload's processes by role: the forkserver and resource tracker are the coordinator's
+    children, the workers the forkserver's (forked from it, so they share its command line)."""
+    roles: dict[str, list[int]] = {"coordinator": [coordinator], "forkserver": [], "tracker": [], "workers": []}
+    try:
+        for child in psutil.Process(coordinator).children():
+            line = " ".join(child.cmdline())
+            if "forkserver" in line:
+                roles["forkserver"].append(child.pid)
+                roles["workers"] += [c.pid for c in child.children(recursive=True)]
+            elif "resource_tracker" in line:
+                roles["tracker"].append(child.pid)
+    except psutil.NoSuchProcess:
+        pass
+    return roles
 
 
 def _tree(pid: int) -> list[int]:
@@ -94,7 +132,9 @@ def bare_torch_mb(n: int) -> float:
     return mb
 
 
-def loading_mb(kind: str, spec_dict: dict, n: int, workers_per_rank: int, omniload_workers: int = 4) -> float:
+def loading_mb(kind: str, spec_dict: dict, n: int, workers_per_rank: int, omniload_workers: int = 4,
+               peer_folders: list[str] | None = None, breakdown: dict | None = None) -> float:
+    """Mean PSS of the loading stack in MB; for omniload, `breakdown` gets its processes' PSS by role."""
     ctx = multiprocessing.get_context("spawn")
     progress = ctx.Array("l", n)
     pipes, procs = [], []
@@ -112,20 +152,25 @@ def loading_mb(kind: str, spec_dict: dict, n: int, workers_per_rank: int, omnilo
         workers = min(len(spec_dict["sources"]), n * workers_per_rank, omniload_workers)
         job = omniload.Job(dict(spec_dict, workers=workers)).start()
         addr, token = job.addr, job.token
-    else:
-        addr = token = None
+    else:  # a peer's ranks get the folders of its copy of the sources, and a port to meet at
+        addr, token = peer_folders, free_port()
     for pipe in pipes:
         pipe.send((addr, token))
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 120 + 30 * n  # 16 ranks starting a peer on 2 cores take minutes
     while min(progress[:]) < _WARM_STEPS:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{kind}: ranks did not reach step {_WARM_STEPS}: {progress[:]}")
+        dead = [p.exitcode for p in procs if not p.is_alive()]
+        if time.monotonic() > deadline or dead:
+            raise RuntimeError(f"{kind}: ranks did not reach step {_WARM_STEPS}: {progress[:]}"
+                               + (f"; ranks exited with codes {dead} (their error is above)" if dead else ""))
         time.sleep(0.2)
     samples = []
     for _ in range(_SAMPLES):
         pids = [pid for p in procs for pid in _tree(p.pid)] + (_tree(job._process.pid) if job else [])
         samples.append(_pss(pids))
         time.sleep(_SAMPLE_GAP_S)
+    if job and breakdown is not None:
+        for role, pids in _roles(job._process.pid).items():
+            breakdown[role] = _pss(pids) if role != "workers" else [round(_pss([pid])) for pid in pids]
     for p in procs:
         for pid in reversed(_tree(p.pid)):
             try:
@@ -135,11 +180,13 @@ def loading_mb(kind: str, spec_dict: dict, n: int, workers_per_rank: int, omnilo
         p.join()
     if job:
         job.stop()
+    if kind == "streaming":
+        clean_streaming_leftovers()
     return sum(samples) / len(samples)
 
 
 def main() -> None:
-    from bench_data import make_sources
+    from bench_data import CACHE, make_sources
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="1,2,4,8,16")
@@ -148,26 +195,50 @@ def main() -> None:
     parser.add_argument("--omniload-workers", type=int, default=4, help="omniload's worker budget (at most N*W)")
     parser.add_argument("--docs", type=int, default=6000, help="documents per source")
     parser.add_argument("--median-bytes", type=int, default=1200)
+    parser.add_argument("--kinds", default="dataloader,streaming,litdata,omniload",
+                        help=f"what to measure, of {','.join(_KINDS)}")
     args = parser.parse_args()
     ranks = [int(n) for n in args.ranks.split(",")]
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = sorted(set(kinds) - set(_KINDS))
+    if unknown:
+        parser.error(f"--kinds: unknown {unknown}; pick from {','.join(_KINDS)}")
+    for peer in [k for k in kinds if k in PEERS]:
+        if (why := missing(peer)) is not None:
+            print(f"skipping {peer}: {why}")
+            kinds.remove(peer)
+    others = [k for k in kinds if k != "omniload"]
     print(f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
-          f"{_RATE:.0f} steps/s per rank; baseline {args.workers_per_rank} DataLoader workers per rank; "
-          f"omniload min(K, N*W, {args.omniload_workers}) workers in total; "
-          "MB = PSS of the loading stack minus bare torch ranks")
+          f"{_RATE:.0f} steps/s per rank; {args.workers_per_rank} DataLoader workers per rank for "
+          f"{', '.join(_LABELS[k] for k in others) or 'no baseline'}; omniload min(K, N*W, {args.omniload_workers}) "
+          "workers in total; MB = PSS of the loading stack minus bare torch ranks")
     bare = {n: bare_torch_mb(n) for n in ranks}
     for k in (int(k) for k in args.sources.split(",")):
-        # one row group per file half: 3000 rows of ~1.2 KB, a few MB of text per row group
+        # two files per source, row groups / record batches of 1000 documents (~1.5 MB of text)
         sources = make_sources(k, args.docs, median_bytes=args.median_bytes, files_per_source=2)
         spec = {"sources": sources, "seq_len": 1024, "rows": 2, "seed": 0, "epochs": 0}
+        cache = CACHE / f"peers-k{k}-d{args.docs}-m{args.median_bytes}"
+        folders = {peer: convert(peer, spec, cache) for peer in kinds if peer in PEERS}
         print(f"\nK={k} sources")
-        print(f"{'N':>4}{'baseline MB':>14}{'omniload MB':>14}{'ratio':>8}")
-        first = None
+        header = "".join(f"{_LABELS.get(kind, kind) + ' MB':>15}" for kind in kinds)
+        ratios = "".join(f"{'vs ' + _LABELS[kind]:>15}" for kind in others) if "omniload" in kinds else ""
+        print(f"{'N':>4}{header}{ratios}")
+        first = last = None
+        roles: dict[int, dict] = {}
         for n in ranks:
-            base = loading_mb("baseline", spec, n, args.workers_per_rank) - bare[n]
-            ours = loading_mb("omniload", spec, n, args.workers_per_rank, args.omniload_workers) - bare[n]
-            first = first or ours
-            print(f"{n:>4}{base:>14,.0f}{ours:>14,.0f}{base / ours:>8.1f}", flush=True)
-        print(f"omniload at N={ranks[-1]} / at N={ranks[0]}: {ours / first:.2f}x")
+            roles[n] = {}
+            mb = {kind: loading_mb(kind, spec, n, args.workers_per_rank, args.omniload_workers, folders.get(kind),
+                                   roles[n]) - bare[n] for kind in kinds}
+            line = "".join(f"{mb[kind]:>15,.0f}" for kind in kinds)
+            if "omniload" in kinds:
+                line += "".join(f"{mb[kind] / mb['omniload']:>14.1f}x" for kind in others)
+                first, last = first or mb["omniload"], mb["omniload"]
+            print(f"{n:>4}{line}", flush=True)
+        if first:
+            print(f"omniload at N={ranks[-1]} / at N={ranks[0]}: {last / first:.2f}x")
+            print("omniload's processes, PSS MB: " + "; ".join(
+                f"N={n}: coordinator {r['coordinator']:.0f}, forkserver {r['forkserver']:.0f}, "
+                f"tracker {r['tracker']:.0f}, workers {r['workers']}" for n, r in roles.items() if r))
 
 
 if __name__ == "__main__":

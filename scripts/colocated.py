@@ -1,15 +1,20 @@
-"""The colocated baseline: what users run today, one DataLoader per rank over every source.
+"""The colocated baselines: one DataLoader per rank over every source.
 
-Each rank builds its own index of every source, and each of its DataLoader workers opens
-every source, reads its share of shards, tokenizes, mixes by tokens and packs into
-`rows x seq_len` with the same functions omniload uses, so the two sides do the same work
-and differ only in where it happens.
+`colocated_loader` does omniload's own work on every rank (the throughput and balance
+benchmarks compare against it): each rank builds its own index of every source, and each of
+its DataLoader workers opens every source, reads its share of shards, tokenizes, mixes by
+tokens and packs into `rows x seq_len` with the same functions omniload uses (planner and
+cost balancing included), so the two sides do the same work and differ only in where it
+happens. It holds a whole shard's tokens at once and prefetches 4 batches per worker, so it
+is several times heavier than what users write: `lean_loader` below is the least a
+hand-written per-rank loader holds, and the memory benchmark compares against it.
 """
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -81,3 +86,68 @@ class ColocatedDataset(IterableDataset):
 def colocated_loader(spec: Spec, rank: int, world: int, workers: int) -> DataLoader:
     return DataLoader(ColocatedDataset(spec, rank, world), batch_size=None, num_workers=workers,
                       prefetch_factor=4 if workers else None, persistent_workers=False)
+
+
+class LeanDataset(IterableDataset):
+    """The lean colocated baseline: what a user writes by hand, and what the memory benchmark
+    compares against. Each DataLoader worker reads its share of every source's shards one row
+    group at a time, tokenizes a document when it is taken, mixes the sources by tokens in
+    proportion to their weights and packs greedily into `rows x seq_len`. No index beyond the
+    files' own metadata, no planner, no cost balancing: the least a per-rank loader holds."""
+
+    def __init__(self, spec: Spec, rank: int, world: int) -> None:
+        self.spec, self.rank, self.world = spec, rank, world
+        self.catalog = build_catalog(spec)  # the file footers: what opening the files costs anyway
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        part, parts = self.rank * workers + worker, self.world * workers
+        spec = self.spec
+        streams = [self._texts(src, part, parts) for src in self.catalog]
+        yield from pack_tokens(mix_texts(streams, spec.weights()), spec.rows, spec.seq_len)
+
+    def _texts(self, src: SourceCatalog, part: int, parts: int) -> Iterator[object]:
+        n = len(src.shards)
+        positions = range(part, n, parts) if n >= parts else [part % n]
+        stride = -(-parts // n)
+        for epoch in range(self.spec.epochs) if self.spec.epochs else itertools.count():
+            order = shard_permutation(n, self.spec.seed, src.index, epoch)
+            for position in positions:
+                values = read_shard(src.shards[int(order[position])], src.column)
+                yield from (values[(part // n) % stride :: stride] if n < parts else values)
+
+
+def mix_texts(streams: list[Iterator[object]], weights: list[float]) -> Iterator[object]:
+    """Values from the streams, each next from the stream furthest behind its share of bytes."""
+    taken = [0.0] * len(streams)
+    live = list(range(len(streams)))
+    while live:
+        s = min(live, key=lambda i: (taken[i] / weights[i], i))
+        value = next(streams[s], None)
+        if value is None:
+            live.remove(s)
+            continue
+        taken[s] += len(value) if isinstance(value, str) else 4 * len(value)
+        yield value
+
+
+def pack_tokens(values: Iterator[object], rows: int, seq_len: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Byte-tokenize each value as it comes and cut the stream into `rows x seq_len` batches."""
+    need = rows * seq_len
+    held: list[np.ndarray] = []
+    count = 0
+    for value in values:
+        tokens = value if isinstance(value, np.ndarray) else np.frombuffer(str(value).encode(), np.uint8)
+        held.append(tokens.astype(np.int32))
+        count += len(tokens)
+        while count >= need:
+            flat = np.concatenate(held)
+            batch, rest = flat[:need], flat[need:]
+            held, count = [rest], len(rest)
+            yield {"input_ids": torch.from_numpy(batch.reshape(rows, seq_len).copy())}
+
+
+def lean_loader(spec: Spec, rank: int, world: int, workers: int) -> DataLoader:
+    return DataLoader(LeanDataset(spec, rank, world), batch_size=None, num_workers=workers,
+                      prefetch_factor=2 if workers else None, persistent_workers=False)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
+
 
 def exit3(text: str) -> list[int]:
     os._exit(3)
@@ -23,3 +25,13 @@ def fail_on_seven(text: str) -> list[int]:
     if "7" in text:
         raise ValueError("seven is not allowed")
     return list(text.encode())
+
+
+def burn_bytes(text: str) -> np.ndarray:
+    """The byte tokens after CPU work that costs a few microseconds per token, hundreds of
+    times the tokenizing (thread CPU time, which the autoscaler measures: a sleep would not)."""
+    tokens = np.frombuffer(text.encode(), np.uint8).astype(np.int32)
+    mixed = tokens.copy()
+    for _ in range(1000):
+        mixed = (mixed * 1103515245 + 12345) & 0x7FFFFFFF
+    return tokens if mixed.sum() >= 0 else mixed

@@ -1,7 +1,9 @@
-"""Read source files: index them into shards (at startup) and read one shard (in a worker).
+"""Read source files: index them into shards (at startup) and stream one shard (in a worker).
 
-A shard is a unit a worker reads whole: one parquet row group, one Arrow record batch, or a
-run of JSON lines. The index counts rows from file metadata (parquet footer, Arrow IPC
+A shard is a unit of the source's order: one parquet row group, one Arrow record batch, or a
+run of JSON lines. A worker reads it in slices of `Shard.slice_rows` rows (about SLICE_BYTES
+of the column, from the file's metadata, so the same for every run) and holds one slice of a
+shard at a time, whatever the row-group size. The index counts rows from file metadata (parquet footer, Arrow IPC
 footer) or, for JSON lines, one pass over the file that also records byte offsets so plain
 files can be split; a gzipped file is one shard. Values are strings (to be tokenized) or
 integer arrays (an already tokenized list<int> column, used as is).
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import IO
 
 import numpy as np
@@ -19,6 +22,9 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 JSONL_SHARD_ROWS = 4096
+SLICE_BYTES = 512 << 10  # column bytes per slice: a worker holds about this much per shard it reads
+MAX_SLICES = 16  # per shard: a parquet slice is decoded from its row group's start (see _arrow_chunks)
+_READ_BUFFER = 256 << 10  # parquet: read column chunks through a buffer, not whole
 _SUFFIXES = {
     ".parquet": "parquet", ".pq": "parquet",
     ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
@@ -51,6 +57,7 @@ class Shard:
     rows: int
     first_ordinal: int  # canonical index of the shard's first row within its source
     byte_offset: int = 0  # plain JSON lines: where line `start` begins
+    slice_rows: int = 0  # rows read at once (0: the whole shard); decides the row order (order.row_permutation)
 
 
 def part_name(fmt: str, start: int) -> str:
@@ -96,14 +103,26 @@ def _is_int_list(kind: pa.DataType) -> bool:
     return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_integer(kind.value_type)
 
 
+def slice_rows_for(rows: int, size: int) -> int:
+    """Rows per slice for a shard of `rows` rows whose column takes `size` bytes: about
+    SLICE_BYTES, or more for a shard so large it would have more than MAX_SLICES slices."""
+    if rows <= 0 or size <= SLICE_BYTES:
+        return rows
+    return max(1, -(-rows // MAX_SLICES), rows * SLICE_BYTES // size)
+
+
 def _index_parquet(path: str, column: str, ordinal: int) -> list[Shard]:
     meta = pq.ParquetFile(path)
     _check_column(meta.schema_arrow, column)
+    leaves = [j for j in range(meta.metadata.num_columns)
+              if meta.metadata.schema.column(j).path.split(".")[0] == column]
     shards = []
     for i in range(meta.num_row_groups):
-        rows = meta.metadata.row_group(i).num_rows
-        shards.append(Shard(path, "parquet", i, i + 1, rows, ordinal))
-        ordinal += rows
+        group = meta.metadata.row_group(i)
+        size = sum(group.column(j).total_uncompressed_size for j in leaves)
+        shards.append(Shard(path, "parquet", i, i + 1, group.num_rows, ordinal,
+                            slice_rows=slice_rows_for(group.num_rows, size)))
+        ordinal += group.num_rows
     return shards
 
 
@@ -113,16 +132,19 @@ def _index_arrow(path: str, column: str, ordinal: int) -> list[Shard]:
             _check_column(reader.schema, column)
             shards = []
             for i in range(reader.num_record_batches):
-                rows = reader.get_batch(i).num_rows  # reads the batch header only (memory-mapped body)
-                shards.append(Shard(path, "arrow", i, i + 1, rows, ordinal))
-                ordinal += rows
+                batch = reader.get_batch(i)  # reads the batch header only (memory-mapped body)
+                shards.append(Shard(path, "arrow", i, i + 1, batch.num_rows, ordinal,
+                                    slice_rows=slice_rows_for(batch.num_rows, batch.column(column).nbytes)))
+                ordinal += batch.num_rows
             return shards
     except pa.ArrowInvalid:
         pass  # not the IPC file format; the streaming format (e.g. Hugging Face datasets) has no footer
     with pa.memory_map(path) as source, ipc.open_stream(source) as reader:
         _check_column(reader.schema, column)
-        rows = sum(batch.num_rows for batch in reader)
-    return [Shard(path, "arrow-stream", 0, 0, rows, ordinal)]
+        rows = size = 0
+        for batch in reader:
+            rows, size = rows + batch.num_rows, size + batch.column(column).nbytes
+    return [Shard(path, "arrow-stream", 0, 0, rows, ordinal, slice_rows=slice_rows_for(rows, size))]
 
 
 def _open_text(path: str) -> IO[bytes]:
@@ -133,19 +155,23 @@ def _index_jsonl(path: str, column: str, ordinal: int) -> list[Shard]:
     compressed = path.endswith(".gz")
     shards: list[Shard] = []
     rows = offset = shard_offset = shard_start = 0
+
+    def shard_to(stop: int) -> Shard:
+        return Shard(path, "jsonl", shard_start, stop, stop - shard_start, ordinal + shard_start, shard_offset,
+                     slice_rows=slice_rows_for(stop - shard_start, offset - shard_offset))
+
     with _open_text(path) as f:
         for line in f:
             if line.strip():
                 if rows == 0:
                     _check_json_row(line, column, 1)
                 if not compressed and rows - shard_start == JSONL_SHARD_ROWS:
-                    shards.append(Shard(path, "jsonl", shard_start, rows, rows - shard_start,
-                                        ordinal + shard_start, shard_offset))
+                    shards.append(shard_to(rows))
                     shard_start, shard_offset = rows, offset
                 rows += 1
             offset += len(line)
     if rows > shard_start or not shards:
-        shards.append(Shard(path, "jsonl", shard_start, rows, rows - shard_start, ordinal + shard_start, shard_offset))
+        shards.append(shard_to(rows))
     return shards
 
 
@@ -186,10 +212,112 @@ def _to_values(values: pa.Array | pa.ChunkedArray) -> list[str] | list[np.ndarra
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     if _is_int_list(values.type):
+        # a sliced list array's offsets index its whole child: take only the slice's part, and
+        # copy it, so the rows' arrays never pin an Arrow buffer (or a memory-mapped file)
         offsets = values.offsets.to_numpy()
-        flat = values.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        child = values.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+        flat = child.to_numpy(zero_copy_only=False).astype(np.int32)
+        offsets = offsets - offsets[0]
         return [flat[offsets[i] : offsets[i + 1]] for i in range(len(values))]
     return values.to_pylist()
+
+
+def iter_slices(shard: Shard, column: str, first: int = 0) -> Iterator[list[str] | list[np.ndarray]]:
+    """A shard's values slice by slice in file order, from slice `first` on: `slice_rows` rows
+    each (the last fewer), so the caller holds one slice, never the shard. Raises BadFile naming
+    the problem, also part-way through the shard."""
+    size = shard.slice_rows or shard.rows
+    expected, got = max(0, shard.rows - first * size), 0
+    try:
+        if shard.format == "jsonl":
+            chunks = _jsonl_slices(shard, column, size, first)
+        elif shard.format == "parquet":
+            chunks = (_to_values(_parquet_slice(shard, column, size, j))
+                      for j in range(first, -(-shard.rows // size)))
+        else:
+            chunks = (_to_values(a) for a in _exact(_arrow_chunks(shard, column, size), size, first * size))
+        for values in chunks:
+            got += len(values)
+            yield values
+    except BadFile:
+        raise
+    except (pa.ArrowException, OSError, EOFError, KeyError) as exc:
+        raise BadFile(f"cannot read {part_name(shard.format, shard.start)}: {exc}") from None
+    if got != expected:
+        raise BadFile(f"has {got + shard.rows - expected} rows in {part_name(shard.format, shard.start)}, "
+                      f"the index counted {shard.rows}: was the file changed while the job ran?")
+
+
+def _parquet_slice(shard: Shard, column: str, size: int, j: int) -> pa.Array:
+    """Slice j of a row group. A parquet reader cannot start part-way into a row group, and one
+    kept open between slices holds several MB (pages, dictionary, buffers) per shard, more than
+    a slice: so each slice is read by a reader of its own, decoding the slices before it again
+    (at most MAX_SLICES per row group, so at most ~MAX_SLICES/2 decodes of it in all)."""
+    reader = pq.ParquetFile(shard.file, buffer_size=_READ_BUFFER, pre_buffer=False)
+    batches = reader.iter_batches(batch_size=size, row_groups=[shard.start], columns=[column], use_threads=False)
+    pieces = _exact((batch.column(0) for batch in batches), size, j * size)
+    values = next(pieces, pa.array([], pa.string()))
+    reader.close()
+    return values
+
+
+def _arrow_chunks(shard: Shard, column: str, size: int) -> Iterator[pa.Array]:
+    """The column's values in file order, in chunks of any length."""
+    if shard.format == "arrow":
+        # map the file per slice: a slice's pages are let go with it, not at the shard's end
+        for offset in range(0, shard.rows, size):
+            with pa.memory_map(shard.file) as source, ipc.open_file(source) as reader:
+                yield reader.get_batch(shard.start).column(column).slice(offset, size)
+    else:
+        with pa.memory_map(shard.file) as source, ipc.open_stream(source) as reader:
+            for batch in reader:
+                yield batch.column(column)
+
+
+def _exact(chunks: Iterator[pa.Array], size: int, skip: int) -> Iterator[pa.Array]:
+    """The chunks re-cut into `size` rows each (the last fewer), after dropping `skip` rows."""
+    pending: list[pa.Array] = []
+    held = 0
+    for chunk in chunks:
+        if skip:
+            dropped = min(skip, len(chunk))
+            chunk, skip = chunk.slice(dropped), skip - dropped
+        while len(chunk):
+            take = min(size - held, len(chunk))
+            pending.append(chunk.slice(0, take))
+            held, chunk = held + take, chunk.slice(take)
+            if held == size:
+                yield pending[0] if len(pending) == 1 else pa.concat_arrays(pending)
+                pending, held = [], 0
+    if held:
+        yield pending[0] if len(pending) == 1 else pa.concat_arrays(pending)
+
+
+def _jsonl_slices(shard: Shard, column: str, size: int, first: int) -> Iterator[list]:
+    values: list = []
+    skip = first * size
+    with _open_text(shard.file) as f:
+        f.seek(shard.byte_offset) if not shard.file.endswith(".gz") else None
+        number = shard.start if not shard.file.endswith(".gz") else 0
+        taken = 0
+        for line in f:
+            if taken == shard.rows:
+                break
+            if not line.strip():
+                continue
+            number += 1
+            if number <= shard.start:
+                continue
+            taken += 1
+            if taken <= skip:
+                continue
+            value = _check_json_row(line, column, number)
+            values.append(np.asarray(value, dtype=np.int32) if isinstance(value, list) else value)
+            if len(values) == size:
+                yield values
+                values = []
+    if values:
+        yield values
 
 
 def _read_jsonl(shard: Shard, column: str) -> list[str] | list[np.ndarray]:

@@ -1,8 +1,9 @@
 """A single-producer/single-consumer ring of variable-length records in shared memory.
 
 Layout of the segment: a 128-byte header (write position at byte 0, read position at byte 64,
-so producer and consumer never share a cache line; capacity at byte 8), then `capacity` bytes
-of data. Positions are monotonic byte counters; a record is an 8-byte length and its payload
+so producer and consumer never share a cache line; capacity at byte 8; the producer's CPU
+nanoseconds and tokens written at bytes 16 and 24, which the autoscaler reads), then
+`capacity` bytes of data. Positions are monotonic byte counters; a record is an 8-byte length and its payload
 padded to 8 bytes, and it may wrap around the end of the data area.
 
 The producer copies a whole record before publishing the new write position, so a producer
@@ -25,7 +26,7 @@ import psutil
 SHM_DIR = Path("/dev/shm")
 PREFIX = "omniload-"
 _HEADER = 128
-_WRITE, _CAP, _READ = 0, 8, 64
+_WRITE, _CAP, _CPU_NS, _TOKENS, _READ = 0, 8, 16, 24, 64
 _U64 = struct.Struct("<Q")
 
 
@@ -104,6 +105,16 @@ class Ring:
 
     def _publish(self, write: int) -> None:
         _U64.pack_into(self._mm, _WRITE, write)
+
+    def count_work(self, cpu_ns: int, tokens: int) -> None:
+        """Add to the lane's producer counters (kept across a reset: a replacement worker
+        adds to its predecessor's, so readers see them only grow)."""
+        _U64.pack_into(self._mm, _CPU_NS, _U64.unpack_from(self._mm, _CPU_NS)[0] + cpu_ns)
+        _U64.pack_into(self._mm, _TOKENS, _U64.unpack_from(self._mm, _TOKENS)[0] + tokens)
+
+    def work(self) -> tuple[float, int]:
+        """(CPU seconds, tokens) the lane's producers have spent and written so far."""
+        return _U64.unpack_from(self._mm, _CPU_NS)[0] / 1e9, _U64.unpack_from(self._mm, _TOKENS)[0]
 
     # -- consumer ---------------------------------------------------------------------------
     def read(self) -> bytes | None:

@@ -23,13 +23,13 @@ import numpy as np
 
 from omniload.errors import ConfigError
 from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at
-from omniload.workers.readers import DATA_ERRORS, BadFile, Shard, part_name, read_shard, use_system_allocator
+from omniload.workers.readers import DATA_ERRORS, BadFile, Shard, iter_slices, part_name, use_system_allocator
 from omniload.workers.records import doc_record, error_record, skip_record
 from omniload.workers.ring import RecordTooLarge, Ring
 from omniload.workers.transforms import Transform, load_transform
 
 _BURST = 64  # records per lane before the worker looks at its other lanes
-_TRANSFORM_ROWS = 256  # rows of a shard transformed at once
+_TRANSFORM_ROWS = 64  # rows transformed at once: their int32 tokens are 4x their text, held per lane
 _IDLE_MIN_S, _IDLE_MAX_S = 50e-6, 5e-3
 
 
@@ -85,6 +85,7 @@ def _serve(config: WorkerConfig) -> None:
     while live:
         progressed = False
         for i in list(live):
+            started, tokens = time.thread_time_ns(), 0
             for _ in range(_BURST):
                 if pending[i] is None:
                     pending[i] = next(producers[i], None)
@@ -93,8 +94,11 @@ def _serve(config: WorkerConfig) -> None:
                         break
                 if not _write(rings[i], pending[i], config.lanes[i]):
                     break
+                tokens += _tokens_in(pending[i])
                 pending[i] = None
                 progressed = True
+            # what this lane cost: the autoscaler splits the budget by CPU time per token
+            rings[i].count_work(time.thread_time_ns() - started, tokens)
         if not progressed:
             time.sleep(idle)
             idle = min(idle * 2, _IDLE_MAX_S)
@@ -102,6 +106,11 @@ def _serve(config: WorkerConfig) -> None:
             idle = _IDLE_MIN_S
     for ring in rings:
         ring.close()
+
+
+def _tokens_in(record: tuple) -> int:
+    """Tokens of a DOC record (its payload is a view of the int32 tokens; others carry bytes)."""
+    return len(record[1]) if isinstance(record[1], memoryview) else 0
 
 
 def _write(ring: Ring, record: tuple, lane: LaneConfig) -> bool:
@@ -132,8 +141,9 @@ def _produce(lane: LaneConfig) -> Iterator[tuple]:
 
 def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: int) -> Generator[tuple, None, bool]:
     """Group k's records from position first_pos: its shards read together, their rows taken in
-    turn (omniload.order.interleave_rows) and transformed a batch at a time, so the worker holds
-    the group's raw values but never all of its tokens. An unreadable shard's rows are skipped
+    turn (omniload.order.interleave_rows), each shard streamed a slice at a time and transformed
+    a batch at a time, so the worker holds one slice of each shard of the group, never a whole
+    row group. An unreadable shard's rows (from where reading failed) are skipped
     (on_bad_file=skip) or its first due row is an ERROR; returns True after an ERROR."""
     members = [shard_at(g, len(lane.shards), lane.seed, lane.source_index)
                for g in group_members(k, len(lane.shards), lane.interleave)]
@@ -155,6 +165,14 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
             continue
         try:
             tokens = rows[m].tokens(r)
+        except _ReadFailed as exc:  # part-way through the shard: the rest of it is unreadable
+            rows[m] = _Unreadable(exc.message)
+            if not lane.skip_bad_files:
+                yield error_record(k, pos, f"{exc.message} (the job stops on a bad file; "
+                                           "--on-bad-file skip skips it instead)")
+                return True
+            yield skip_record(k, pos, rows[m].say_once(shards[m].rows - r))
+            continue
         except Exception as exc:  # the user's transform; its error must reach the user
             yield error_record(k, pos, f"{shards[m].file}: transform failed: {_cause(exc)}")
             return True
@@ -164,18 +182,18 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
 
 def _open_shard(lane: LaneConfig, transform: Transform, epoch: int, index: int,
                 first_due: int) -> _ShardRows | _Unreadable:
-    """A shard's rows from `first_due` on, or why it cannot be read."""
+    """A shard's rows from `first_due` on (its first due slice read now, so an unreadable file
+    is known at once), or why it cannot be read."""
     shard = lane.shards[index]
-    order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index)
+    order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index, shard.slice_rows)
+    rows = _ShardRows(shard, lane.column, order, first_due, transform)
     if first_due >= shard.rows:  # every row of it was delivered before a restart
-        return _ShardRows([], order, first_due, transform)
+        return rows
     try:
-        values = read_shard(shard, lane.column)
-    except BadFile as exc:
-        return _Unreadable(f"{shard.file}: {exc}")
-    except DATA_ERRORS as exc:  # bad data readers.py did not foresee is still the file's; other errors are
-        return _Unreadable(f"{shard.file}: cannot read {part_name(shard.format, shard.start)}: {_cause(exc)}")  # bugs: the worker dies
-    return _ShardRows(values, order, first_due, transform)
+        rows.load(first_due)
+    except _ReadFailed as exc:
+        return _Unreadable(exc.message)
+    return rows
 
 
 @dataclass(slots=True)
@@ -192,20 +210,60 @@ class _Unreadable:
         return f"skipped {rows} rows: {self.message}"
 
 
-class _ShardRows:
-    """One shard's values in its row order, transformed _TRANSFORM_ROWS at a time; a value is
-    dropped once transformed."""
+class _ReadFailed(Exception):
+    """Reading a shard's next slice failed; the message names the file and the part."""
 
-    def __init__(self, values: list, order: np.ndarray, first: int, transform: Transform) -> None:
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class _ShardRows:
+    """One shard's rows in their order (order.row_permutation: shuffled within slices, the slices
+    in file order), read a slice at a time and transformed _TRANSFORM_ROWS at a time; a slice is
+    dropped when the next is read, a value once transformed."""
+
+    def __init__(self, shard: Shard, column: str, order: np.ndarray, first: int, transform: Transform) -> None:
         self.order = order
-        self._values, self._transform = values, transform
+        self._shard, self._column, self._transform = shard, column, transform
+        self._size = shard.slice_rows or shard.rows
+        self._slices: Iterator | None = None
+        self._slice, self._values = -1, []  # the slice held and its values
         self._start, self._batch = first, []
 
+    def load(self, r: int) -> None:
+        """Hold the slice of row position r (positions only move forward); raises _ReadFailed."""
+        wanted = r // self._size
+        if wanted == self._slice:
+            return
+        self._values = []  # let the last slice go before reading the next
+        try:
+            if self._slices is None:
+                self._slices = iter_slices(self._shard, self._column, wanted)
+                self._slice = wanted - 1
+            while self._slice < wanted:
+                self._values = next(self._slices)
+                self._slice += 1
+            if len(self._values) != min(self._size, self._shard.rows - wanted * self._size):
+                raise StopIteration
+        except StopIteration:
+            raise _ReadFailed(f"{self._shard.file}: {part_name(self._shard.format, self._shard.start)} "
+                              f"has fewer rows than the index counted ({self._shard.rows}): "
+                              "was the file changed while the job ran?") from None
+        except BadFile as exc:
+            raise _ReadFailed(f"{self._shard.file}: {exc}") from None
+        except DATA_ERRORS as exc:  # bad data readers.py did not foresee is still the file's; other errors are
+            raise _ReadFailed(f"{self._shard.file}: cannot read {part_name(self._shard.format, self._shard.start)}: "
+                              f"{_cause(exc)}") from None  # bugs: the worker dies
+
     def tokens(self, r: int) -> np.ndarray:
-        """Row r's tokens; rows are asked for in increasing order."""
+        """Row position r's tokens; positions are asked for in increasing order."""
         if r >= self._start + len(self._batch):
             self._start, self._batch = r, []  # free the last batch before making the next
-            picked = self.order[r : r + _TRANSFORM_ROWS].tolist()
+            self.load(r)
+            base = self._slice * self._size
+            end = min(r + _TRANSFORM_ROWS, base + len(self._values))  # a batch never spans two slices
+            picked = (self.order[r:end] - base).tolist()
             self._batch = _transform(self._transform, [self._values[i] for i in picked])
             for i in picked:
                 self._values[i] = None

@@ -29,3 +29,46 @@ def test_a_different_seed_gives_different_batches(corpus, tmp_path):
     a = run_ranks({**base, "seed": 1}, world=1, out_dir=tmp_path)
     b = run_ranks({**base, "seed": 2}, world=1, out_dir=tmp_path)
     assert a[0]["hashes"] != b[0]["hashes"]
+
+
+def test_autoscaling_moves_workers_without_changing_the_data(corpus, tmp_path):
+    """--workers auto re-splits the budget by measured cost while the ranks read: the batches
+    are those of a static split. Eight sources (the corpus' files under several names), two of
+    them hundreds of times costlier per token, on a budget of two workers with one lane each: the
+    split by weight puts both costly sources on one worker, the measured costs part them."""
+    import os
+    import threading
+
+    import omniload
+
+    from tests.jobs import collect, start_ranks
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs for a budget of 2 workers")
+    sources = [dict(s, name=f"{s['name']}{i}") for i in range(3) for s in mixed_sources(corpus, (1.0, 1.0, 1.0))][:8]
+    for costly in (0, 2):  # packed by weight: sources 0, 2, 4, 6 on the first worker
+        sources[costly]["tokenizer"] = "tests.transforms_for_tests:burn_bytes"
+    base = {"sources": sources, "seq_len": 512, "rows": 4, "seed": 3, "epochs": 0, "steps": 1200, "ring_mb": 1}
+    static = run_ranks({**base, "workers": 2}, world=2, out_dir=tmp_path)
+    auto = {**base, "workers": "auto", "reserve_cpus": len(os.sched_getaffinity(0)) - 2, "autoscale_every": 0.5}
+    moves = []
+    with omniload.Job(auto) as job:
+        ranks = start_ranks(job, 2, tmp_path)
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(0.2):
+                try:
+                    moves.append(job.status()["workers"]["moves"])
+                except omniload.OmniloadError:
+                    return  # the job ended
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        scaled = collect(ranks)
+        done.set()
+        watcher.join(10)
+    for rank in range(2):
+        assert len(scaled[rank]["hashes"]) == 1200
+        assert scaled[rank]["hashes"] == static[rank]["hashes"], f"rank {rank}: autoscaling changed the data"
+    assert max(moves, default=0) >= 1, "the autoscaler never moved a worker: the test proved nothing"

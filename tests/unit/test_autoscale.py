@@ -1,0 +1,123 @@
+"""The autoscaler's pure parts: budget, lanes, packing by cost, hysteresis, starvation."""
+from __future__ import annotations
+
+from omniload.coordinator.autoscale import (
+    MARGIN,
+    STARVED_BOOST,
+    TAKEN_MEMORY,
+    Window,
+    auto_budget,
+    auto_lanes,
+    busiest,
+    changed_workers,
+    demands,
+    initial_plan,
+    keep_in_place,
+    pack,
+    resplit,
+    update_costs,
+    update_taken,
+    workers_per_source,
+)
+
+
+def _lanes_of(plan):
+    return sorted(key for worker in plan for key in worker)
+
+
+def test_budget_leaves_the_reserve_and_keeps_one_worker():
+    assert auto_budget(16, 2) == 14
+    assert auto_budget(2, 1) == 1
+    assert auto_budget(1, 4) == 1
+
+
+def test_auto_lanes_give_room_to_spread_without_a_ring_per_worker_per_source():
+    assert auto_lanes(4, 2) == [2, 2, 2, 2]  # any source can use both workers
+    assert auto_lanes(16, 2) == [1] * 16  # more sources than 4 lanes per worker: one each
+    assert auto_lanes(4, 16) == [4, 4, 4, 4]  # capped
+    assert auto_lanes(3, 1) == [1, 1, 1]
+
+
+def test_pack_serves_every_lane_once_within_the_budget():
+    lanes = [2, 2, 1]
+    plan = pack(lanes, [1.0, 5.0, 0.5], 3)
+    assert len(plan) == 3
+    assert _lanes_of(plan) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]
+
+
+def test_a_costly_source_spreads_over_the_workers_and_cheap_ones_share():
+    # one source 10x per token, three cheap ones: 2 workers, 2 lanes each
+    lanes = [2, 2, 2, 2]
+    plan = pack(lanes, [10.0, 1.0, 1.0, 1.0], 2)
+    assert workers_per_source(plan, 4)[0] == 2  # the costly one on both workers
+    loads = sorted(sum(d / 2 for s, _ in w for d in [[10.0, 1.0, 1.0, 1.0][s]]) for w in plan)
+    assert loads[-1] - loads[0] <= 1.0  # balanced to within one cheap lane
+
+
+def test_static_split_by_weight_is_what_explicit_workers_get():
+    plan = initial_plan([1.0, 1.0, 1.0, 1.0], 4, reserve=1, cpus=64)
+    assert plan == [[(0, 0)], [(1, 0)], [(2, 0)], [(3, 0)]]
+
+
+def test_auto_starts_packed_by_weight_within_the_cpu_budget():
+    plan = initial_plan([1.0, 1.0, 1.0, 1.0], 0, reserve=1, cpus=3)
+    assert len(plan) == 2
+    assert _lanes_of(plan) == [(s, j) for s in range(4) for j in range(2)]
+
+
+def test_costs_are_cpu_per_token_smoothed_and_kept_without_tokens():
+    w = [Window(cpu_s=2.0, produced=100_000, taken=90_000, starved=False),
+         Window(cpu_s=0.01, produced=10, taken=0, starved=False)]  # rings full: idle polling only
+    costs = update_costs([None, 0.5], w)
+    assert costs == [2e-5, 0.5]
+    again = update_costs(costs, [Window(cpu_s=4.0, produced=100_000, taken=100_000, starved=False), w[1]])
+    assert again[0] == 2e-5 * 0.5 + 4e-5 * 0.5
+
+
+def test_demand_waits_for_a_cost_and_boosts_the_starved():
+    quiet = Window(cpu_s=0.0, produced=0, taken=100, starved=False)
+    assert demands([None, 1.0], [100, 100], [quiet, quiet]) is None
+    starved = Window(cpu_s=0.0, produced=0, taken=100, starved=True)
+    assert demands([1.0, 1.0], [100, 100], [quiet, starved]) == [100.0, 100.0 * STARVED_BOOST]
+    assert demands([1.0], [0], [Window(cpu_s=0, produced=0, taken=0, starved=False)]) is None  # nothing to go by
+
+
+def test_tokens_taken_remember_recent_bursts():
+    burst = Window(cpu_s=0.0, produced=0, taken=1000, starved=False)
+    quiet = Window(cpu_s=0.0, produced=0, taken=0, starved=False)
+    taken = update_taken([0.0, 0.0], [burst, quiet])
+    taken = update_taken(taken, [quiet, burst])
+    assert taken == [TAKEN_MEMORY * 1000, 1000]
+
+
+def test_resplit_moves_only_for_a_real_gain():
+    lanes = [2, 2, 2, 2]
+    even = pack(lanes, [1.0] * 4, 2)
+    assert resplit(even, lanes, [1.0, 1.0, 1.0, 1.2], 2, MARGIN) is None  # within noise: stay
+    # packed by equal weights, each worker already serves one lane of every source: the
+    # costly source is spread, so there is nothing to gain
+    assert workers_per_source(even, 4) == [2, 2, 2, 2]
+    assert resplit(even, lanes, [10.0, 1.0, 1.0, 1.0], 2, MARGIN) is None
+
+
+def test_resplit_from_a_bad_split_gains_and_settles():
+    lanes = [2, 2, 2, 2]
+    demand = [10.0, 1.0, 1.0, 1.0]
+    bad = [[(0, 0), (0, 1)], [(1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1)]]
+    better = resplit(bad, lanes, demand, 2, MARGIN)
+    assert better is not None and _lanes_of(better) == _lanes_of(bad)
+    assert busiest(better, lanes, demand) < busiest(bad, lanes, demand) / (1 + MARGIN)
+    assert resplit(better, lanes, demand, 2, MARGIN) is None  # hysteresis: it stays put
+
+
+def test_unchanged_workers_keep_their_place_and_are_not_restarted():
+    old = [[(0, 0)], [(1, 0)], [(2, 0), (3, 0)]]
+    new = [[(2, 0)], [(3, 0), (0, 0)], [(1, 0)]]
+    placed = keep_in_place(old, new)
+    assert placed[1] == [(1, 0)]
+    assert changed_workers(old, placed) == [0, 2]
+    assert _lanes_of(placed) == _lanes_of(new)
+
+
+def test_pack_is_deterministic():
+    assert pack([3, 1, 2], [2.0, 2.0, 1.0], 3) == pack([3, 1, 2], [2.0, 2.0, 1.0], 3)
