@@ -2,7 +2,8 @@
 
 Reads the spec as JSON on stdin and the token from OMNILOAD_TOKEN; prints one JSON line
 `{"addr": "HOST:PORT", "metrics": "HOST:PORT" or null}` on stdout when ranks can connect;
-exits with the job's code.
+exits with the job's code. With --standby, the line comes at once with the address it will
+listen on if it takes over (coordinator/standby.py).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def main() -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--job-id", default=None)
+    parser.add_argument("--standby", action="store_true", help="follow the primary; serve only after taking over")
     args = parser.parse_args()
     setup_logging()
     try:
@@ -29,7 +31,7 @@ def main() -> int:
         coordinator = Coordinator(spec, os.environ["OMNILOAD_TOKEN"], args.host, args.port,
                                   announce=lambda addr, metrics: print(json.dumps({"addr": addr, "metrics": metrics}),
                                                                        flush=True),
-                                  job_id=args.job_id, exit_with_parent=True)
+                                  job_id=args.job_id, exit_with_parent=True, standby=args.standby)
         return coordinator.run()
     except ConfigError as exc:
         print(f"omniload: error: {exc}", file=sys.stderr)

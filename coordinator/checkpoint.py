@@ -97,6 +97,14 @@ class CheckpointWriter:
             self._first = False
             self._wake.notify()
 
+    def abandon(self) -> None:
+        """Write nothing more, dropping what is pending: the folder now belongs to another
+        coordinator (this one lost its lease to a standby; see standby.py)."""
+        self._failed = True
+        with self._wake:
+            self._pending = _Pending()
+            self._wake.notify_all()
+
     def flush(self) -> None:
         """Wait until what was handed over is on disk (tests and benchmarks; close() also waits)."""
         with self._wake:

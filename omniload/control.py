@@ -27,12 +27,27 @@ def job_status(addr: str, token: str, timeout: float = _CONTROL_S) -> dict[str, 
 
 
 def _ask(addr: str, token: str, request: Message, timeout: float = _CONTROL_S) -> Message:
-    """One request on a control connection, and its answer."""
+    """One request on a control connection, and its answer. `addr` may list the primary and its
+    standbys (OMNILOAD_ADDR of `launch --standby`): the one serving is the one that listens."""
+    *others, last = [a.strip() for a in addr.split(",") if a.strip()] or [addr]
+    for one in others:
+        try:
+            return _ask_one(one, token, request, timeout)
+        except _Unreachable:
+            continue  # a standby (it listens only once it has taken over), or a dead primary
+    return _ask_one(last, token, request, timeout)
+
+
+class _Unreachable(OmniloadError):
+    """Nothing listens at this address."""
+
+
+def _ask_one(addr: str, token: str, request: Message, timeout: float) -> Message:
     host, _, port = addr.rpartition(":")
     try:
         sock = socket.create_connection((host, int(port)), timeout=timeout)
     except (OSError, ValueError) as exc:
-        raise OmniloadError(f"cannot reach the coordinator at {addr}: {exc}") from None
+        raise _Unreachable(f"cannot reach the coordinator at {addr}: {exc}") from None
     with sock:
         sock.sendall(encode(Message(Kind.HELLO, {"token": token, "role": "control"})) + encode(request))
         decoder = FrameDecoder(MAX_CONTROL_HEADER, _MAX_STATUS)

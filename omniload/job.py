@@ -6,6 +6,10 @@ torch and threads). The child leaves with its parent: it watches for the parent'
 
     with omniload.Job(spec) as job:
         subprocess.run(cmd, env={**os.environ, **job.env()})
+
+With standby=N (needs spec.checkpoint_dir), N standby coordinators start beside the primary
+and the ranks get every address; `poll()` replaces any coordinator that was killed (or lost
+its lease) with a new standby at the same address, so a second failure is survived too.
 """
 from __future__ import annotations
 
@@ -25,12 +29,20 @@ from omniload.errors import ConfigError, OmniloadError
 from omniload.spec import Spec
 
 _STOP_S = 15.0
+FENCED_EXIT = 75  # a coordinator's exit code when it lost its lease to a standby (EX_TEMPFAIL)
 
 
 class Job:
     def __init__(self, spec: Spec | dict[str, Any], *, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None, startup_timeout: float = 600.0) -> None:
+                 token: str | None = None, startup_timeout: float = 600.0, standby: int = 0) -> None:
         self.spec = spec if isinstance(spec, Spec) else Spec.from_dict(spec)
+        if standby < 0 or (standby and not self.spec.checkpoint_dir):
+            raise ConfigError(f"standby={standby}: standby coordinators need a checkpoint_dir (they follow its lease "
+                              "and delta log); give --checkpoint-dir, or --standby 0")
+        self.standby = standby
+        self.addrs: list[str] = []  # the primary's, then each standby's: what OMNILOAD_ADDR lists
+        self.coordinators: list[subprocess.Popen] = []  # by address; a killed one is replaced by a standby
+        self._job_ids: list[str] = []  # every coordinator's (shared-memory names), replaced ones too
         self.token = token or secrets.token_hex(16)
         self.job_id = secrets.token_hex(4)
         self.addr: str | None = None
@@ -52,11 +64,54 @@ class Job:
         self._process.stdin.close()
         ready = json.loads(self._read_ready_line())
         self.addr, self.metrics_addr = ready["addr"], ready.get("metrics")
+        self.addrs, self.coordinators, self._job_ids = [self.addr], [self._process], [self.job_id]
+        for _ in range(self.standby):
+            process, addr = self._start_standby(0)
+            self.addrs.append(addr)
+            self.coordinators.append(process)
         return self
+
+    def _start_standby(self, port: int) -> tuple[subprocess.Popen, str]:
+        """A standby coordinator (it follows the primary's lease; serves after taking over) and its address."""
+        job_id = secrets.token_hex(4)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "omniload.coordinator", "--standby", "--host", self._host, "--port", str(port),
+             "--job-id", job_id],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**os.environ, "OMNILOAD_TOKEN": self.token}, start_new_session=True)
+        self._job_ids.append(job_id)
+        threading.Thread(target=self._relay_stderr, args=(process,), daemon=True).start()
+        process.stdin.write(json.dumps(self.spec.to_dict()).encode())
+        process.stdin.close()
+        return process, json.loads(self._read_ready_line(process))["addr"]
+
+    def _replace_lost(self) -> int | None:
+        """Replace each coordinator that was killed or fenced by a standby at its address; the
+        job's exit code once a coordinator ended it (0: done), else None."""
+        for slot, process in enumerate(self.coordinators):
+            code = process.poll()
+            if code is None:
+                continue
+            if code >= 0 and code != FENCED_EXIT:
+                return code
+            what = f"was killed by signal {-code}" if code < 0 else "lost its lease"
+            sys.stderr.write(f"omniload: the coordinator at {self.addrs[slot]} {what}; starting a standby there\n")
+            port = int(self.addrs[slot].rsplit(":", 1)[1])
+            self.coordinators[slot], _ = self._start_standby(port)
+            if slot == 0:
+                self._process = self.coordinators[0]
+        self.addr = self._primary_addr() or self.addr
+        return None
+
+    def _primary_addr(self) -> str | None:
+        from omniload.coordinator.lease import read_lease  # not a rank's import
+
+        held = read_lease(self.spec.checkpoint_dir)
+        return held.addr if held is not None and held.addr in self.addrs else None
 
     def env(self) -> dict[str, str]:
         """What a rank's environment needs for `omniload.connect()` to find this job."""
-        return {"OMNILOAD_ADDR": self.addr or "", "OMNILOAD_TOKEN": self.token,
+        return {"OMNILOAD_ADDR": ",".join(self.addrs) or self.addr or "", "OMNILOAD_TOKEN": self.token,
                 "OMNILOAD_BROADCAST_AT": self.spec.broadcast_at}
 
     def set_weights(self, weights: dict[str, float]) -> int:
@@ -76,6 +131,9 @@ class Job:
         return list(self._stderr_tail)
 
     def poll(self) -> int | None:
+        """The coordinator's exit code, None while it runs; with standbys, the job's (see _replace_lost)."""
+        if self.standby and self.coordinators:
+            return self._replace_lost()
         return self._process.poll() if self._process else None
 
     def wait(self, timeout: float | None = None) -> int:
@@ -86,11 +144,14 @@ class Job:
         process = self._process
         if process is None:
             return 0
+        for other in self.coordinators[1:]:  # the others (standbys, or a promoted one) too: all end with the job
+            stop_process(other, _STOP_S)
         stop_process(process, _STOP_S)
         from omniload.workers.ring import job_segments  # not a rank's import: keeps psutil off ranks
 
-        for path in job_segments(self.job_id):
-            path.unlink(missing_ok=True)
+        for job_id in self._job_ids or [self.job_id]:
+            for path in job_segments(job_id):
+                path.unlink(missing_ok=True)
         return process.returncode
 
     def __enter__(self) -> Job:
@@ -99,21 +160,22 @@ class Job:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _read_ready_line(self) -> str:
+    def _read_ready_line(self, process: subprocess.Popen | None = None) -> str:
+        process = process or self._process
         selector = selectors.DefaultSelector()
-        selector.register(self._process.stdout, selectors.EVENT_READ)
+        selector.register(process.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + self._startup_timeout
         while time.monotonic() < deadline:
             if selector.select(timeout=0.2):
-                line = self._process.stdout.readline().decode()
+                line = process.stdout.readline().decode()
                 if line:
                     return line
-            if self._process.poll() is not None:
-                self._process.wait()
+            if process.poll() is not None:
+                process.wait()
                 time.sleep(0.1)  # let the relay thread take the last lines
                 reason = self._last_error() or \
-                    f"the coordinator exited with code {self._process.returncode} before it was ready"
-                error = ConfigError if self._process.returncode == 2 else OmniloadError
+                    f"the coordinator exited with code {process.returncode} before it was ready"
+                error = ConfigError if process.returncode == 2 else OmniloadError
                 raise error(reason)
         self.stop()
         raise OmniloadError(f"the coordinator was not ready after {self._startup_timeout:.0f}s")
@@ -128,8 +190,8 @@ class Job:
         rest = [line for line in rest if not line.startswith("omniload: ")]
         return "\n".join([first.removeprefix("omniload: error: "), *rest])
 
-    def _relay_stderr(self) -> None:
-        for raw in self._process.stderr:
+    def _relay_stderr(self, process: subprocess.Popen | None = None) -> None:
+        for raw in (process or self._process).stderr:
             line = raw.decode(errors="replace")
             self._stderr_tail.append(line.rstrip())
             sys.stderr.write(line)

@@ -58,7 +58,9 @@ def main() -> None:
     with open(out, "w") as f:
         json.dump({"hashes": hashes, "steps": steps, "sample_ids": sample_ids,
                    "source_tokens": source_tokens, "wait_seconds": loader.wait_seconds,
-                   "waits": waits, "step_segments": step_segments}, f)
+                   "waits": waits, "step_segments": step_segments,
+                   "served_by": {k: (getattr(loader, "_info", None) or {}).get(k)
+                                 for k in ("pid", "host", "role", "epoch")}}, f)
 
 
 def _segments(batch: dict, lengths: list[int]) -> list[list[int]]:
