@@ -11,7 +11,6 @@ step is sent, ENDED.
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,9 +19,12 @@ from omniload.errors import ProtocolError
 from omniload.protocol import Kind, Message, encode
 
 from omniload.coordinator.progress import Progress, Stall, find_stall
+from omniload.coordinator.relayed import Writer, send_frame
 
 Variant = tuple[int, int, bool]  # (dp rank, cp rank, receives data): which frame of each step
-Frames = dict[Variant, tuple[bytes, bytes]]
+# a frame's head, its payload and, where the payload sits in the step arena, (offset, length) there
+Frame = tuple[bytes, bytes | memoryview, tuple[int, int] | None]
+Frames = dict[Variant, Frame]
 
 
 @dataclass(slots=True)
@@ -31,12 +33,13 @@ class RankState:
     variant: Variant
     sent: int = 0  # steps written to the socket
     credits: int = 0
-    writer: asyncio.StreamWriter | None = None
+    writer: Writer | None = None
     ended: bool = False
     said_bye: bool = False  # the rank closed on purpose (else it died or lost the network)
     heard: float = 0.0  # monotonic time of its last ACK, connect or disconnect
     seen: bool = False  # it has connected at least once
     wait_s: float = 0.0  # the rank's own count of seconds it waited for batches (sent in ACKs)
+    via: str = ""  # what carries its connection: "" direct, else a relay or a sender (relayed.py)
 
     @property
     def connection(self) -> str:
@@ -81,11 +84,12 @@ class Delivery:
         for state in self.ranks.values():
             self.pump(state)
 
-    def attach(self, rank: int, writer: asyncio.StreamWriter, credits: int, at: int) -> RankState:
+    def attach(self, rank: int, writer: Writer, credits: int, at: int) -> RankState:
         """A rank (re)connects and goes on after `at` steps (>= the slowest: a position kept)."""
         state = self.ranks[rank]
         self.progress.move(rank, at)
         state.writer, state.sent, state.credits = writer, at, credits
+        state.via = getattr(writer, "via", "")
         state.ended, state.said_bye, state.heard, state.seen = False, False, time.monotonic(), True
         return state
 
@@ -117,9 +121,7 @@ class Delivery:
         if writer is None or writer.is_closing():
             return
         while state.credits > 0 and state.sent < self.planned:
-            head, payload = self.frames[state.sent][state.variant]
-            writer.write(head)
-            writer.write(payload)
+            send_frame(writer, *self.frames[state.sent][state.variant])
             state.sent += 1
             state.credits -= 1
         if self.final is not None and state.sent >= self.final and not state.ended:

@@ -83,8 +83,12 @@ class Figures:
             "ranks": [] if delivery is None else [
                 {"rank": s.rank, "step": delivery.consumed(s.rank), "lag": delivery.planned - delivery.consumed(s.rank),
                  "wait_percent": round(100 * min(1.0, rate.get(("wait", s.rank), 0.0)), 1),
-                 "credits": s.credits, "connection": s.connection} for s in delivery.ranks.values()],
+                 "credits": s.credits, "connection": s.connection, "via": s.via if s.writer is not None else ""}
+                for s in delivery.ranks.values()],
             "planner": self._planner_figures(),
+            "workers": {"count": sum(1 for w in self._pool.workers if w is not None),
+                        "autoscale": bool(self._pool.scaling), "moves": self._pool.scaling.get("moves", 0)},
+            "memory_mb": self._memory(),
             "waiting_for": stall_message,
         }
 
@@ -100,13 +104,28 @@ class Figures:
         workers = self._pool.workers_of_source(index)
         cpu = sum(rate.get(("cpu", w.pid), 0.0) for w in workers if w is not None)
         per_epoch = groups_per_epoch(len(intake.catalog.shards), intake.interleave)
+        cost = self._pool.scaling.get("costs", [None] * (index + 1))[index]
         return {"name": name, "docs": intake.docs, "tokens": intake.tokens,
                 "docs_per_s": round(rate.get(("docs", name), 0.0), 1),
                 "tokens_per_s": round(rate.get(("tokens", name), 0.0)),
                 "ring_fill": round(sum(r.used() for r in rings) / sum(r.capacity for r in rings), 3),
                 "workers": len(workers), "worker_cpu_percent": round(100 * cpu, 1),
+                "cpu_us_per_ktoken": None if cost is None else round(cost * 1e9, 1),  # measured (autoscale only)
                 "restarts": self._pool.restarts_of_source(index),
                 "epoch": intake.group // per_epoch, "cursor": list(intake.cursor)}
+
+    def _memory(self) -> dict[str, float]:
+        """Resident memory of the coordinator and its workers (RSS: cheap to read; the workers'
+        shared pages, rings included, are counted in each process that maps them)."""
+        workers = 0
+        for worker in self._pool.workers:
+            process = self._processes.get(worker.pid) if worker is not None else None
+            try:
+                workers += process.memory_info().rss if process is not None else 0
+            except psutil.Error:  # it just exited
+                pass
+        return {"coordinator": round(psutil.Process().memory_info().rss / 2**20, 1),
+                "workers": round(workers / 2**20, 1)}
 
     def _cpu_seconds(self, pid: int) -> float:
         try:

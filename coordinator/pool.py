@@ -2,7 +2,11 @@
 
 Workers come from a forkserver started before the event loop, so no fork ever happens from
 the running loop and a replacement starts as clean as the first worker.
-Lifecycle of a worker: STARTED -> (EXITED 0: done | EXITED != 0: restarted or job fails).
+Lifecycle of a worker: STARTED -> (EXITED 0: done | EXITED != 0: restarted or job fails |
+STOPPED by a re-split, its lanes started again by other workers at the cursors).
+
+The lanes (one ring each) are fixed for the job; the plan, which worker produces which
+lanes, may change (`set_plan`, for the autoscaler), and never changes the data.
 """
 from __future__ import annotations
 
@@ -67,10 +71,7 @@ class WorkerProcess:
         self._process.join(timeout)
 
     def describe_exit(self) -> str:
-        code = self.exitcode
-        if code is not None and code < 0:
-            return f"was killed by {signal.Signals(-code).name}"
-        return f"exited with code {code}"
+        return describe_exit(self.exitcode)
 
 
 class WorkerPool:
@@ -78,7 +79,7 @@ class WorkerPool:
 
     def __init__(self, spec: Spec, catalog: list[SourceCatalog], plan: list[list[tuple[int, int]]],
                  job_id: str, coordinator_pid: int) -> None:
-        self._spec = spec
+        self.spec = self._spec = spec
         self._catalog = catalog
         self._plan = plan
         self._coordinator_pid = coordinator_pid
@@ -88,6 +89,20 @@ class WorkerPool:
         self._ctx.set_forkserver_preload(["omniload.workers.worker"])
         self.workers: list[WorkerProcess | None] = [None] * len(plan)
         self.restarts = [0] * len(plan)
+        self.scaling: dict = {}  # the autoscaler's figures, for status (coordinator/supervision.py)
+
+    @property
+    def plan(self) -> list[list[tuple[int, int]]]:
+        return self._plan
+
+    def set_plan(self, plan: list[list[tuple[int, int]]]) -> None:
+        """Serve the same lanes with another packing; the workers whose lanes change must be
+        stopped before and started after (Supervisor.replan)."""
+        if sorted(key for worker in plan for key in worker) != sorted(self.rings):
+            raise ValueError("a new plan must serve exactly the job's lanes")  # a bug, not the user's
+        if len(plan) != len(self._plan):
+            raise ValueError(f"a new plan must keep the job's {len(self._plan)} workers, got {len(plan)}")
+        self._plan = [list(worker) for worker in plan]
 
     def source_rings(self, source: int) -> list[Ring]:
         return [self.rings[(source, lane)] for lane in range(self.lane_counts[source])]
@@ -138,8 +153,10 @@ class WorkerPool:
             ring.unlink()
         _stop_helpers()
 
-    def stop_workers(self) -> None:
-        alive = [w for w in self.workers if w is not None]
+    def stop_workers(self, worker_ids: list[int] | None = None) -> None:
+        """Terminate and join these workers (all by default), killing what does not exit in time."""
+        ids = range(len(self.workers)) if worker_ids is None else worker_ids
+        alive = [self.workers[i] for i in ids if self.workers[i] is not None]
         for worker in alive:
             worker.terminate()
         for worker in alive:
@@ -148,6 +165,21 @@ class WorkerPool:
                 log.warning("worker %s did not exit in %.0fs; killing it", worker.pid, _WORKER_JOIN_S)
                 worker.kill()
                 worker.join(_WORKER_JOIN_S)
+
+
+def describe_exit(code: int | None) -> str:
+    """How a child process ended, from its exit code (negative: the signal that killed it)."""
+    if code is not None and code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity, e.g. a container's cpuset), else the count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _create_rings(spec: Spec, plan: list[list[tuple[int, int]]], job_id: str,

@@ -3,7 +3,10 @@
 It reads top to bottom: index sources and fork the worker pool (before the loop) -> replay a
 --resume folder (off the loop) -> bind and announce -> serve ranks while the planner plans
 ahead of the slowest rank and a tick watches the job -> shut down (stop the planner,
-close connections, stop workers, unlink rings). A second Ctrl-C forces the exit.
+close connections, stop workers, unlink rings). A second Ctrl-C forces the exit. A standby
+(standby.py) announces first, follows the primary's lease, and once there is a snapshot
+replays it and plans along the primary's delta log (`_follow_hot`) until it takes over and
+binds; a primary that loses its lease is fenced (`_fence`) and exits with FENCED_EXIT.
 
 Who does what: sessions.py speaks the wire, delivery.py sends frames and counts ACKs
 (progress.py), planning.py plans (a costly step's computation on a thread), supervision.py
@@ -25,26 +28,33 @@ from collections.abc import Callable
 from typing import Any
 
 from omniload.errors import ConfigError, OmniloadError
+from omniload.job import FENCED_EXIT  # the launcher replaces a coordinator that exits with it
 from omniload.layout import Layout
 from omniload.protocol import Hello, Kind, Message, encode
 from omniload.spec import Spec
 from omniload.state import check_state
 from omniload.wire import expand, narrow
 from omniload.workers.readers import use_system_allocator
-from omniload.workers.ring import remove_stale_segments
+from omniload.workers.ring import remove_stale_segments, segment_path
 
 from omniload.coordinator.batches import encode_batch, step_fields
 from omniload.coordinator.catalog import build_catalog, fingerprint, job_identity
-from omniload.coordinator.checkpoint import CheckpointWriter, Recovery, explain_mismatch, last_position
-from omniload.coordinator.delivery import Delivery, Frames, RankState, Variant
+from omniload.coordinator.checkpoint import CheckpointWriter, Recovery, explain_mismatch, last_position, log_after
+from omniload.coordinator.delivery import Delivery, Frame, Frames, RankState, Variant
 from omniload.coordinator.figures import Figures
 from omniload.coordinator.intake import SourceIntake
-from omniload.coordinator.lanes import assign_lanes
+from omniload.coordinator.arena import StepArena
+from omniload.coordinator.autoscale import initial_plan
+from omniload.coordinator.loop import run_loop
 from omniload.coordinator.metrics import serve_metrics
 from omniload.coordinator.parallel import cp_slice
 from omniload.coordinator.planning import Planner
-from omniload.coordinator.pool import WorkerPool
+from omniload.coordinator.pool import WorkerPool, available_cpus
+from omniload.coordinator.relayed import Writer
+from omniload.coordinator.senders import Senders
 from omniload.coordinator.sessions import Refused, Sessions
+from omniload.coordinator.standby import Follower, LeaseKeeper, follow, take_first_lease, warm_forkserver
+from omniload.coordinator.lease import job_digest
 from omniload.coordinator.stepper import Cancelled, Step, Stepper
 from omniload.coordinator.supervision import Supervisor
 
@@ -53,7 +63,11 @@ _TICK_S = 0.5
 _LAG_WARN_S = 1.0  # the loop was blocked this long between two ticks: say so, it is a bug
 _CONNECT_WARN_S = 60.0
 _NOTE_EVERY_S = 30.0  # how often waiting ranks hear what they wait for (at most)
+_ARENA_CAPACITY = 4 << 30  # the step arena's address space; the part a job's steps need is allocated
+_ARENA_MIN = 16 << 20
+_CAN_SEND = hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")  # senders need Linux
 _HANG_UP_S = 2.0  # how long ranks get to read the last frames and hang up when the job stops
+_FOLLOW_S = 0.05  # how often a hot standby looks at the lease and the log
 _DISK_FIXES = {
     errno.ENOSPC: "free space there or choose another --checkpoint-dir",
     errno.EDQUOT: "raise the disk quota there or choose another --checkpoint-dir",
@@ -65,9 +79,10 @@ _DISK_FIXES = {
 class Coordinator:
     def __init__(self, spec: Spec, token: str, host: str = "127.0.0.1", port: int = 0,
                  announce: Callable[[str, str | None], None] = lambda addr, metrics: print(addr),
-                 job_id: str | None = None, exit_with_parent: bool = False) -> None:
+                 job_id: str | None = None, exit_with_parent: bool = False, standby: bool = False) -> None:
         """`announce(addr, metrics_addr)` is called once ranks can connect (metrics_addr: None
-        without --metrics-port)."""
+        without --metrics-port); a standby (coordinator/standby.py) announces the address it
+        will listen on once it takes over, as soon as it follows the primary."""
         self.spec = spec
         self.token = token.encode()
         self._host, self._port = host, port
@@ -80,6 +95,9 @@ class Coordinator:
         self._variants: dict[int, Variant] = {}  # the ranks that connect, with the frame each gets
         self._frame_kinds: list[Variant] = []  # one frame of each per step
         self._delivery: Delivery | None = None
+        self._senders: Senders | None = None
+        self._arena: StepArena | None = None  # the planned steps' payloads, for the senders
+        self._arena_sized = False
         self._planner: Planner | None = None
         self._checkpoints: CheckpointWriter | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -87,6 +105,11 @@ class Coordinator:
         self._last_note = 0.0
         self._stall_message: str | None = None  # what the ranks wait for now, if they wait for a rank
         self._exit_code = 0
+        self._standby = standby  # started as a standby: serves only after taking over (standby.py)
+        self._epoch = 0  # the lease epoch this coordinator serves under (0: no checkpoint folder, no lease)
+        self._lease: LeaseKeeper | None = None
+        self._fenced: str | None = None  # why this primary lost its lease, once it has
+        self._brought: dict[int, dict] = {}  # after a takeover: step -> a position a rank brought, to check
         self._should_exit: asyncio.Event
         self._admission: asyncio.Lock
 
@@ -97,11 +120,16 @@ class Coordinator:
             log.info("removed %s, left by a job that died", path.name)
         use_system_allocator()
         catalog = build_catalog(self.spec)
-        budget = self.spec.workers or min(len(catalog), os.cpu_count() or 1)
-        plan = assign_lanes(self.spec.weights(), budget)
+        plan = initial_plan(self.spec.weights(), self.spec.workers, self.spec.reserve_cpus, available_cpus())
         self._identity = job_identity(self.spec, catalog)
         self._fingerprint = fingerprint(self._identity)
-        recovery = self._read_resume_folder()
+        if self._standby:
+            code = self._wait_for_turn()
+            if code is not None:
+                return code
+            recovery = self._recover_at_takeover()
+        else:
+            recovery = self._read_resume_folder()
         self._pool = WorkerPool(self.spec, catalog, plan, self.job_id, os.getpid())
         try:
             self._intakes = [SourceIntake(src, self._pool.source_rings(src.index), self.spec.seed,
@@ -119,11 +147,18 @@ class Coordinator:
                                                      self._identity, self._checkpoint_failed)
             log.info("job %s: %d sources, %d workers, %d lanes", self.job_id, len(catalog), len(plan),
                      sum(self._pool.lane_counts))
-            _run_loop(self._main(recovery))
+            self._senders = self._spawn_senders()
+            run_loop(self._main(recovery))
         finally:
             self._pool.stop()
+            if self._senders is not None:
+                self._senders.kill()
+            if self._arena is not None:
+                self._arena.close()
             if self._checkpoints:
                 self._checkpoints.close()
+            if self._lease:  # once the folder holds the last position: standbys leave
+                self._lease.stop(self._exit_code if self._fenced is None else None)
         return self._exit_code
 
     async def _main(self, recovery: Recovery | None) -> None:
@@ -137,10 +172,19 @@ class Coordinator:
         self._figures = Figures(self.job_id, self._source_names, self._intakes, self._pool, self._planner)
         if recovery and not await self._replay(recovery):
             return
-        servers = [await _listen(Sessions(self).serve, self._host, self._port, "--port")]
+        if self._standby and self._lease is None and not await self._follow_hot(recovery):
+            return
+        sessions = Sessions(self)
+        if self._senders is not None:
+            await self._senders.start(sessions.session)
+            servers = [self._senders.listen(_bind(self._host, self._port, "--port"), sessions.session)]
+        else:
+            servers = [await _listen(sessions.serve, self._host, self._port, "--port")]
         if self.spec.metrics_port is not None:
             servers.append(await _listen(serve_metrics(self.status), self._host, self.spec.metrics_port, "--metrics-port"))
         addr, *metrics = [_address_of(server) for server in servers]
+        if not await self._hold_lease(addr):
+            return
         if metrics:
             log.warning("metrics at http://%s/metrics", metrics[0])
         self._announce(addr, metrics[0] if metrics else None)
@@ -154,6 +198,8 @@ class Coordinator:
             ticker.cancel()
             await self._planner.stop()
             await self._hang_up()
+            if self._senders is not None:
+                await self._senders.stop()
             await self._supervisor.close()
             await asyncio.gather(ticker, return_exceptions=True)
 
@@ -191,6 +237,141 @@ class Coordinator:
 
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, on_signal, signum)
+
+    # -- the lease: standby, takeover, fencing (standby.py) -----------------------------------
+    def _wait_for_turn(self) -> int | None:
+        """As a standby, before any worker, thread or loop: announce the address ranks will find
+        this coordinator at, and follow the lease until the primary has written a snapshot (then
+        `_follow_hot` goes on with workers running), this one takes over (cold: the primary died
+        before any snapshot), or the job ends (its exit code)."""
+        folder = self.spec.checkpoint_dir
+        if not folder:
+            raise ConfigError("a standby coordinator needs --checkpoint-dir: the primary's folder, whose lease "
+                              "and delta log it follows")
+        os.makedirs(folder, exist_ok=True)
+        self._port = self._port or _free_port(self._host)
+        addr = f"{_reachable(self._host)}:{self._port}"
+        warm_forkserver()
+        self._announce(addr, None)
+        self._follower = Follower(folder, job_digest(self.token.decode()), addr)
+        turn = follow(self._follower, self._parent, until_snapshot=True)
+        if turn.code is not None:
+            return turn.code
+        if not turn.hot:
+            self._take_over(turn.epoch)
+        return None
+
+    def _take_over(self, epoch: int) -> None:
+        """This standby holds the lease of `epoch` now: renew it, and remove the dead primary's rings."""
+        self._epoch = epoch
+        self._lease = LeaseKeeper(self.spec.checkpoint_dir, epoch, self._on_fenced)
+        for path in remove_stale_segments():
+            log.info("removed %s, left by the primary that died", path.name)
+
+    async def _follow_hot(self, recovery: Recovery) -> bool:
+        """As a standby whose workers run: plan along, without building, as the primary's log
+        grows, so that a takeover costs only the steps logged since the last look. True once
+        this one is the primary; False when the job ended or this one is stopping."""
+        loop = asyncio.get_running_loop()
+        base = recovery.state["step"]
+        while not self._should_exit.is_set():
+            if self._parent is not None and os.getppid() != self._parent:
+                log.error("the launching process is gone; the standby exits")
+                self._exit_code = 1
+                break
+            turn = await loop.run_in_executor(None, self._follower.look)
+            if turn is not None and turn.code is not None:
+                self._exit_code = turn.code
+                break
+            started, before = time.monotonic(), self._stepper.step
+            try:
+                await loop.run_in_executor(None, self._catch_up, base)
+            except Cancelled:
+                return False
+            if turn is not None:
+                await loop.run_in_executor(None, self._take_over, turn.epoch)
+                self._start = self._stepper.export_state(self._fingerprint)
+                log.warning("took over at step %d: caught up %d steps in %.2fs (a hot standby)", self._stepper.step,
+                            self._stepper.step - before, time.monotonic() - started)
+                return True
+            try:
+                async with asyncio.timeout(_FOLLOW_S):
+                    await self._should_exit.wait()
+            except TimeoutError:
+                pass
+        self._should_exit.set()
+        return False
+
+    def _catch_up(self, base: int) -> None:
+        """Plan (not build) up to the last step the folder says every rank consumed, with the
+        live mixture changes recorded since snapshot `base`. On a thread."""
+        step, live = log_after(self.spec.checkpoint_dir, base)
+        known = self._stepper.live_changes
+        for at, weights in live:
+            if (at, weights) not in known:
+                known.append((at, weights))
+        while self._stepper.step < step and self._stepper.next_step(build=False) is not None:
+            pass
+
+    def _recover_at_takeover(self) -> Recovery | None:
+        """The folder's last consumed position, where a standby starts (hot, or at a cold
+        takeover): no rank has consumed less, so every rank's own position is at or after it
+        (read before the loop starts)."""
+        folder = self.spec.checkpoint_dir
+        found = last_position(folder)
+        if found is None:
+            log.warning("the primary left no checkpoint in %s yet; planning from the job's start", folder)
+            return None
+        self._check_same_data({**found.state, "step": found.step}, f"checkpoint in {folder}", found.job)
+        return found
+
+    async def _hold_lease(self, addr: str) -> bool:
+        """The first primary takes a lease in its checkpoint folder (a promoted standby holds
+        one already); False if this coordinator lost it meanwhile."""
+        folder = self.spec.checkpoint_dir or self.spec.resume
+        if folder and self._lease is None:
+            job = job_digest(self.token.decode())
+            self._epoch = await asyncio.get_running_loop().run_in_executor(None, take_first_lease, folder, job, addr)
+            self._lease = LeaseKeeper(folder, self._epoch, self._on_fenced)
+        if self._fenced:
+            self._fence(self._fenced)
+            return False
+        return True
+
+    def _on_fenced(self, reason: str) -> None:
+        """From the lease thread: this primary must stop serving."""
+        self._fenced = reason
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._fence, reason)
+            except RuntimeError:
+                pass  # the loop closed meanwhile: the job is ending anyway
+
+    def _fence(self, reason: str) -> None:
+        """Lost the lease: stop serving and writing at once; the ranks move to the new primary."""
+        if self._should_exit.is_set():
+            return
+        log.error("this coordinator (epoch %d) stops serving: %s", self._epoch, reason)
+        self._exit_code = FENCED_EXIT
+        self._stepper.cancel.set()
+        if self._checkpoints:
+            self._checkpoints.abandon()
+        if self._delivery:
+            self._delivery.tell_all(Message(Kind.ERROR, {"message": f"coordinator of epoch {self._epoch} fenced: "
+                                                                    f"{reason}", "fenced": True}))
+        self._should_exit.set()
+
+    def _check_brought(self, at: int, brought: dict) -> None:
+        """After a takeover, a rank's own position must be the one this coordinator plans for
+        that step (now, or when the planner gets there): else the folder and the ranks disagree."""
+        planned = self._delivery.positions.get(at)
+        if planned is None:
+            self._brought.setdefault(at, brought)
+        elif planned != brought:
+            raise OmniloadError(f"a rank brings a loader position for step {at} that differs from the one this "
+                                f"coordinator planned from {self.spec.checkpoint_dir}: the ranks and the checkpoint "
+                                "folder are not of the same run (restore the ranks and the folder together)")
 
     # -- the one failure path ---------------------------------------------------------------
     def fail(self, where: str, exc: BaseException) -> None:
@@ -257,8 +438,10 @@ class Coordinator:
         except Exception as exc:
             self.fail("the resume", exc)
             return False
-        log.warning("resuming from %s at step %d, its last consistent step (snapshot of step %d, %d steps "
-                    "replayed in %.2fs)", self.spec.resume, recovery.step, recovery.state["step"], recovery.replay,
+        log.warning("%s from %s at step %d, its last consistent step (snapshot of step %d, %d steps "
+                    "replayed in %.2fs)", "a standby follows" if self._standby and self._lease is None else "resuming",
+                    self.spec.resume or self.spec.checkpoint_dir, recovery.step,
+                    recovery.state["step"], recovery.replay,
                     time.monotonic() - started)
         return True
 
@@ -280,10 +463,12 @@ class Coordinator:
             self._note = None
 
     # -- ranks (the Hub of sessions.py) -----------------------------------------------------
-    async def admit(self, hello: Hello, writer: asyncio.StreamWriter) -> RankState:
+    async def admit(self, hello: Hello, writer: Writer) -> RankState:
         """Register a rank from its HELLO and send WELCOME; raises Refused (and fails the job
         when the ranks disagree on the job itself)."""
         async with self._admission:  # one at a time: the first may move the whole job
+            if self._fenced:  # the rank tries the next address: the new primary's
+                raise Refused(f"this coordinator lost its lease: {self._fenced}")
             try:
                 brought = self._check_hello(hello)
             except ConfigError as exc:
@@ -293,7 +478,8 @@ class Coordinator:
             if rank not in self._variants:
                 raise Refused(f"rank {rank} should not connect: with broadcast_at=tp only tp rank 0 of each group "
                               "connects (use omniload.connect(broadcast_at='tp') on every rank)")
-            if delivery is None and brought is not None and brought["step"] != self._start["step"]:
+            if delivery is None and brought is not None and brought["step"] != self._start["step"] \
+                    and not self._standby:  # after a takeover the folder's position starts the job
                 await self._reposition(brought)
             if self._delivery is None:
                 self._delivery = Delivery(self._variants, self._start, self._on_consumed)
@@ -302,14 +488,25 @@ class Coordinator:
             if state.writer is not None:
                 raise Refused(f"rank {rank} is already connected")
             at = delivery.consumed(rank) if brought is None else brought["step"]
-            if at != delivery.consumed(rank) and (at not in delivery.positions or at < delivery.slowest):
+            # a promoted standby starts at the folder's position; each rank goes on from its own
+            taken_over = self._standby and brought is not None and at >= delivery.slowest
+            if not taken_over and at != delivery.consumed(rank) and (at not in delivery.positions
+                                                                     or at < delivery.slowest):
                 message = (f"rank {rank} brings the loader position of step {at}, but this job is at step "
                            f"{delivery.consumed(rank)}: restore the same checkpoint step on every rank")
                 if self._planner.task is None:
                     self.fail(f"rank {rank}'s HELLO", ConfigError(message))
                 raise Refused(message)
+            if taken_over:
+                try:
+                    self._check_brought(at, brought)
+                except OmniloadError as exc:
+                    self.fail(f"rank {rank}'s HELLO", exc)
+                    raise Refused(str(exc)) from None
             state = delivery.attach(rank, writer, hello.credits, at)
-            writer.write(encode(Message(Kind.WELCOME, self._welcome(state, at))))
+            writer.write(encode(Message(Kind.WELCOME, self._welcome(state, at, brought))))
+            if taken_over and self._planner.task is not None:  # attach may have moved the slowest rank
+                self._planner.allow(delivery.slowest + self.spec.plan_ahead)
             delivery.pump(state)
             if self._planner.task is None:
                 self._stepper.dp = self._layout.dp
@@ -341,11 +538,15 @@ class Coordinator:
         self._start = position
         log.warning("resuming at step %d, the loader position the ranks brought", position["step"])
 
-    def _welcome(self, state: RankState, at: int) -> dict:
+    def _welcome(self, state: RankState, at: int, brought: dict | None = None) -> dict:
+        """pid, host, role ("primary", or "promoted" for a standby that took over) and epoch name
+        the serving coordinator (for logs, tests, and the rank's refusal of an older epoch)."""
         return {"job": self.job_id, "fingerprint": self._fingerprint, "dp": self._layout.dp,
                 "dp_rank": state.variant[0], "seq_len": self.spec.seq_len, "rows": self.spec.rows,
                 "resume_step": at, "sources": self._source_names, "broadcast_at": self.spec.broadcast_at,
-                "state": self._delivery.positions[at],
+                "state": self._delivery.positions.get(at, brought),
+                "pid": os.getpid(), "host": socket.gethostname(), "epoch": self._epoch,
+                "role": "promoted" if self._standby else "primary",
                 "layout": {"world": self._layout.world, "tp": self.spec.tp, "pp": self.spec.pp,
                            "cp": self.spec.cp, "order": self.spec.rank_order}}
 
@@ -355,6 +556,8 @@ class Coordinator:
         delivery.acknowledge(state, step)
         if delivery.slowest != before:
             self._planner.allow(delivery.slowest + self.spec.plan_ahead)
+            if self._arena is not None:  # every rank has read these steps' bytes
+                self._arena.release_through(delivery.slowest - 1)
 
     def rank_gone(self, state: RankState) -> None:
         self._delivery.detach(state)
@@ -412,11 +615,53 @@ class Coordinator:
                 if dp_rank not in full_rows:
                     full_rows[dp_rank] = expand(step.batches[dp_rank])
                 arrays = narrow(cp_slice(full_rows[dp_rank], self.spec.cp, cp_rank))
-            frames[variant] = encode_batch(step.number, arrays, fields, shared)
+            frames[variant] = self._place(step.number, *encode_batch(step.number, arrays, fields, shared))
         return frames
 
     def _on_step(self, number: int, frames: Frames, position: dict, tokens: int) -> None:
+        expected = self._brought.pop(number + 1, None) if self._brought else None
+        if expected is not None and expected != position:
+            self.fail("the takeover", OmniloadError(
+                f"a rank brought a loader position for step {number + 1} that differs from the one this coordinator "
+                f"planned from {self.spec.checkpoint_dir}: the ranks and the checkpoint folder are not of the same run"))
+            return
+        if self._arena is not None and not self._arena_sized:
+            self._reserve_arena(frames)
         self._delivery.add_step(number, frames, position, tokens)
+
+    def _place(self, number: int, head: bytes, payload: bytes) -> Frame:
+        """A frame, its payload copied into the step arena where senders serve and it has room
+        (thread-safe: encoding may run on the planner's thread)."""
+        arena = self._arena
+        placed = arena.put(number, payload) if arena is not None else None
+        return (head, *placed) if placed else (head, payload, None)
+
+    def _reserve_arena(self, frames: Frames) -> None:
+        """Allocate the step arena on a thread, sized by the first step; the steps before it is
+        ready go over the senders' sockets."""
+        arena, self._arena_sized = self._arena, True
+        need = max(_ARENA_MIN, sum(len(payload) for _, payload, _ in frames.values()) * (self.spec.plan_ahead + 4) * 2)
+
+        def reserved(done: asyncio.Future) -> None:
+            if done.exception() is not None:
+                log.warning("senders get batches over their sockets: no room for a %d MB step arena in /dev/shm (%s)",
+                            need >> 20, done.exception())
+                self._arena = None
+                arena.close()
+
+        self._loop.run_in_executor(None, arena.reserve, need).add_done_callback(reserved)
+
+    def _spawn_senders(self) -> Senders | None:
+        count = self.spec.senders if self.spec.senders >= 0 else available_cpus() // 8 if _CAN_SEND else 0
+        if not count:
+            return None
+        if not _CAN_SEND:
+            raise ConfigError("--senders needs Linux (pidfd_open and SCM_RIGHTS); use --senders 0 here")
+        self._arena = StepArena(segment_path(os.getpid(), self.job_id, "arena"), _ARENA_CAPACITY)
+        senders = Senders(count, self._arena.path, self.fail)
+        senders.spawn()
+        log.info("%d senders write batches to the ranks", count)
+        return senders
 
     def _on_end(self, steps: int) -> None:
         log.info("data ended after %d steps", steps)
@@ -486,11 +731,27 @@ def _say_late(late: float, cpu: float) -> None:
 
 
 async def _listen(serve: Callable, host: str, port: int, flag: str) -> asyncio.Server:
+    return await asyncio.start_server(serve, sock=_bind(host, port, flag))
+
+
+def _bind(host: str, port: int, flag: str) -> socket.socket:
     try:
-        return await asyncio.start_server(serve, host, port)
+        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                    backlog=4096)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another {flag} "
                           "(0 picks a free port)") from None
+
+
+def _free_port(host: str) -> int:
+    """A port free now, for a standby to announce before it listens (it binds it at takeover)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def _reachable(host: str) -> str:
+    return socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "::") else host
 
 
 def _address_of(server: asyncio.Server) -> str:
@@ -498,12 +759,3 @@ def _address_of(server: asyncio.Server) -> str:
     if host in ("0.0.0.0", "::"):
         host = socket.gethostbyname(socket.gethostname())
     return f"{host}:{port}"
-
-
-def _run_loop(main) -> None:
-    try:
-        import uvloop
-    except ImportError:  # uvloop is not on every platform; asyncio's loop works the same, slower
-        asyncio.run(main)
-        return
-    uvloop.run(main)

@@ -1,13 +1,14 @@
 """One TCP connection to the coordinator: a rank's session or a control session.
 
-A connection says HELLO with the job's token within `_HANDSHAKE_S`, then either
+A connection says HELLO with the job's token within `HANDSHAKE_S`, then either
 - a rank: STARTING (HELLO) -> SERVING (ACKs, each returning a credit; BYE when it stops on
   purpose) -> CLOSED; or
 - a control client (`omniload mix`, `omniload status`): MIX requests, each answered with the
   step it applies at, and STATUS requests, answered with the job's figures.
 
 A peer that breaks the protocol (bad bytes, wrong token, an ACK for a step it was never sent)
-is answered with ERROR and its connection closed; nothing else is disturbed. Everything else
+is answered with ERROR and its connection closed; nothing else is disturbed. A relay's
+connection carries many such sessions, one per rank behind it (relayed.py). Everything else
 that goes wrong here is a bug, handed to the coordinator's one failure path (`Hub.fail`).
 The coordinator (`Hub`) decides what a HELLO, an ACK or a MIX means.
 """
@@ -26,11 +27,12 @@ from omniload.errors import OmniloadError, ProtocolError
 from omniload.protocol import FrameDecoder, Hello, Kind, Message, encode, read_hello, read_step, read_wait
 
 from omniload.coordinator.delivery import RankState
+from omniload.coordinator.relayed import Inbox, Writer, serve_relay
 
 log = logging.getLogger("omniload")
-_HANDSHAKE_S = 10.0
+HANDSHAKE_S = 10.0
 _READ_CHUNK = 64 * 1024
-_MAX_HANDSHAKES = 1024  # connections that have not said HELLO yet; more are closed at once
+MAX_HANDSHAKES = 1024  # connections that have not said HELLO yet; more are closed at once
 
 
 class Refused(Exception):
@@ -40,7 +42,7 @@ class Refused(Exception):
 class Hub(Protocol):
     token: bytes
 
-    async def admit(self, hello: Hello, writer: asyncio.StreamWriter) -> RankState: ...
+    async def admit(self, hello: Hello, writer: Writer) -> RankState: ...
     def acknowledge(self, state: RankState, step: int) -> None: ...
     def rank_gone(self, state: RankState) -> None: ...
     async def change_weights(self, weights: Any) -> int: ...
@@ -56,15 +58,22 @@ class Sessions:
         self._handshakes = 0
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
         _nodelay(writer)
+        await self.session(StreamInbox(reader), writer, peer_name(writer.get_extra_info("peername")))
+
+    async def session(self, inbox: Inbox, writer: Writer, peer: str) -> None:
+        """One peer from HELLO to the end: a direct connection, or a rank behind a relay."""
         try:
-            inbox = _Inbox(reader)
             hello = await self._handshake(inbox)
             if hello is None:
                 return
             if hello.role == "control":
                 await self._control(inbox, writer)
+            elif hello.role == "relay" and isinstance(inbox, StreamInbox):
+                _say(writer, Kind.WELCOME, role="relay")
+                await serve_relay(inbox.raw_reader(), writer, f"relay {peer}", self.session)
+            elif hello.role == "relay":
+                raise ProtocolError("a relay cannot connect through a relay")
             else:
                 await self._rank(hello, inbox, writer)
         except Refused as exc:
@@ -80,13 +89,13 @@ class Sessions:
         finally:
             writer.close()
 
-    async def _handshake(self, inbox: _Inbox) -> Hello | None:
+    async def _handshake(self, inbox: Inbox) -> Hello | None:
         """The peer's checked HELLO; None if it hung up first."""
-        if self._handshakes >= _MAX_HANDSHAKES:
-            raise Refused(f"too many connections are opening at once (over {_MAX_HANDSHAKES}); try again")
+        if self._handshakes >= MAX_HANDSHAKES:
+            raise Refused(f"too many connections are opening at once (over {MAX_HANDSHAKES}); try again")
         self._handshakes += 1
         try:
-            async with asyncio.timeout(_HANDSHAKE_S):
+            async with asyncio.timeout(HANDSHAKE_S):
                 first = await inbox.next()
         finally:
             self._handshakes -= 1
@@ -97,7 +106,7 @@ class Sessions:
             raise Refused("authentication failed: wrong OMNILOAD_TOKEN")
         return hello
 
-    async def _rank(self, hello: Hello, inbox: _Inbox, writer: asyncio.StreamWriter) -> None:
+    async def _rank(self, hello: Hello, inbox: Inbox, writer: Writer) -> None:
         state = await self._hub.admit(hello, writer)
         try:
             while (message := await inbox.next()) is not None:
@@ -111,7 +120,7 @@ class Sessions:
         finally:
             self._hub.rank_gone(state)
 
-    async def _control(self, inbox: _Inbox, writer: asyncio.StreamWriter) -> None:
+    async def _control(self, inbox: Inbox, writer: Writer) -> None:
         while (message := await inbox.next()) is not None:
             if message.kind is Kind.STATUS:
                 writer.write(encode(Message(Kind.STATUS, {}, orjson.dumps(self._hub.status()))))
@@ -127,18 +136,19 @@ class Sessions:
             _say(writer, Kind.MIX, step=step, weights=weights)
 
 
-def _say(writer: asyncio.StreamWriter, kind: Kind, **header: Any) -> None:
+def _say(writer: Writer, kind: Kind, **header: Any) -> None:
     if not writer.is_closing():
         writer.write(encode(Message(kind, header)))
 
 
-class _Inbox:
+class StreamInbox:
     """Messages from one peer's stream, decoded by the sans-I/O FrameDecoder."""
 
-    def __init__(self, reader: asyncio.StreamReader) -> None:
+    def __init__(self, reader: asyncio.StreamReader, first: bytes = b"") -> None:
+        """`first`: bytes of the stream already read (a HELLO read before a sender took over)."""
         self._reader = reader
         self._decoder = FrameDecoder()
-        self._queued: deque[Message] = deque()
+        self._queued: deque[Message] = deque(self._decoder.feed(first))
 
     async def next(self) -> Message | None:
         """The next message, or None at end of stream."""
@@ -150,6 +160,19 @@ class _Inbox:
                 return None
             self._queued.extend(self._decoder.feed(data))
         return self._queued.popleft()
+
+    def raw_reader(self) -> asyncio.StreamReader:
+        """The stream itself, for a connection that stops speaking whole frames (a relay's)."""
+        if self._queued or self._decoder.pending:
+            raise ProtocolError("a relay sent data before the coordinator's WELCOME")
+        return self._reader
+
+
+def peer_name(address: object) -> str:
+    """HOST:PORT of a TCP peer (whatever else, as it prints)."""
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return str(address)
 
 
 def _nodelay(writer: asyncio.StreamWriter) -> None:

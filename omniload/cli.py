@@ -1,4 +1,4 @@
-"""`omniload launch | serve | demo`.
+"""`omniload launch | serve | relay | demo | ...`.
 
 Every spec option maps onto one `Spec` field (same name in `--config` files, also settable as
 OMNILOAD_<NAME>); a flag given on the command line overrides the file.
@@ -27,7 +27,12 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--seq-len", dict(type=int, help="Tokens per row.")),
     ("--rows", dict(type=int, help="Rows per batch on each data-parallel rank.")),
     ("--tokenizer", dict(help="'bytes', a tokenizer.json path, or module:function.")),
-    ("--workers", dict(type=int, help="Total source-worker processes (0: one per source, at most the CPU count).")),
+    ("--workers", dict(type=lambda v: 0 if str(v) == "auto" else int(v), metavar="N|auto",
+                       help="Total source-worker processes, split among sources by weight once; auto (or 0): the "
+                            "CPUs less --reserve-cpus, re-split online by each source's measured cost per token.")),
+    ("--reserve-cpus", dict(type=int, help="With --workers auto: CPUs left to the ranks and the coordinator.")),
+    ("--autoscale-every", dict(type=float, help="With --workers auto: seconds between re-split decisions "
+                                                "(0: split by weight once).")),
     ("--seed", dict(type=int, help="Seed of every shuffle: same seed, spec and files give the same batches.")),
     ("--epochs", dict(type=int, help="Passes over each source (0: repeat forever, reshuffled).")),
     ("--steps", dict(type=int, help="Stop after this many steps (0: when the data ends).")),
@@ -44,6 +49,8 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [
                                              "connected yet is only named (0: wait forever).")),
     ("--metrics-port", dict(type=int, help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port; "
                                            "the log names it).")),
+    ("--senders", dict(type=int, help="Processes that write batches to the ranks' sockets from shared memory "
+                                      "(0: the coordinator itself; -1: one per 8 cores).")),
     ("--balance", dict(help="Cost model for balancing ranks: tokens, attention, or module:function.")),
     ("--cost-coeffs", dict(help="a,b,c of the attention cost a*len^2 + b*len + c.")),
     ("--balance-window", dict(type=int, help="Steps a hard-to-place document may wait for a better step.")),
@@ -101,36 +108,71 @@ def main() -> None:
 @click.option("--progress-every", default=_PROGRESS_S, type=float,
               help="Seconds between progress lines on stderr (0: none).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
+@click.option("--standby", default=0, type=click.IntRange(min=0),
+              help="Standby coordinators beside the primary: one takes over if the primary dies (needs "
+                   "--checkpoint-dir); a lost one is replaced.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def launch(config: str | None, sources: tuple[str, ...], host: str, port: int, progress_every: float, quiet: bool,
-           cmd: tuple[str, ...], **options: Any) -> None:
+           standby: int, cmd: tuple[str, ...], **options: Any) -> None:
     """Start the coordinator, run CMD (e.g. torchrun ...) beside it, stop it when CMD exits.
 
     CMD gets OMNILOAD_ADDR and OMNILOAD_TOKEN in its environment; the exit code is CMD's."""
     spec = _or_exit(lambda: build_spec(config, sources, options))
-    sys.exit(run_launch(spec, list(cmd), host=host, port=port, progress_every=0 if quiet else progress_every))
+    sys.exit(run_launch(spec, list(cmd), host=host, port=port, progress_every=0 if quiet else progress_every,
+                        standby=standby))
 
 
 @main.command()
 @spec_options
 @click.option("--host", default="0.0.0.0", help="Address to listen on (reachable by every node).")
 @click.option("--port", default=0, type=int, help="Port (0: any free port).")
-def serve(config: str | None, sources: tuple[str, ...], host: str, port: int, **options: Any) -> None:
+@click.option("--standby", "as_standby", is_flag=True,
+              help="Run as a standby of the primary using the same --checkpoint-dir (shared) and OMNILOAD_TOKEN: "
+                   "it takes over when the primary dies or its lease expires.")
+@click.option("--primary", default=None, metavar="HOST:PORT",
+              help="With --standby: the primary's address, put first in the printed OMNILOAD_ADDR.")
+def serve(config: str | None, sources: tuple[str, ...], host: str, port: int, as_standby: bool, primary: str | None,
+          **options: Any) -> None:
     """Run the coordinator alone (multi-node jobs); prints OMNILOAD_ADDR and OMNILOAD_TOKEN for the ranks."""
     from omniload.coordinator.logs import setup_logging
     from omniload.coordinator.server import Coordinator
 
     spec = _or_exit(lambda: build_spec(config, sources, options))
+    if as_standby and not (os.environ.get("OMNILOAD_TOKEN") and spec.checkpoint_dir):
+        raise click.UsageError("--standby needs the primary's OMNILOAD_TOKEN in the environment and its "
+                               "--checkpoint-dir (a folder both hosts share)")
     token = os.environ.get("OMNILOAD_TOKEN") or secrets.token_hex(16)
     setup_logging()
 
     def announce(addr: str, metrics: str | None) -> None:
+        addr = f"{primary},{addr}" if as_standby and primary else addr
         click.echo(f"OMNILOAD_ADDR={addr}\nOMNILOAD_TOKEN={token}")
         if metrics:
             click.echo(f"# metrics: http://{metrics}/metrics")
         sys.stdout.flush()
 
-    sys.exit(_or_exit(lambda: Coordinator(spec, token, host, port, announce=announce).run()))
+    sys.exit(_or_exit(lambda: Coordinator(spec, token, host, port, announce=announce, standby=as_standby).run()))
+
+
+@main.command(context_settings={"ignore_unknown_options": False})
+@click.option("--addr", envvar="OMNILOAD_ADDR", required=True, help="The coordinator's HOST:PORT.")
+@click.option("--token", envvar="OMNILOAD_TOKEN", required=True, help="The job's token.")
+@click.option("--socket", "path", default=None,
+              help="Unix socket the node's ranks connect to [default: a new one in the temp folder].")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
+def relay(addr: str, token: str, path: str | None, cmd: tuple[str, ...]) -> None:
+    """Run one relay per node: the node's ranks share its one connection to the coordinator.
+
+    With CMD (e.g. torchrun ...), CMD runs with OMNILOAD_ADDR=unix:SOCKET and the relay stops
+    when it exits (the exit code is CMD's); without, the relay runs until the coordinator ends
+    and the ranks need OMNILOAD_ADDR=unix:SOCKET themselves."""
+    from omniload.coordinator.logs import setup_logging
+    from omniload.coordinator.relay import default_socket_path, run_relay
+    from omniload.coordinator.loop import run_loop
+
+    setup_logging()
+    socket_path = path or default_socket_path()
+    sys.exit(_or_exit(lambda: run_loop(run_relay(addr, token, socket_path, list(cmd)))))
 
 
 @main.command()
@@ -193,12 +235,12 @@ def demo(steps: int, nproc: int, directory: str | None) -> None:
 
 
 def run_launch(spec: Spec, cmd: list[str], host: str = "127.0.0.1", port: int = 0,
-               progress_every: float = _PROGRESS_S) -> int:
-    """Run CMD beside a coordinator for `spec`; returns CMD's exit code (or the coordinator's, if it failed).
-    Every `progress_every` seconds (0: never) one progress line goes to stderr."""
+               progress_every: float = _PROGRESS_S, standby: int = 0) -> int:
+    """Run CMD beside a coordinator for `spec` (and `standby` standbys); returns CMD's exit code (or the
+    coordinator's, if it failed). Every `progress_every` seconds (0: never) one progress line goes to stderr."""
     from omniload.job import Job
 
-    job = Job(spec, host=host, port=port)
+    job = _or_exit(lambda: Job(spec, host=host, port=port, standby=standby))
     _or_exit(job.start, quiet=True)  # the coordinator has printed the reason
     child = None
     next_progress = time.monotonic() + progress_every

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import itertools
 import math
 import os
 import queue
@@ -33,6 +34,11 @@ from omniload.errors import ConfigError, OmniloadError, ProtocolError
 from omniload.protocol import PREFIX, Kind, Message, encode, parse_header, parse_prefix
 
 _CONNECT_S = 30.0
+_FAILOVER_S = 120.0  # how long a rank looks for a coordinator to go on with (a standby taking over)
+_RETRY_S = 0.05  # pause between two rounds over the addresses
+# With standbys, a primary whose host died (no FIN, no RST) must still be noticed: TCP
+# keepalive probes after 5 s of silence, every 2 s, give up after 3 (about 11 s)
+_KEEPALIVE = (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3))
 _WAIT_WARN_S = 60.0
 _CLOSE_S = 5.0
 _MAX_HEADER = 16 << 20
@@ -112,7 +118,10 @@ class Loader:
     def __init__(self, addr: str, token: str, rank: int, world_size: int, prefetch: int, *,
                  pin_memory: bool = False, device: torch.device | None = None) -> None:
         """pin_memory and device as `placement()` resolved them (CUDA is there if either is set)."""
-        self.addr, self.rank, self.world_size = addr, rank, world_size
+        # OMNILOAD_ADDR may list the primary and its standbys: "a,b,..."; self.addr is the one in use
+        self.addrs = [a.strip() for a in addr.split(",") if a.strip()] or [addr]
+        self.addr, self.rank, self.world_size = self.addrs[0], rank, world_size
+        self._epoch = 0  # the highest coordinator epoch seen: an older one is never served from again
         self._token, self._prefetch = token, prefetch
         self.pin_memory, self.device = pin_memory, device
         self._resume: dict[str, Any] | None = None
@@ -172,12 +181,66 @@ class Loader:
             self._positions.append((position["step"] - 1, position))
 
     def _handshake(self) -> None:
-        host, _, port = self.addr.rpartition(":")
+        if len(self.addrs) > 1:
+            self._connect_any()
+        else:
+            self._handshake_at(self.addr)
+
+    def _connect_any(self, failing_over: bool = False) -> None:
+        """Connect to the coordinator that serves the job among self.addrs, trying each in turn
+        (failing over: from the one after the lost one, and a refusal is tried again too, since
+        the lost one may still be stopping): a standby refuses connections until it takes over,
+        and a new primary listens once it has replayed. Bounded by _FAILOVER_S."""
+        deadline = time.monotonic() + _FAILOVER_S
+        start = self.addrs.index(self.addr) + failing_over
+        retry = (_Unreachable, OSError, _Refused) if failing_over else (_Unreachable, OSError)
+        tried: dict[str, str] = {}
+        for attempt in itertools.count():
+            addr = self.addrs[(start + attempt) % len(self.addrs)]
+            try:
+                self._handshake_at(addr)
+                return
+            except retry as exc:
+                tried[addr] = str(exc)
+            if (attempt + 1) % len(self.addrs) == 0:
+                if time.monotonic() > deadline:
+                    raise OmniloadError(f"rank {self.rank}: no coordinator of {','.join(self.addrs)} served the job "
+                                        f"for {_FAILOVER_S:.0f}s: " + "; ".join(f"{a}: {e}" for a, e in tried.items()))
+                time.sleep(_RETRY_S)
+
+    def _fail_over(self, cause: object) -> None:
+        """The coordinator is gone (or lost its lease): go on at another address from this
+        rank's own position, the one after the last batch handed out (batches received but
+        not handed out are dropped: the next coordinator sends them again, identical)."""
+        print(f"omniload: rank {self.rank}: lost the coordinator at {self.addr} ({cause}); going on after step "
+              f"{self.step} with another of {','.join(self.addrs)}", file=sys.stderr)
+        self._sock.close()
+        self._sock = None
+        atexit.unregister(self._at_exit)
+        self._thread.join(_CLOSE_S)
+        self._inbox = queue.Queue()
+        self._resume, kept = self._position, list(self._positions)
         try:
-            self._sock = socket.create_connection((host, int(port)), timeout=_CONNECT_S)
+            self._connect_any(failing_over=True)
+        except BaseException:
+            self._done = True
+            raise
+        self._positions.clear()
+        self._positions.extend(kept)  # position(step) still answers for the steps before the takeover
+
+    def _handshake_at(self, addr: str) -> None:
+        self.addr = addr
+        try:
+            self._sock = open_connection(self.addr)
         except (OSError, ValueError) as exc:
-            raise OmniloadError(f"cannot reach the coordinator at {self.addr}: {exc}") from None
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            where = "the node's relay" if addr.startswith("unix:") else "the coordinator"
+            advice = "; is `omniload relay` running on this node?" if addr.startswith("unix:") else ""
+            raise _Unreachable(f"cannot reach {where} at {self.addr}: {exc}{advice}") from None
+        if len(self.addrs) > 1 and self._sock.family in (socket.AF_INET, socket.AF_INET6):
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for option, value in _KEEPALIVE:
+                if hasattr(socket, option):  # Linux names; others keep the system's timing
+                    self._sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
         hello = {"token": self._token, "rank": self.rank, "world_size": self.world_size,
                  "credits": max(1, self._prefetch)}
         if self._resume is not None:
@@ -186,15 +249,19 @@ class Loader:
             self._sock.sendall(encode(Message(Kind.HELLO, hello)))
             kind, header, _ = self._receive_frame()
             if kind is Kind.ERROR:
-                raise OmniloadError(f"coordinator at {self.addr} refused rank {self.rank}: {header.get('message')}")
+                raise _Refused(f"coordinator at {self.addr} refused rank {self.rank}: {header.get('message')}")
             if kind is not Kind.WELCOME:
                 raise ProtocolError(f"expected WELCOME from {self.addr}, got {kind.name}")
+            if header.get("epoch", 0) < self._epoch:  # an old primary that has not noticed its successor
+                raise _Unreachable(f"the coordinator at {self.addr} serves epoch {header.get('epoch')}, older than "
+                                   f"epoch {self._epoch} this rank was served by")
         except BaseException:
             self._sock.close()
             self._sock = None  # not connected: close() has nothing to do, a retry starts afresh
             raise
         self._sock.settimeout(None)
         self._info = header
+        self._epoch = max(self._epoch, header.get("epoch", 0))
         self._position = header.get("state")
         self._keep_start(self._position)
         if self.pin_memory:  # the receive thread allocates on the GPU the training thread uses
@@ -290,6 +357,11 @@ class Loader:
             if isinstance(item, _ReceiveFailed):
                 self._done = True
                 raise OmniloadError(str(item))
+            if len(self.addrs) > 1 and not self._closed and (
+                    isinstance(item, OSError) or (isinstance(item, tuple) and item[0] is Kind.ERROR
+                                                  and item[1].get("fenced"))):
+                self._fail_over(item if isinstance(item, OSError) else item[1].get("message"))
+                continue
             if isinstance(item, BaseException):
                 self._done = True
                 raise OmniloadError(f"lost the coordinator at {self.addr}: {item}") from item
@@ -342,6 +414,23 @@ class Loader:
             view = view[got:]
 
 
+def open_connection(addr: str) -> socket.socket:
+    """A connected socket to HOST:PORT (the coordinator) or unix:PATH (the node's relay)."""
+    if addr.startswith("unix:"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(_CONNECT_S)
+        try:
+            sock.connect(addr[len("unix:"):])
+        except OSError:
+            sock.close()
+            raise
+        return sock
+    host, _, port = addr.rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=_CONNECT_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 def _close_at_exit(ref: weakref.ref) -> Any:
     """An atexit hook that closes the loader if it still exists (and does not keep it alive)."""
     def close() -> None:
@@ -349,6 +438,14 @@ def _close_at_exit(ref: weakref.ref) -> Any:
         if loader is not None:
             loader.close()
     return close
+
+
+class _Unreachable(OmniloadError):
+    """No coordinator to go on with at this address (not listening, gone, or of an older epoch)."""
+
+
+class _Refused(OmniloadError):
+    """A coordinator answered HELLO with ERROR; its message says why."""
 
 
 class _ReceiveFailed(OmniloadError):

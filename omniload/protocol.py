@@ -10,7 +10,15 @@ mix`) sends HELLO with role "control", then MIX (new weights), answered by MIX (
 they take effect at), or STATUS, answered by STATUS (the job's figures as a JSON payload).
 Coordinator -> rank: WELCOME, BATCH (tensor layout in the
 header, tensor bytes in the payload), WAIT (why no batch comes: the rank the job waits for),
-END, ERROR. Either side may send ERROR and close.
+END, ERROR. Either side may send ERROR and close. A relay (`omniload relay`) sends HELLO with
+role "relay", is answered by WELCOME, and then carries its node's ranks' streams, untouched,
+in ROUTE frames (omniload.route).
+
+Failover (coordinator/standby.py): a WELCOME names the serving coordinator, "pid", "host",
+"role" ("primary", or "promoted" for a standby that took over) and "epoch" (its lease's; 0
+without a checkpoint folder). A rank never accepts a WELCOME of a lower epoch than one it was
+served by, and the epoch changes only with the connection, so frames carry none. An ERROR
+with "fenced": true means the coordinator lost its lease: the rank goes on at another address.
 """
 from __future__ import annotations
 
@@ -40,6 +48,7 @@ class Kind(enum.IntEnum):
     MIX = 8  # control client -> coordinator: new weights; coordinator -> control client: applied
     WAIT = 9  # coordinator -> rank: a note on what the job waits for while no batch comes
     STATUS = 10  # control client -> coordinator: asks; coordinator -> client: the figures, JSON payload
+    ROUTE = 11  # relay <-> coordinator: a piece of one local rank's stream (omniload.route)
 
 
 @dataclass(slots=True)
@@ -125,7 +134,7 @@ class Hello:
     """A HELLO's fields, checked: a peer's bad field is a ProtocolError, never a crash."""
 
     token: str
-    role: str  # "rank" or "control"
+    role: str  # "rank", "control" or "relay"
     rank: int = 0
     world_size: int = 0
     credits: int = 1
@@ -137,9 +146,9 @@ def read_hello(message: Message) -> Hello:
         raise ProtocolError(f"expected HELLO, got {message.kind.name}")
     header = message.header
     token, role = header.get("token"), header.get("role", "rank")
-    if not isinstance(token, str) or role not in ("rank", "control"):
-        raise ProtocolError("HELLO needs a string token and the role 'rank' or 'control'")
-    if role == "control":
+    if not isinstance(token, str) or role not in ("rank", "control", "relay"):
+        raise ProtocolError("HELLO needs a string token and the role 'rank', 'control' or 'relay'")
+    if role != "rank":
         return Hello(token, role)
     rank, world, credits = header.get("rank"), header.get("world_size"), header.get("credits", 1)
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world, credits)):

@@ -95,7 +95,9 @@ class Spec:
     seq_len: int = 2048
     rows: int = 1
     tokenizer: str = "bytes"
-    workers: int = 0  # total worker processes; 0: one per source, at most the CPU count
+    workers: int = 0  # total worker processes, split by weight once; 0 ("auto"): the CPUs less reserve_cpus, re-split by measured cost
+    reserve_cpus: int = 1  # workers=auto: CPUs left to the ranks and the coordinator on this host
+    autoscale_every: float = 5.0  # workers=auto: seconds between re-split decisions; 0: split by weight once
     seed: int = 0
     epochs: int = 1  # passes over each source; 0: repeat with a new shuffle forever
     steps: int = 0  # stop after this many steps; 0: when every source is exhausted
@@ -109,6 +111,7 @@ class Spec:
     worker_timeout: float = 300.0
     rank_timeout: float = 600.0  # a rank the others wait for may be silent this long; 0: forever
     metrics_port: int | None = None  # Prometheus text at http://HOST:PORT/metrics; None: off, 0: any port
+    senders: int = -1  # processes that write batches to the ranks' sockets; 0: the coordinator itself; -1: auto
     mixture: tuple[Phase, ...] = ()
     balance: str = "attention"  # tokens | attention | module:function
     cost_coeffs: tuple[float, float, float] = DEFAULT_COST_COEFFS
@@ -138,14 +141,20 @@ class Spec:
             raise ConfigError("source weights are all zero: give at least one source a weight > 0")
         _at_least("seq_len", self.seq_len, 2)
         for name, low in [("rows", 1), ("workers", 0), ("epochs", 0), ("steps", 0), ("tp", 1),
-                          ("pp", 1), ("cp", 1), ("ring_mb", 1), ("plan_ahead", 1), ("max_restarts", 0)]:
+                          ("pp", 1), ("cp", 1), ("ring_mb", 1), ("plan_ahead", 1), ("max_restarts", 0),
+                          ("reserve_cpus", 0)]:
             _at_least(name, getattr(self, name), low)
         if self.on_bad_file not in ON_BAD_FILE:
             raise ConfigError(f"on_bad_file must be one of {ON_BAD_FILE}, got {self.on_bad_file!r}")
+        if not self.autoscale_every >= 0:
+            raise ConfigError(f"autoscale-every must be >= 0 seconds (0: split by weight once), got {self.autoscale_every}")
         if self.worker_timeout <= 0:
             raise ConfigError(f"worker_timeout must be > 0 seconds, got {self.worker_timeout}")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"metrics-port must be a port number (0: any free port), got {self.metrics_port}")
+        if self.senders < -1:
+            raise ConfigError(f"senders must be >= 0 (0: the coordinator writes to the ranks itself; -1: one per 8 "
+                              f"cores), got {self.senders}")
         if not self.rank_timeout >= 0:
             raise ConfigError(f"rank-timeout must be >= 0 seconds (0: wait forever), got {self.rank_timeout}")
         _at_least("balance_window", self.balance_window, 0)
@@ -217,8 +226,8 @@ class Spec:
 
 # Fields that change how the job runs, never which batches it yields (steps only says where
 # to stop: a resumed run may go further).
-RUNTIME_FIELDS = ("steps", "workers", "ring_mb", "plan_ahead", "max_restarts", "worker_timeout", "rank_timeout",
-                  "metrics_port", "broadcast_at", "checkpoint_dir", "snapshot_every", "keep_snapshots", "resume", "allow_changed_data")
+RUNTIME_FIELDS = ("steps", "workers", "reserve_cpus", "autoscale_every", "ring_mb", "plan_ahead", "max_restarts", "worker_timeout", "rank_timeout",
+                  "metrics_port", "senders", "broadcast_at", "checkpoint_dir", "snapshot_every", "keep_snapshots", "resume", "allow_changed_data")
 
 
 def parse_phase(value: dict[str, Any] | Phase, where: str = "spec") -> Phase:
@@ -291,6 +300,8 @@ def _reject_unknown(data: dict[str, Any], known: set[str], where: str) -> None:
 def _coerce(cls: type, name: str, value: Any, where: str) -> Any:
     """Turn strings from flags and files into the field's type, naming the field on failure."""
     kind = {f.name: f.type for f in dataclasses.fields(cls)}[name]
+    if name == "workers" and value == "auto":
+        return 0
     try:
         if kind in ("int", "int | None") and value is not None and not isinstance(value, int):
             return int(value)

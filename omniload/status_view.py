@@ -27,7 +27,7 @@ def render(status: dict[str, Any]) -> str:
         lines += ["", f"{'rank':>6}{'step':>8}{'lag':>6}{'wait%':>7}{'credits':>8}  connection"]
         for r in ranks[:_RANKS_SHOWN]:
             lines.append(f"{r['rank']:>6}{r['step']:>8}{r['lag']:>6}{r['wait_percent']:>7.1f}{r['credits']:>8}  "
-                         f"{r['connection']}")
+                         f"{r['connection']}{' via ' + r['via'] if r.get('via') else ''}")
         rest = ranks[_RANKS_SHOWN:]
         if rest:
             lines.append(f"{'':>6}... {len(rest)} more ranks at steps {rest[0]['step']}-{rest[-1]['step']}, "

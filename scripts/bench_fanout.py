@@ -11,8 +11,13 @@ the coordinator's CPU use while every rank is served, and the bytes received per
     python scripts/bench_fanout.py [--worlds 16,64,256,1024] [--tokens 100e6] [--procs 8]
 
 Uses only the public API (omniload.Job, omniload.connect), so it runs on older commits too.
-What it does not show: a real network (loopback only), relays (not built yet), training work
-on the ranks, and more than this machine's cores.
+Modes (--modes): direct, the coordinator writes to every rank's socket; relayN, every N ranks
+share one relay process (`omniload relay`) as the ranks of one node would, over its Unix
+socket; sendersN, N sender processes write the batches from the shared step arena.
+
+What it does not show: a real network (loopback only; a relay saves the coordinator
+connections and per-connection work, while on one machine it adds a copy on the same cores),
+training work on the ranks, and more than this machine's cores.
 """
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ import argparse
 import multiprocessing
 import os
 import sys
+import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
-def _ranks(addr: str, token: str, ranks: list[int], world: int, conn) -> None:
+def _ranks(addrs: dict[int, str], token: str, world: int, conn) -> None:
     import socket
 
     import omniload
@@ -46,7 +53,7 @@ def _ranks(addr: str, token: str, ranks: list[int], world: int, conn) -> None:
     socket.socket.recv_into = counted
 
     def one(rank: int) -> None:
-        loader = omniload.connect(addr, token, rank=rank, world_size=world)
+        loader = omniload.connect(addrs[rank], token, rank=rank, world_size=world)
         arrivals, tokens, slots, first = [], 0, 0, None
         for batch in loader:
             now = time.time()
@@ -59,7 +66,7 @@ def _ranks(addr: str, token: str, ranks: list[int], world: int, conn) -> None:
         loader.close()
         results.append({"rank": rank, "first": first, "arrivals": arrivals, "tokens": tokens, "slots": slots})
 
-    threads = [threading.Thread(target=one, args=(r,)) for r in ranks]
+    threads = [threading.Thread(target=one, args=(r,)) for r in addrs]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -67,48 +74,97 @@ def _ranks(addr: str, token: str, ranks: list[int], world: int, conn) -> None:
     conn.send((results, sum(received)))
 
 
-def run(world: int, procs: int, steps: int, spec: dict) -> dict:
+def _start_relays(job, count: int, folder: str) -> tuple[list[subprocess.Popen], list[str]]:
+    relays, addrs = [], []
+    for node in range(count):
+        path = os.path.join(folder, f"node{node}.sock")
+        relays.append(subprocess.Popen([sys.executable, "-m", "omniload.cli", "relay", "--addr", job.addr,
+                                        "--token", job.token, "--socket", path], stderr=subprocess.DEVNULL))
+        addrs.append(f"unix:{path}")
+    deadline = time.monotonic() + 60
+    for relay, path in zip(relays, addrs):
+        while not os.path.exists(path[len("unix:"):]):
+            if relay.poll() is not None or time.monotonic() > deadline:
+                _stop(relays)
+                raise SystemExit(f"a relay did not start (exit code {relay.poll()})")
+            time.sleep(0.05)
+    return relays, addrs
+
+
+def _stop(relays: list[subprocess.Popen]) -> None:
+    for relay in relays:
+        if relay.poll() is None:
+            relay.kill()
+        relay.wait()
+
+
+def _connections(coordinator, addr: str) -> int:
     import psutil
 
+    port = int(addr.rsplit(":", 1)[1])
+    return sum(c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
+               for c in coordinator.net_connections("tcp"))
+
+
+def run(world: int, procs: int, steps: int, spec: dict, relay_ranks: int = 0) -> dict:
     import omniload
 
-    procs = min(procs, world)
+    with omniload.Job({**spec, "steps": steps}) as job, tempfile.TemporaryDirectory() as folder:
+        relays, addrs = _start_relays(job, -(-world // relay_ranks), folder) if relay_ranks else ([], [job.addr])
+        try:
+            return _serve_ranks(job, world, min(procs, world), relay_ranks, relays, addrs)
+        finally:
+            _stop(relays)
+
+
+def _serve_ranks(job, world: int, procs: int, relay_ranks: int, relays: list, addrs: list[str]) -> dict:
+    import psutil
+
     ctx = multiprocessing.get_context("spawn")
-    with omniload.Job({**spec, "steps": steps}) as job:
-        coordinator = psutil.Process(job._process.pid)
-        start = time.time()
-        pipes, children = [], []
-        for p in range(procs):
-            receive, send = ctx.Pipe(duplex=False)
-            child = ctx.Process(target=_ranks, args=(job.addr, job.token, list(range(p, world, procs)), world, send))
-            child.start()
-            pipes.append(receive)
-            children.append(child)
-        cpu_samples: list[tuple[float, float]] = []
-        sampling = threading.Event()
+    coordinator = psutil.Process(job._process.pid)
+    senders = [p for p in coordinator.children() if "omniload.coordinator.sender" in " ".join(p.cmdline())]
+    start = time.time()
+    pipes, children = [], []
+    for p in range(procs):
+        receive, send = ctx.Pipe(duplex=False)
+        mine = {r: addrs[r // relay_ranks if relay_ranks else 0] for r in range(p, world, procs)}
+        child = ctx.Process(target=_ranks, args=(mine, job.token, world, send))
+        child.start()
+        pipes.append(receive)
+        children.append(child)
+    cpu_samples: list[tuple[float, float, float]] = []
+    sampling = threading.Event()
 
-        def sample_cpu() -> None:  # to take the coordinator's CPU over the span every rank is served
-            while not sampling.wait(0.25):
-                cpu_samples.append((time.time(), sum(coordinator.cpu_times()[:2])))
+    def sample_cpu() -> None:  # to take the coordinator's CPU over the span every rank is served
+        while not sampling.wait(0.25):
+            cpu_samples.append((time.time(), sum(coordinator.cpu_times()[:2]),
+                                sum(sum(p.cpu_times()[:2]) for p in senders)))
 
-        sampler = threading.Thread(target=sample_cpu, daemon=True)
-        sampler.start()
-        answers = [receive.recv() for receive in pipes]
-        sampling.set()
-        sampler.join()
-        for child in children:
-            child.join()
+    sampler = threading.Thread(target=sample_cpu, daemon=True)
+    sampler.start()
+    while not pipes[0].poll(0.5) and _connections(coordinator, job.addr) < min(world, len(relays) or world):
+        pass
+    connections = _connections(coordinator, job.addr)
+    answers = [receive.recv() for receive in pipes]
+    sampling.set()
+    sampler.join()
+    for child in children:
+        child.join()
+    for relay in relays:
+        relay.wait(30)
     results = [r for rank_results, _ in answers for r in rank_results]
     received = sum(nbytes for _, nbytes in answers)
     gaps = np.concatenate([np.diff(r["arrivals"][1:]) for r in results if len(r["arrivals"]) > 2])
     begin, end = min(r["first"] for r in results), max(r["arrivals"][-1] for r in results)
-    served = [(t, c) for t, c in cpu_samples if max(r["first"] for r in results) <= t <= end]
-    cpu = (served[-1][1] - served[0][1]) / (served[-1][0] - served[0][0]) if len(served) > 1 else float("nan")
+    served = [sample for sample in cpu_samples if max(r["first"] for r in results) <= sample[0] <= end]
+    span = served[-1][0] - served[0][0] if len(served) > 1 else float("nan")
+    cpu = (served[-1][1] - served[0][1]) / span if len(served) > 1 else float("nan")
+    sender_cpu = (served[-1][2] - served[0][2]) / span if len(served) > 1 else float("nan")
     return {"world": world, "procs": procs, "tokens_per_s": sum(r["tokens"] for r in results) / (end - begin),
             "mb_per_s": received / (end - begin) / 1e6,
             "gap_p50": float(np.percentile(gaps, 50)), "gap_p99": float(np.percentile(gaps, 99)),
-            "first_batch": max(r["first"] for r in results) - start, "cpu": cpu,
-            "bytes_per_token": received / sum(r["slots"] for r in results)}
+            "first_batch": max(r["first"] for r in results) - start, "cpu": cpu, "sender_cpu": sender_cpu,
+            "bytes_per_token": received / sum(r["slots"] for r in results), "connections": connections}
 
 
 def main() -> None:
@@ -120,20 +176,27 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=8, help="processes the rank clients are spread over")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--modes", default="direct,relay8,senders2",
+                        help="one run each: direct (the coordinator writes to every rank), relayN (N ranks share a "
+                             "relay), sendersN (N sender processes write the batches)")
     args = parser.parse_args()
     spec = {"sources": make_sources(3, 20000), "seq_len": args.seq_len, "rows": args.rows, "seed": 0, "epochs": 0,
             "ring_mb": 4, "rank_timeout": 0}
     print(f"machine: {os.cpu_count()} cores; 3 sources, byte tokenizer, seq_len {args.seq_len} x rows {args.rows}, "
           f"about {args.tokens / 1e6:.0f}M tokens a run, {args.procs} client processes")
-    print(f"{'world':>6}{'tokens/s':>14}{'MB/s':>8}{'gap p50':>9}{'gap p99':>9}{'p99/p50':>8}{'1st batch':>10}"
-          f"{'coord CPU':>10}{'B/token':>9}")
-    for world in (int(w) for w in args.worlds.split(",")):
+    print(f"{'world':>6}{'mode':>10}{'conns':>6}{'tokens/s':>14}{'MB/s':>8}{'gap p50':>9}{'gap p99':>9}{'p99/p50':>8}{'1st batch':>10}"
+          f"{'coord CPU':>10}{'send CPU':>9}{'B/token':>9}")
+    for world, mode in ((int(w), m) for w in args.worlds.split(",") for m in args.modes.split(",")):
         steps = max(12, round(args.tokens / (world * args.rows * args.seq_len)))
-        r = run(world, args.procs, steps, spec)
-        print(f"{world:>6}{r['tokens_per_s']:>14,.0f}{r['mb_per_s']:>8.0f}{r['gap_p50'] * 1000:>7.0f}ms"
+        relay_ranks = int(mode[len("relay"):]) if mode.startswith("relay") else 0
+        senders = int(mode[len("senders"):]) if mode.startswith("senders") else 0
+        r = run(world, args.procs, steps, {**spec, "senders": senders}, relay_ranks)
+        print(f"{world:>6}{mode:>10}{r['connections']:>6}{r['tokens_per_s']:>14,.0f}{r['mb_per_s']:>8.0f}{r['gap_p50'] * 1000:>7.0f}ms"
               f"{r['gap_p99'] * 1000:>7.0f}ms{r['gap_p99'] / r['gap_p50']:>8.1f}{r['first_batch']:>9.1f}s"
-              f"{r['cpu']:>9.0%}{r['bytes_per_token']:>9.2f}")
-    print("B/token: bytes the rank clients received (frames, headers included) per token slot of their batches")
+              f"{r['cpu']:>9.0%}{r['sender_cpu']:>9.0%}{r['bytes_per_token']:>9.2f}", flush=True)
+    print("B/token: bytes the rank clients received (frames, headers included) per token slot of their batches; "
+          "relayN: N ranks share one relay (`omniload relay`, ranks on its Unix socket); sendersN: N sender "
+          "processes write the batches from shared memory; conns: TCP connections the coordinator holds while serving")
 
 
 if __name__ == "__main__":

@@ -101,12 +101,13 @@ def chaos_workers(kills: int, steps: int, world: int, step_s: float) -> None:
     print(f"coordinator exit code {code} (0: every rank got every step)")
 
 
-def chaos_fuzz(rounds: int, idle: int, steps: int) -> None:
+def chaos_fuzz(rounds: int, idle: int, steps: int, senders: int = 0) -> None:
     import omniload
     from bench_data import make_sources
     from omniload.protocol import PREFIX, VERSION, Kind, Message, encode
 
-    spec = {"sources": make_sources(4, 2000), "seq_len": 256, "rows": 2, "workers": 2, "steps": steps}
+    spec = {"sources": make_sources(4, 2000), "seq_len": 256, "rows": 2, "workers": 2, "steps": steps,
+            "senders": senders}
     with omniload.Job(spec) as job:
         calm = _run(job, 2, 0.0)
     rng = random.Random(1)
@@ -115,8 +116,9 @@ def chaos_fuzz(rounds: int, idle: int, steps: int) -> None:
     def fuzz(job) -> None:
         host, port = job.addr.rsplit(":", 1)
         coordinator = psutil.Process(job._process.pid)
+        holders = [coordinator] + [p for p in coordinator.children() if "coordinator.sender" in " ".join(p.cmdline())]
         while sum(c.laddr.port == int(port) and c.status == psutil.CONN_ESTABLISHED
-                  for c in coordinator.net_connections("tcp")) < 2:
+                  for holder in holders for c in holder.net_connections("tcp")) < 2:
             time.sleep(0.05)  # the good ranks hold ranks 0 and 1 first: a HELLO for them is then a duplicate
         sockets = [socket.create_connection((host, int(port))) for _ in range(idle)]
         before = coordinator.memory_info().rss
@@ -157,12 +159,13 @@ def main() -> None:
     fuzz.add_argument("--rounds", type=int, default=200)
     fuzz.add_argument("--idle", type=int, default=500)
     fuzz.add_argument("--steps", type=int, default=1500)
+    fuzz.add_argument("--senders", type=int, default=0, help="sender processes holding the ranks' connections")
     args = parser.parse_args()
     os.environ.setdefault("OMNILOAD_LOG", "WARNING")
     if args.what == "workers":
         chaos_workers(args.kills, args.steps, args.ranks, args.step_ms / 1000)
     else:
-        chaos_fuzz(args.rounds, args.idle, args.steps)
+        chaos_fuzz(args.rounds, args.idle, args.steps, args.senders)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,19 @@ os.environ[_MARKER] = uuid.uuid4().hex
 
 
 def _our_segments() -> list[str]:
-    return sorted(p.name for p in SHM_DIR.glob(f"{PREFIX}*"))
+    """Segments of this session's coordinators, or of dead ones (a leak is often a dead owner);
+    never those of a live coordinator of a run beside this one."""
+    found = []
+    for path in SHM_DIR.glob(f"{PREFIX}*"):
+        pid = path.name[len(PREFIX):].split("-", 1)[0]
+        try:
+            owner = psutil.Process(int(pid))
+        except (ValueError, psutil.NoSuchProcess):
+            found.append(path.name)
+            continue
+        if _ours(owner):
+            found.append(path.name)
+    return sorted(found)
 
 
 def _orphans(since: float) -> list[psutil.Process]:

@@ -57,6 +57,12 @@ def wait_connected(job: omniload.Job, count: int, timeout: float = 60) -> None:
     raise AssertionError(f"{count} ranks did not connect in {timeout:.0f}s")
 
 
+def senders_of(job: omniload.Job) -> list[psutil.Process]:
+    """The coordinator's sender processes (--senders)."""
+    return [p for p in psutil.Process(job._process.pid).children()
+            if "omniload.coordinator.sender" in " ".join(p.cmdline())]
+
+
 def workers_of(job: omniload.Job) -> list[psutil.Process]:
     """The coordinator's worker processes (children of its forkserver)."""
     coordinator = psutil.Process(job._process.pid)

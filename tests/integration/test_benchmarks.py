@@ -31,7 +31,7 @@ def test_bench_throughput_runs():
 
 def test_bench_memory_runs():
     out = _run("bench_memory.py", "--ranks", "1", "--sources", "2", "--docs", "300")
-    assert "baseline MB" in out and "omniload at N=1 / at N=1" in out
+    assert "DataLoader MB" in out and "omniload at N=1 / at N=1" in out
 
 
 def test_bench_quality_runs():
@@ -42,3 +42,8 @@ def test_bench_quality_runs():
 def test_bench_checkpoint_runs():
     out = _run("bench_checkpoint.py", "--steps", "150", "--replays", "0,5", "--large-dp", "16")
     assert "a step's record" in out and "steps replayed" in out
+
+
+def test_bench_standby_runs():
+    out = _run("bench_standby.py", "--ranks", "2", "--steps", "40", "--kill-at", "15")
+    assert "from kill median" in out and "every rank got every step exactly once" in out

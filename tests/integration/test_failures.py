@@ -70,8 +70,9 @@ def test_transform_error_reaches_the_rank_with_file_and_cause(corpus, tmp_path, 
         assert "transform failed: ValueError: seven is not allowed" in stderr
 
 
-def test_wrong_token_and_garbage_clients_do_not_disturb_a_good_rank(corpus, tmp_path):
-    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "steps": 40}
+@pytest.mark.parametrize("senders", [0, 2])
+def test_wrong_token_and_garbage_clients_do_not_disturb_a_good_rank(corpus, tmp_path, senders):
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "steps": 40, "senders": senders}
     reference = run_ranks(spec, world=1, out_dir=tmp_path)
     with omniload.Job(spec) as job:
         host, port = job.addr.rsplit(":", 1)
@@ -88,8 +89,9 @@ def test_wrong_token_and_garbage_clients_do_not_disturb_a_good_rank(corpus, tmp_
     assert good[0]["hashes"] == reference[0]["hashes"]
 
 
-def test_rank_that_disconnects_resumes_after_its_last_consumed_step(corpus, tmp_path):
-    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "workers": 3, "steps": 12}
+@pytest.mark.parametrize("senders", [0, 2])
+def test_rank_that_disconnects_resumes_after_its_last_consumed_step(corpus, tmp_path, senders):
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "workers": 3, "steps": 12, "senders": senders}
     with omniload.Job(spec) as job:
         with omniload.connect(job.addr, job.token, rank=0, world_size=1) as loader:
             reference = [batch["input_ids"].clone() for batch in loader]
