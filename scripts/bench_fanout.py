@@ -137,8 +137,11 @@ def _serve_ranks(job, world: int, procs: int, relay_ranks: int, relays: list, ad
 
     def sample_cpu() -> None:  # to take the coordinator's CPU over the span every rank is served
         while not sampling.wait(0.25):
-            cpu_samples.append((time.time(), sum(coordinator.cpu_times()[:2]),
-                                sum(sum(p.cpu_times()[:2]) for p in senders)))
+            try:
+                cpu_samples.append((time.time(), sum(coordinator.cpu_times()[:2]),
+                                    sum(sum(p.cpu_times()[:2]) for p in senders)))
+            except psutil.NoSuchProcess:  # the job ended as the last ranks finished
+                return
 
     sampler = threading.Thread(target=sample_cpu, daemon=True)
     sampler.start()
