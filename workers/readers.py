@@ -321,20 +321,7 @@ def _jsonl_slices(shard: Shard, column: str, size: int, first: int) -> Iterator[
 
 
 def _read_jsonl(shard: Shard, column: str) -> list[str] | list[np.ndarray]:
-    values = []
-    with _open_text(shard.file) as f:
-        f.seek(shard.byte_offset) if not shard.file.endswith(".gz") else None
-        number = shard.start if not shard.file.endswith(".gz") else 0
-        for line in f:
-            if len(values) == shard.rows:
-                break
-            if not line.strip():
-                continue
-            number += 1
-            if number <= shard.start:
-                continue
-            value = _check_json_row(line, column, number)
-            values.append(np.asarray(value, dtype=np.int32) if isinstance(value, list) else value)
+    values = [value for part in _jsonl_slices(shard, column, max(1, shard.rows), 0) for value in part]
     if len(values) != shard.rows:
         raise BadFile(f"has {len(values)} rows from line {shard.start + 1}, the index counted {shard.rows}: "
                       "was the file changed while the job ran?")
