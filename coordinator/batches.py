@@ -27,7 +27,7 @@ def encode_batch(step: int, arrays: dict[str, np.ndarray], fields: dict[str, Any
         data = np.ascontiguousarray(array)
         tensors.append({"name": name, "dtype": str(data.dtype), "shape": list(data.shape), "offset": offset})
         pad = -data.nbytes % 8  # keep every tensor 8-byte aligned in the receive buffer
-        parts += [memoryview(data).cast("B"), bytes(pad)]
+        parts += [memoryview(data.reshape(-1)).cast("B"), bytes(pad)]  # flat: an empty array casts too
         offset += data.nbytes + pad
     own = orjson.dumps({"step": step, "tensors": tensors, **fields})
     head = own[:-1] + b"," + shared[1:] if len(shared) > 2 else own  # two JSON objects made one

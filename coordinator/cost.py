@@ -1,10 +1,12 @@
 """What a document costs a rank to train on; pure.
 
-`attention`: a*len^2 + b*len + c per segment, since each segment is its own causal document.
-The default coefficients are a transformer layer's FLOPs divided by 2*d_model, for d_model =
-2048: attention 2*d*len^2 -> a = 1, the linear layers 24*d^2*len -> b = 12*d = 24576. So
-attention dominates from about 24k tokens up, as in a ~1B-parameter model. `tokens`: len.
-A user `module:function` receives a SampleMeta and returns a float (multimodal or measured costs).
+`attention`: a*len^2 + b*len + c + d*images per segment, since each segment is its own causal
+document. The default coefficients are a transformer layer's FLOPs divided by 2*d_model, for
+d_model = 2048: attention 2*d*len^2 -> a = 1, the linear layers 24*d^2*len -> b = 12*d = 24576.
+So attention dominates from about 24k tokens up, as in a ~1B-parameter model. An image costs
+the vision encoder: by default d = 256*b, what 256 tokens cost the linear layers (a ViT-L/14 at
+224 px runs 256 patches through layers about as wide). `tokens`: len. A user `module:function`
+receives a SampleMeta (its `extra` holds `images`) and returns a float (measured costs).
 """
 from __future__ import annotations
 
@@ -26,16 +28,17 @@ class SampleMeta:
     extra: dict = field(default_factory=dict)
 
 
-CostFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (lengths, source indices) -> costs
+CostFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]  # (lengths, source indices, images) -> costs
 
 
-def cost_function(balance: str, coeffs: tuple[float, float, float], sources: list[str]) -> CostFn:
-    """Resolve --balance into a vectorized cost function; raises ConfigError on a bad name."""
+def cost_function(balance: str, coeffs: tuple[float, ...], sources: list[str]) -> CostFn:
+    """Resolve --balance into a vectorized cost function; raises ConfigError on a bad name.
+    `coeffs`: a,b,c[,d] (without d, images cost nothing)."""
     if balance == "tokens":
-        return lambda lengths, _sources: lengths.astype(np.float64)
+        return lambda lengths, _sources, _images: lengths.astype(np.float64)
     if balance == "attention":
-        a, b, c = coeffs
-        return lambda lengths, _sources: (a * lengths.astype(np.float64) + b) * lengths + c
+        a, b, c, d = (*coeffs, 0.0)[:4]
+        return lambda lengths, _sources, images: (a * lengths.astype(np.float64) + b) * lengths + c + d * images
     module, sep, name = balance.partition(":")
     if not sep:
         raise ConfigError(f"balance {balance!r}: expected 'tokens', 'attention' or module:function")
@@ -44,8 +47,9 @@ def cost_function(balance: str, coeffs: tuple[float, float, float], sources: lis
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"balance {balance!r}: cannot load it: {exc}") from None
 
-    def user_cost(lengths: np.ndarray, source_idx: np.ndarray) -> np.ndarray:
-        return np.array([float(fn(SampleMeta(int(n), sources[s]))) for n, s in zip(lengths, source_idx)])
+    def user_cost(lengths: np.ndarray, source_idx: np.ndarray, images: np.ndarray) -> np.ndarray:
+        return np.array([float(fn(SampleMeta(int(n), sources[s], {"images": int(k)} if k else {})))
+                         for n, s, k in zip(lengths, source_idx, images)])
 
     return user_cost
 

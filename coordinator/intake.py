@@ -14,7 +14,7 @@ import numpy as np
 
 from omniload.errors import SourceFailed
 from omniload.order import group_members, groups_per_epoch, lane_of, shard_permutation
-from omniload.workers.records import RecordKind, decode, tokens_of
+from omniload.workers.records import RecordKind, decode, images_of, tokens_of
 from omniload.workers.ring import Ring
 
 from omniload.coordinator.catalog import SourceCatalog
@@ -29,6 +29,8 @@ class Doc:
     tokens: np.ndarray
     group: int = 0  # where the document sits in its source's order
     pos: int = 0
+    image_at: np.ndarray | None = None  # where each image's placeholder tokens start
+    pixels: np.ndarray | None = None  # uint8 [images, 3, H, W]
 
     @property
     def origin(self) -> tuple[int, int]:
@@ -41,7 +43,7 @@ class SourceIntake:
         self.rings = rings
         self._seed = seed
         self.interleave = interleave
-        self.docs = self.tokens = 0  # taken so far (figures.py makes rates of them)
+        self.docs = self.tokens = self.images = 0  # taken so far (figures.py makes rates of them)
         self.empty_polls = 0  # polls that found the due ring empty: the planner waited on this source
         self._end = catalog.epochs * groups_per_epoch(len(catalog.shards), interleave) if catalog.epochs else None
         self._rows_by_epoch: tuple[int, np.ndarray] | None = None
@@ -58,11 +60,10 @@ class SourceIntake:
         self.group, self.pos = group, pos
         self._advance(0)
 
-    @property
-    def epoch_end(self) -> int:
-        """The first group of the epoch after the cursor's."""
+    def epoch_end(self, group: int) -> int:
+        """The first group of the epoch after `group`'s."""
         per_epoch = groups_per_epoch(len(self.catalog.shards), self.interleave)
-        return (self.group // per_epoch + 1) * per_epoch
+        return (group // per_epoch + 1) * per_epoch
 
     @property
     def dry(self) -> bool:
@@ -90,6 +91,11 @@ class SourceIntake:
             tokens = tokens_of(record)
             self.docs += 1
             self.tokens += len(tokens)
+            if record.images:
+                config = self.catalog.images
+                at, pixels = images_of(record, config.height, config.width)
+                self.images += record.images
+                return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos, at, pixels)
             return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos)
         return None
 

@@ -32,7 +32,8 @@ def plan_step(carry: Sequence[Segment], fresh: Sequence[Segment], dp: int, rows:
     segments = [*carry, *fresh]
     lengths = np.array([s.length for s in segments], dtype=np.int64)
     sources = np.array([s.source for s in segments], dtype=np.int64)
-    costs = cost_fn(lengths, sources) if segments else np.zeros(0)
+    images = np.fromiter((s.image_count for s in segments), np.int64, len(segments))
+    costs = cost_fn(lengths, sources, images) if segments else np.zeros(0)
     groups: dict[int, list[int]] = {}
     for i, segment in enumerate(segments):
         if segment.group >= 0:

@@ -120,7 +120,7 @@ class WorkerPool:
                 lane=lane, num_lanes=num_lanes, ring_path=str(self.rings[(source, lane)].path),
                 shards=src.shards, seed=self._spec.seed, epochs=src.epochs, interleave=self._spec.shard_interleave,
                 start_group=start_group, start_pos=pos if start_group == k else 0,
-                skip_bad_files=self._spec.on_bad_file == "skip"))
+                skip_bad_files=self._spec.on_bad_file == "skip", image_column=src.image_column, images=src.images))
         process = WorkerProcess(self._ctx, WorkerConfig(worker_id=worker_id, coordinator_pid=self._coordinator_pid,
                                                          lanes=tuple(lanes)))
         process.start()

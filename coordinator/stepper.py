@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,7 @@ from omniload.coordinator.window import Block, DocKey, Unit, block_tokens_for, m
 
 _POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
 _BREATHE_S = 0.002  # the longest a step computes between two chances for others to run
+_WINDOW_PIXELS = 128 << 20  # pixel bytes the job's shuffle windows hold at most, split by weight (and as much read ahead)
 
 
 class Cancelled(Exception):
@@ -94,6 +96,12 @@ class Stepper:
         self.dropped = 0
         self.carry: list[Segment] = []
         self.windows: list[Block | None] = [None] * len(intakes)
+        # Documents of image sources taken from the rings before their window needs them: a
+        # window is filled at once and then drawn for many steps, and without this the
+        # source's workers would idle (rings full) for those steps, then decode a whole
+        # window while the ranks wait. Text keeps up without it.
+        self._ahead: list[deque[Doc]] = [deque() for _ in intakes]
+        self._ahead_pixels = [0] * len(intakes)
         self.step = 0
         self.cancel = threading.Event()  # set from another thread to end a wait for records
         self._breathed = time.monotonic()
@@ -103,7 +111,7 @@ class Stepper:
         """The position after the last step planned (see omniload.state for the keys)."""
         return {
             "version": STATE_VERSION, "fingerprint": fingerprint, "step": self.step,
-            "cursors": {i.catalog.name: list(i.cursor) for i in self._intakes},
+            "cursors": {i.catalog.name: list(self._cursor(i.catalog.index)) for i in self._intakes},
             "windows": {i.catalog.name: w.position() if w is not None and not w.exhausted else None
                         for i, w in zip(self._intakes, self.windows)},
             "passes": list(self.passes), "weights": list(self.weights), "tokens": self.tokens_drawn,
@@ -121,6 +129,7 @@ class Stepper:
         self.passes, self.weights = list(state["passes"]), list(state["weights"])
         self.live_changes[:] = [(at, weights) for at, weights in state["live"]]
         self.carry, self.windows = [], [None] * len(self._intakes)
+        self._ahead, self._ahead_pixels = [deque() for _ in self._intakes], [0] * len(self._intakes)
         self._saved = {"carry": [tuple(entry) for entry in state["carry"]], "windows": {}, "resume_at": {}}
         for intake in self._intakes:
             index, name = intake.catalog.index, intake.catalog.name
@@ -192,6 +201,7 @@ class Stepper:
         spec = self._spec
         if spec.steps and self.step >= spec.steps:
             return None
+        self._read_ahead()
         weights = self.upcoming_weights()
         join(self.passes, self.weights, weights)
         self.weights = weights
@@ -202,7 +212,7 @@ class Stepper:
             if weights[segment.source] > 0:  # the mixture counts what a step delivers (see below)
                 advance(self.passes, segment.source, segment.length, weights)
         fresh: list[Segment] = []
-        live = [not (i.dry and (w is None or w.exhausted)) for i, w in zip(self._intakes, self.windows)]
+        live = [not (self._dry(i) and (w is None or w.exhausted)) for i, w in enumerate(self.windows)]
         while need > 0:
             source = next_source(self.passes, weights, live)
             if source is None:
@@ -222,11 +232,12 @@ class Stepper:
         if not fresh and not self.carry:
             return None
         carry, dp = list(self.carry), self.dp
+        image_hw = spec.image_hw if spec.has_images else None
 
         def balance_and_build():  # pure: the costly part of a step at a large dp
             plan = plan_step(carry, fresh, dp, spec.rows, spec.seq_len, self._cost, spec.balance_window,
                              self._rank_cap)
-            return plan, [compact_batch(rows, spec.seq_len) for rows in plan.rows] if build else []
+            return plan, [compact_batch(rows, spec.seq_len, image_hw) for rows in plan.rows] if build else []
 
         plan, batches = yield Compute(balance_and_build)
         self.carry = plan.carry
@@ -245,7 +256,7 @@ class Stepper:
         the epoch's last documents were empty or dropped: the next epoch's window follows)."""
         block = self.windows[source]
         while block is None or block.exhausted:
-            if self._intakes[source].dry:
+            if self._dry(source):
                 return None
             block = self.windows[source] = yield from self._fill(source)
         return block.draw(in_step, self._rank_cap * self.dp)
@@ -253,12 +264,14 @@ class Stepper:
     def _fill(self, source: int) -> Requests:
         """The next window: documents from the cursor until it holds the window's size in units
         and enough tokens to spread its longest document (window.block_tokens_for), or until
-        the epoch ends (a window holding two epochs would repeat documents within it)."""
+        the epoch ends (a window holding two epochs would repeat documents within it), or
+        until it holds the source's share of _WINDOW_PIXELS (images are 100s of KB each)."""
         intake = self._intakes[source]
         share = self.weights[source] / (sum(self.weights) or 1.0)
-        start, end, units, size = intake.cursor, intake.epoch_end, [], self._spec.window_segments(self.dp, share)
-        tokens, needed = 0, 0
-        while len(units) < size or tokens < needed:
+        start = self._cursor(source)
+        end, units, size = intake.epoch_end(start[0]), [], self._spec.window_segments(self.dp, share)
+        tokens, needed, pixels = 0, 0, 0
+        while (len(units) < size or tokens < needed) and (not pixels or pixels < share * _WINDOW_PIXELS):
             doc = yield from self._next_doc(intake, until_group=end)  # a window never spans epochs
             if doc is None:
                 break
@@ -268,6 +281,7 @@ class Stepper:
                 continue
             units.extend(doc_units)
             tokens += len(doc.tokens)
+            pixels += 0 if doc.pixels is None else doc.pixels.nbytes
             needed = max(needed, block_tokens_for(len(doc.tokens), self._spec.max_doc_share))
         return make_block(start, units, self._spec.seed, source) if units else None  # None: the epoch ended
 
@@ -275,7 +289,10 @@ class Stepper:
         """The document's units; None when long_docs=drop drops it."""
         if self._spec.long_docs == "drop" and len(doc.tokens) > self._spec.seq_len:
             return None
-        return units_of(doc, self._spec.seq_len, self._bucket_rows)
+        try:
+            return units_of(doc, self._spec.seq_len, self._bucket_rows, self._spec.rows)
+        except ValueError as exc:
+            raise SourceFailed(self._names[doc.source], str(exc)) from None
 
     def _breathe(self) -> Requests:
         """Every _BREATHE_S of work, a chance for others to run (a window is millions of
@@ -285,10 +302,40 @@ class Stepper:
             self._breathed = now
             yield 0.0
 
+    def _cursor(self, source: int) -> tuple[int, int]:
+        """Where the source's next document is: the first one read ahead, else the intake's."""
+        ahead = self._ahead[source]
+        return ahead[0].origin if ahead else self._intakes[source].cursor
+
+    def _dry(self, source: int) -> bool:
+        return self._intakes[source].dry and not self._ahead[source]
+
+    def _read_ahead(self) -> None:
+        """Take what image sources' rings hold, up to one window's worth (see __init__)."""
+        total = sum(self.weights) or 1.0
+        for source, intake in enumerate(self._intakes):
+            if intake.catalog.images is None:
+                continue
+            share = self.weights[source] / total
+            ahead, limit = self._ahead[source], self._spec.window_segments(self.dp, share)
+            while len(ahead) < limit and self._ahead_pixels[source] < share * _WINDOW_PIXELS:
+                doc = intake.poll()
+                if doc is None:
+                    break
+                ahead.append(doc)
+                self._ahead_pixels[source] += 0 if doc.pixels is None else doc.pixels.nbytes
+
     def _next_doc(self, intake: SourceIntake, until_group: int | None = None) -> Requests:
         """Wait for the source's next document; None if the source ran dry or its cursor
         reached `until_group`."""
         yield from self._breathe()
+        ahead = self._ahead[intake.catalog.index]
+        if ahead:
+            if until_group is not None and ahead[0].group >= until_group:
+                return None
+            doc = ahead.popleft()
+            self._ahead_pixels[intake.catalog.index] -= 0 if doc.pixels is None else doc.pixels.nbytes
+            return doc
         delay, since = _POLL_MIN_S, time.monotonic()
         while (doc := intake.poll(until_group)) is None:
             if intake.dry or (until_group is not None and intake.group >= until_group):

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omniload.errors import SourceFailed
 from omniload.order import MAX_CHUNKS, sample_id
 
 from omniload.coordinator.intake import Doc
@@ -118,15 +117,18 @@ def compact(tokens: np.ndarray) -> np.ndarray:
     return tokens
 
 
-def units_of(doc: Doc, seq_len: int, bucket_rows: int = 0) -> list[Unit]:
+def units_of(doc: Doc, seq_len: int, bucket_rows: int = 0, rows: int = 0) -> list[Unit]:
     """A document's row-sized chunks, one unit each. With bucket_rows, chunks of a long document
-    stay together in units of up to that many whole rows of one rank, positions running on."""
+    stay together in units of up to that many whole rows of one rank, positions running on.
+    Raises ValueError for a document that cannot be placed. A sample with images is one unit: its chunks stay together on one rank (at most `rows`
+    of them), each chunk holding the images whose placeholders start in it."""
     tokens, origin = compact(doc.tokens), doc.origin
     bounds = chunk_bounds(len(tokens), seq_len)
     if len(bounds) > MAX_CHUNKS:
-        raise SourceFailed(str(doc.source), f"a document of {len(tokens)} tokens makes more than "
-                           f"{MAX_CHUNKS} chunks of --seq-len {seq_len}")
+        raise ValueError(f"a document of {len(tokens)} tokens makes more than {MAX_CHUNKS} chunks of --seq-len {seq_len}")
     ids = [sample_id(doc.source, doc.ordinal, chunk) for chunk in range(len(bounds))]
+    if doc.pixels is not None:
+        return [_with_images(doc, tokens, bounds, ids, seq_len, rows)]
     if not bucket_rows or len(bounds) < 2:
         return [(Segment(doc.source, i, stop - start, tokens[start:stop], origin=origin),)
                 for i, (start, stop) in zip(ids, bounds)]
@@ -134,3 +136,20 @@ def units_of(doc: Doc, seq_len: int, bucket_rows: int = 0) -> list[Unit]:
                         position_start=(chunk % bucket_rows) * seq_len, group=ids[chunk - chunk % bucket_rows])
                 for chunk, (i, (start, stop)) in enumerate(zip(ids, bounds))]
     return [tuple(segments[first : first + bucket_rows]) for first in range(0, len(segments), bucket_rows)]
+
+
+def _with_images(doc: Doc, tokens: np.ndarray, bounds: list[tuple[int, int]], ids: list[int], seq_len: int,
+                 rows: int) -> Unit:
+    """A sample with images as one unit. Its images must reach the rank that has their
+    placeholders, so a sample longer than a row is kept whole like long_docs=bucket: whole
+    rows of one rank, positions running on."""
+    if len(bounds) == 1:
+        return (Segment(doc.source, ids[0], len(tokens), tokens, origin=doc.origin, images=doc.pixels),)
+    if rows and len(bounds) > rows:
+        raise ValueError(f"a sample with images of {len(tokens)} tokens needs {len(bounds)} rows of --seq-len "
+                         f"{seq_len} on one rank, more than --rows {rows}: raise --rows or --seq-len, or drop "
+                         "such samples with --long-docs drop")
+    chunk_of = doc.image_at // seq_len
+    return tuple(Segment(doc.source, i, stop - start, tokens[start:stop], origin=doc.origin, position_start=start,
+                         group=ids[0], images=doc.pixels[chunk_of == chunk] if (chunk_of == chunk).any() else None)
+                 for chunk, (i, (start, stop)) in enumerate(zip(ids, bounds)))

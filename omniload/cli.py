@@ -52,7 +52,11 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--senders", dict(type=int, help="Processes that write batches to the ranks' sockets from shared memory "
                                       "(0: the coordinator itself; -1: one per 8 cores).")),
     ("--balance", dict(help="Cost model for balancing ranks: tokens, attention, or module:function.")),
-    ("--cost-coeffs", dict(help="a,b,c of the attention cost a*len^2 + b*len + c.")),
+    ("--cost-coeffs", dict(help="a,b,c[,d] of the attention cost a*len^2 + b*len + c + d*images.")),
+    ("--image-size", dict(help="HxW every image is resized and center-cropped to (sources with images).")),
+    ("--image-transform", dict(help="module:function from a PIL image to uint8 [3, H, W], instead of resize-and-crop.")),
+    ("--image-token", dict(type=int, help="Placeholder token id of an image (needed when a source has images).")),
+    ("--tokens-per-image", dict(type=int, help="Placeholder tokens per image in input_ids.")),
     ("--balance-window", dict(type=int, help="Steps a hard-to-place document may wait for a better step.")),
     ("--long-docs", dict(type=click.Choice(["split", "drop", "bucket"]),
                          help="Documents longer than seq-len: split into chunks, drop, or keep whole rows together.")),
@@ -81,7 +85,8 @@ def spec_options(command: Callable) -> Callable:
         kwargs["help"] = f"{kwargs['help']}  [default: {_DEFAULTS[field]}]"
         command = click.option(flag, field, **kwargs)(command)
     command = click.option("--source", "sources", multiple=True, metavar="NAME=GLOB[,weight=W][,column=C]",
-                           help="A data source; repeat for several. Options: weight, column, format, tokenizer.")(command)
+                           help="A data source; repeat for several. Options: weight, column, format, tokenizer, "
+                                "image (the column of encoded images).")(command)
     return click.option("--config", "config", type=click.Path(dir_okay=False),
                         help="YAML/JSON file with the same options; flags override it.")(command)
 

@@ -15,15 +15,15 @@ from typing import Any
 
 from omniload.errors import ConfigError
 
-FORMATS = ("auto", "parquet", "jsonl", "arrow")
+FORMATS = ("auto", "parquet", "jsonl", "arrow", "tar")
 ON_BAD_FILE = ("stop", "skip")
 LONG_DOCS = ("split", "drop", "bucket")
 PP_DATA = ("first-last", "all")
 BROADCAST_AT = ("none", "tp")
 RAMPS = ("constant", "linear")
 AXES = ("tp", "cp", "dp", "pp")
-# cost(len) = a*len^2 + b*len + c; see omniload.coordinator.cost for where these come from
-DEFAULT_COST_COEFFS = (1.0, 24576.0, 0.0)
+# cost = a*len^2 + b*len + c + d*images; see omniload.coordinator.cost for where these come from
+DEFAULT_COST_COEFFS = (1.0, 24576.0, 0.0, 256 * 24576.0)
 _FROZEN = dict(frozen=True, slots=True, kw_only=True)
 # The automatic shuffle window: 8M / seq_len segments (8M tokens if every segment filled a row;
 # fewer, as segments are often shorter), and at least 4 x dp x rows. A window holds whole
@@ -44,6 +44,7 @@ class Source:
     format: str = "auto"
     tokenizer: str | None = None  # None: the job's tokenizer
     epochs: int | None = None  # None: the job's epochs
+    image: str | None = None  # parquet/Arrow: the column of encoded images (a .tar source's images are its members)
 
     def __post_init__(self) -> None:
         if isinstance(self.path, str):
@@ -60,6 +61,13 @@ class Source:
             raise ConfigError(f"source '{self.name}': format must be one of {FORMATS}, got {self.format!r}")
         if self.epochs is not None and self.epochs < 0:
             raise ConfigError(f"source '{self.name}': epochs must be >= 0, got {self.epochs}")
+        if self.image is not None and not self.image:
+            raise ConfigError(f"source '{self.name}': image= needs a column name")
+
+    @property
+    def has_images(self) -> bool:
+        """Whether the source's samples carry images: an image column, or WebDataset-style tar files."""
+        return self.image is not None or self.format == "tar" or all(_is_tar(p) for p in self.path)
 
 
 @dataclass(**_FROZEN)
@@ -114,7 +122,11 @@ class Spec:
     senders: int = -1  # processes that write batches to the ranks' sockets; 0: the coordinator itself; -1: auto
     mixture: tuple[Phase, ...] = ()
     balance: str = "attention"  # tokens | attention | module:function
-    cost_coeffs: tuple[float, float, float] = DEFAULT_COST_COEFFS
+    cost_coeffs: tuple[float, ...] = DEFAULT_COST_COEFFS
+    image_size: str = "224x224"  # HxW every image is resized and center-cropped to
+    image_transform: str | None = None  # module:function from a PIL image to uint8 [3, H, W]; instead of resizing
+    image_token: int | None = None  # the placeholder token id of an image; needed once a source has images
+    tokens_per_image: int = 1  # placeholder tokens per image in input_ids
     balance_window: int = 0
     long_docs: str = "split"
     shuffle_window: int = 0  # segments in the job's shuffle window, split by weight; 0: 8M / seq_len
@@ -170,12 +182,42 @@ class Spec:
         if sorted(self.rank_order.split("-")) != sorted(AXES):
             raise ConfigError(f"rank-order must name each of tp, cp, dp, pp once, fastest first "
                               f"(e.g. tp-cp-dp-pp), got {self.rank_order!r}")
-        if len(self.cost_coeffs) != 3:
-            raise ConfigError(f"cost-coeffs must be three numbers a,b,c, got {self.cost_coeffs!r}")
+        if len(self.cost_coeffs) == 3:  # a,b,c as before images: an image costs the default d
+            object.__setattr__(self, "cost_coeffs", (*self.cost_coeffs, DEFAULT_COST_COEFFS[3]))
+        if len(self.cost_coeffs) != 4:
+            raise ConfigError(f"cost-coeffs must be numbers a,b,c[,d] (cost a*len^2 + b*len + c + d*images), "
+                              f"got {self.cost_coeffs!r}")
+        self._check_images()
         if self.cp > 1 and self.seq_len % (2 * self.cp):
             raise ConfigError(f"seq-len {self.seq_len} must be divisible by 2*cp = {2 * self.cp} "
                               "for the load-balanced context-parallel split")
         self._check_mixture(names)
+
+    def _check_images(self) -> None:
+        self.image_hw  # noqa: B018  (raises ConfigError on a bad --image-size)
+        _at_least("tokens_per_image", self.tokens_per_image, 1)
+        with_images = [s.name for s in self.sources if s.has_images]
+        if with_images and self.image_token is None:
+            raise ConfigError(f"source '{with_images[0]}' has images: give --image-token ID, the placeholder "
+                              "token id your model's vocabulary reserves for an image")
+        if self.image_token is not None and not 0 <= self.image_token < 2**31:
+            raise ConfigError(f"image-token must be a token id >= 0, got {self.image_token}")
+
+    @property
+    def has_images(self) -> bool:
+        return any(s.has_images for s in self.sources)
+
+    @property
+    def image_hw(self) -> tuple[int, int]:
+        """--image-size as (height, width)."""
+        h, sep, w = str(self.image_size).lower().partition("x")
+        try:
+            hw = (int(h), int(w)) if sep else (int(h), int(h))
+        except ValueError:
+            hw = (0, 0)
+        if min(hw) < 1 or max(hw) > 8192:
+            raise ConfigError(f"image-size must be HxW in pixels (e.g. 224x224), got {self.image_size!r}")
+        return hw
 
     def _check_mixture(self, names: list[str]) -> None:
         object.__setattr__(self, "mixture", tuple(self.mixture))
@@ -228,6 +270,10 @@ class Spec:
 # to stop: a resumed run may go further).
 RUNTIME_FIELDS = ("steps", "workers", "reserve_cpus", "autoscale_every", "ring_mb", "plan_ahead", "max_restarts", "worker_timeout", "rank_timeout",
                   "metrics_port", "senders", "broadcast_at", "checkpoint_dir", "snapshot_every", "keep_snapshots", "resume", "allow_changed_data")
+
+
+# Fields that matter only when a source has images.
+IMAGE_FIELDS = ("image_size", "image_transform", "image_token", "tokens_per_image")
 
 
 def parse_phase(value: dict[str, Any] | Phase, where: str = "spec") -> Phase:
@@ -286,6 +332,10 @@ def load_config(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def _is_tar(path: str) -> bool:
+    return path.lower().endswith((".tar", ".tar.gz", ".tgz"))
+
+
 def _at_least(name: str, value: int, low: int) -> None:
     if not isinstance(value, int) or value < low:
         raise ConfigError(f"{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
@@ -309,7 +359,7 @@ def _coerce(cls: type, name: str, value: Any, where: str) -> Any:
             return float(value)
         if kind == "bool" and isinstance(value, str):
             return value.lower() in ("1", "true", "yes", "on")
-        if kind == "tuple[float, float, float]":
+        if kind == "tuple[float, ...]":
             parts = value.split(",") if isinstance(value, str) else value
             return tuple(float(p) for p in parts)
     except (TypeError, ValueError):

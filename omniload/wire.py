@@ -9,6 +9,8 @@ which follow from the token ids and the segment boundaries. On the wire a batch 
     sample_id       int64 [segments]
     position_start  int32 [segments]      only when a segment's positions do not start at 0
                                           (long_docs=bucket continues a document's positions)
+    pixel_values    uint8 [images, 3, H, W]   only in a job with image sources; as in the schema
+    image_index     int64 [images]            the segment each image belongs to
 
 about 4 bytes a token, and `expand` makes the schema of it on the rank. The coordinator's
 `build_batch` is `expand` of the same arrays, so both ends share one definition of labels and
@@ -25,6 +27,7 @@ import numpy as np
 IGNORE_INDEX = -100
 PAD_ID = 0
 SCHEMA_INT64 = ("input_ids", "labels", "position_ids", "source", "sample_id")  # int64 in the schema
+PASSED = ("pixel_values", "image_index")  # arrays that travel as the schema has them
 
 Allocate = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 
@@ -51,7 +54,8 @@ def expand(wire: dict[str, np.ndarray], empty: Allocate = np.empty) -> dict[str,
     source = empty(wire["source"].shape, np.dtype(np.int64))
     source[...] = wire["source"]
     return {"input_ids": input_ids, "labels": labels, "position_ids": positions,
-            "cu_seqlens": wire["cu_seqlens"], "source": source, "sample_id": wire["sample_id"]}
+            "cu_seqlens": wire["cu_seqlens"], "source": source, "sample_id": wire["sample_id"],
+            **{name: wire[name] for name in PASSED if name in wire}}
 
 
 def narrow(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -73,7 +73,7 @@ def first_fit_decreasing(segments: list[Segment], rows: int, seq_len: int) -> tu
 
 def simulate(steps: int, dp: int, rows: int, seq_len: int, seed: int = 0) -> dict[str, float]:
     cost = cost_function("attention", DEFAULT_COST_COEFFS, ["mix"])
-    seg_cost = lambda segs: float(cost(np.array([s.length for s in segs], dtype=np.int64), None).sum()) if segs else 0.0  # noqa: E731
+    seg_cost = lambda segs: float(cost(np.array([s.length for s in segs], dtype=np.int64), None, 0).sum()) if segs else 0.0  # noqa: E731
     capacity = rows * seq_len
     ranks = [DocStream(seed * 1000 + r, seq_len) for r in range(dp)]
     carries: list[list[Segment]] = [[] for _ in range(dp)]

@@ -32,7 +32,7 @@ class _Source:
     """An endless in-memory source with the intake's interface; documents cost no memory."""
 
     def __init__(self, index: int, seq_len: int) -> None:
-        self.catalog = SimpleNamespace(index=index, name=f"s{index}")
+        self.catalog = SimpleNamespace(index=index, name=f"s{index}", images=None)
         self._seq_len = seq_len
         self.group, self.pos, self.dry = 0, 0, False
 
@@ -40,8 +40,7 @@ class _Source:
     def cursor(self) -> tuple[int, int]:
         return self.group, self.pos
 
-    @property
-    def epoch_end(self) -> int:
+    def epoch_end(self, group: int) -> int:
         return 1 << 40
 
     def seek(self, group: int, pos: int) -> None:

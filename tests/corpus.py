@@ -40,6 +40,66 @@ def write_arrow(path: Path, texts: list, column: str = "text", batch_rows: int =
     return path
 
 
+def image_color(ordinal: int, k: int) -> tuple[int, int, int]:
+    """The solid colour of image k of sample `ordinal`: a test reads a sample's identity back from its pixels."""
+    return ordinal % 256, (ordinal // 256) % 256, 40 * k + 3
+
+
+def encoded_image(color: tuple[int, int, int], size: tuple[int, int], fmt: str = "PNG") -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", size, color).save(out, format=fmt)
+    return out.getvalue()
+
+
+def image_samples(n: int, seed: int, max_images: int = 2, long_every: int = 0) -> list[tuple[str, list[bytes]]]:
+    """(text, PNG images) samples; sample i's images are solid image_color(i, k), of varied sizes.
+    Odd samples mark where their images go with <image>; every `long_every`-th has a long text."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for i in range(n):
+        count = int(rng.integers(0, max_images + 1))
+        images = [encoded_image(image_color(i, k), (int(rng.integers(8, 64)), int(rng.integers(8, 64))))
+                  for k in range(count)]
+        words = " ".join(f"c{i}w{int(w)}" for w in rng.integers(0, 100, int(rng.integers(1, 6))))
+        if long_every and i % long_every == 0:
+            words = (words + " ") * 3
+        text = " ".join([words] + ["<image>"] * count) if i % 2 else words
+        samples.append((text, images))
+    return samples
+
+
+def write_image_parquet(path: Path, samples: list[tuple[str, list[bytes]]], row_group_size: int = 20) -> Path:
+    """Text and a list<binary> image column."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.table({"text": [t for t, _ in samples],
+                      "image": pa.array([imgs for _, imgs in samples], pa.list_(pa.binary()))})
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return path
+
+
+def write_image_tar(path: Path, samples: list[tuple[str, list[bytes]]], corrupt: set[int] = frozenset()) -> Path:
+    """WebDataset-style: KEY.txt and KEY.png, KEY.1.png...; samples in `corrupt` get a truncated first image."""
+    import io
+    import tarfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as archive:
+        for i, (text, images) in enumerate(samples):
+            members = [(f"s{i:05d}.txt", text.encode())]
+            for k, data in enumerate(images):
+                data = data[: len(data) // 3] if i in corrupt and k == 0 else data
+                members.append((f"s{i:05d}.{k}.png" if k else f"s{i:05d}.png", data))
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    return path
+
+
 def make_mixed_corpus(root: Path) -> dict[str, str]:
     """Three sources in three formats (parquet, gzipped JSON lines, Arrow IPC); source name -> glob."""
     write_parquet(root / "web" / "a.parquet", documents(300, 1))

@@ -39,9 +39,10 @@ def collect(ranks: list[tuple[subprocess.Popen, Path]], timeout: float = 90) -> 
     return results
 
 
-def run_ranks(spec: dict[str, Any], world: int, out_dir: Path, max_steps: int = 0) -> list[dict[str, Any]]:
+def run_ranks(spec: dict[str, Any], world: int, out_dir: Path, max_steps: int = 0,
+              env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     with omniload.Job(spec) as job:
-        return collect(start_ranks(job, world, out_dir, max_steps))
+        return collect(start_ranks(job, world, out_dir, max_steps, env))
 
 
 def wait_connected(job: omniload.Job, count: int, timeout: float = 60) -> None:

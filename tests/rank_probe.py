@@ -6,7 +6,9 @@ after N batches and sleep, like a rank stuck in a collective; PROBE_NO_CLOSE=1: 
 close(), as many trainers do). Under torchrun, OUT may contain {rank}; the probe joins the
 gloo process group (needed for broadcast_at=tp). Each step's segments are recorded as
 [sample_id, tokens, crc32 of their input_ids as int64] ("step_segments", padding included;
-empty where the rank holds slices of the rows, with context parallelism).
+empty where the rank holds slices of the rows, with context parallelism). With images, each
+image is recorded as [sample_id of its segment, its top-left pixel's r, g, b] ("images"), and
+each step's count of PROBE_IMAGE_TOKEN tokens and of images ("image_tokens").
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ def main() -> None:
     step_seconds = float(os.environ.get("PROBE_STEP_S", 0))
     hang_after = int(os.environ.get("PROBE_HANG_AFTER", 0))
     hashes, sample_ids, source_tokens, steps, waits, step_segments = [], [], {}, [], [], []
+    images, image_tokens = [], []
+    image_token = int(os.environ.get("PROBE_IMAGE_TOKEN", -1))
     waited = 0.0
     for batch in loader:
         waits.append(loader.wait_seconds - waited)  # how long this batch kept the rank waiting
@@ -43,6 +47,11 @@ def main() -> None:
         steps.append(loader.step)
         lengths = (batch["cu_seqlens"][1:] - batch["cu_seqlens"][:-1]).tolist()
         step_segments.append(_segments(batch, lengths))
+        if "pixel_values" in batch:
+            ids = batch["sample_id"].tolist()
+            images += [[ids[seg], *pixels[:, 0, 0].tolist()]
+                       for seg, pixels in zip(batch["image_index"].tolist(), batch["pixel_values"])]
+            image_tokens.append([int((batch["input_ids"] == image_token).sum()), len(batch["pixel_values"])])
         for source, sid, length in zip(batch["source"].tolist(), batch["sample_id"].tolist(), lengths):
             if source >= 0:
                 sample_ids.append(sid)
@@ -58,7 +67,7 @@ def main() -> None:
     with open(out, "w") as f:
         json.dump({"hashes": hashes, "steps": steps, "sample_ids": sample_ids,
                    "source_tokens": source_tokens, "wait_seconds": loader.wait_seconds,
-                   "waits": waits, "step_segments": step_segments,
+                   "waits": waits, "step_segments": step_segments, "images": images, "image_tokens": image_tokens,
                    "served_by": {k: (getattr(loader, "_info", None) or {}).get(k)
                                  for k in ("pid", "host", "role", "epoch")}}, f)
 

@@ -1,16 +1,23 @@
 """Read source files: index them into shards (at startup) and stream one shard (in a worker).
 
-A shard is a unit of the source's order: one parquet row group, one Arrow record batch, or a
-run of JSON lines. A worker reads it in slices of `Shard.slice_rows` rows (about SLICE_BYTES
+A shard is a unit of the source's order: one parquet row group, one Arrow record batch, a
+run of JSON lines, or a run of WebDataset-style samples of a tar file. A worker reads it in slices of `Shard.slice_rows` rows (about SLICE_BYTES
 of the column, from the file's metadata, so the same for every run) and holds one slice of a
 shard at a time, whatever the row-group size. The index counts rows from file metadata (parquet footer, Arrow IPC
 footer) or, for JSON lines, one pass over the file that also records byte offsets so plain
 files can be split; a gzipped file is one shard. Values are strings (to be tokenized) or
-integer arrays (an already tokenized list<int> column, used as is).
+integer arrays (an already tokenized list<int> column, used as is). A source with images
+(an `image` column, or a tar file) yields `(text, [encoded image bytes, ...])` pairs instead.
+
+A tar file's samples are its members grouped by key, WebDataset's way: `dir/KEY.jpg`,
+`dir/KEY.txt` (or `dir/KEY.json` holding the text under the source's column) and further
+images `dir/KEY.1.png`... make one sample; a sample's files are adjacent in the archive.
 """
 from __future__ import annotations
 
+import dataclasses
 import gzip
+import tarfile
 from dataclasses import dataclass
 from collections.abc import Iterator
 from typing import IO
@@ -22,6 +29,9 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 JSONL_SHARD_ROWS = 4096
+TAR_SHARD_ROWS = 1024
+IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm")
+_TEXT_SUFFIXES = ("txt", "text")
 SLICE_BYTES = 512 << 10  # column bytes per slice: a worker holds about this much per shard it reads
 MAX_SLICES = 16  # per shard: a parquet slice is decoded from its row group's start (see _arrow_chunks)
 _READ_BUFFER = 256 << 10  # parquet: read column chunks through a buffer, not whole
@@ -30,6 +40,7 @@ _SUFFIXES = {
     ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
     ".jsonl.gz": "jsonl", ".json.gz": "jsonl", ".ndjson.gz": "jsonl",
     ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow",
+    ".tar": "tar", ".tar.gz": "tar", ".tgz": "tar",
 }
 
 
@@ -51,12 +62,12 @@ DATA_ERRORS = (ValueError, TypeError, OverflowError, KeyError, IndexError, EOFEr
 @dataclass(frozen=True, slots=True)
 class Shard:
     file: str
-    format: str  # parquet | jsonl | arrow | arrow-stream
+    format: str  # parquet | jsonl | arrow | arrow-stream | tar
     start: int  # first row group / record batch / line
     stop: int
     rows: int
     first_ordinal: int  # canonical index of the shard's first row within its source
-    byte_offset: int = 0  # plain JSON lines: where line `start` begins
+    byte_offset: int = 0  # plain JSON lines: where line `start` begins; plain tar: sample `start`'s first header
     slice_rows: int = 0  # rows read at once (0: the whole shard); decides the row order (order.row_permutation)
 
 
@@ -64,6 +75,8 @@ def part_name(fmt: str, start: int) -> str:
     """The part of its file a shard starting at `start` is, in the file format's words."""
     if fmt == "jsonl":
         return f"the lines from {start + 1}"
+    if fmt == "tar":
+        return f"the samples from {start + 1}"
     if fmt == "parquet":
         return f"row group {start}"
     return f"record batch {start}" if fmt == "arrow" else "the Arrow stream"
@@ -77,26 +90,49 @@ def detect_format(path: str) -> str | None:
     return None
 
 
-def index_file(path: str, fmt: str, column: str, first_ordinal: int) -> list[Shard]:
-    """Shards of one file; raises BadFile naming the problem."""
+def index_file(path: str, fmt: str, column: str, first_ordinal: int, image: str | None = None) -> list[Shard]:
+    """Shards of one file (`image`: the column of encoded images, if any); raises BadFile
+    naming the problem."""
+    if image is not None and fmt not in ("parquet", "arrow"):
+        raise BadFile(f"image={image} needs parquet or Arrow files (a {fmt} file has no columns); "
+                      "images in a .tar file are its image members")
     try:
         if fmt == "parquet":
-            return _index_parquet(path, column, first_ordinal)
+            return _index_parquet(path, _columns(column, image), first_ordinal)
         if fmt == "arrow":
-            return _index_arrow(path, column, first_ordinal)
+            return _index_arrow(path, _columns(column, image), first_ordinal)
+        if fmt == "tar":
+            return _index_tar(path, column, first_ordinal)
         return _index_jsonl(path, column, first_ordinal)
     except BadFile:
         raise
-    except (pa.ArrowException, OSError, EOFError, ValueError) as exc:
+    except (pa.ArrowException, OSError, EOFError, ValueError, tarfile.TarError) as exc:
         raise BadFile(f"not a valid {fmt} file: {exc}") from None
 
 
-def _check_column(schema: pa.Schema, column: str) -> None:
-    if column not in schema.names:
-        raise BadFile(f"no column '{column}' (columns: {', '.join(schema.names)}); pick one with column=NAME")
-    kind = schema.field(column).type
+def _columns(column: str, image: str | None) -> tuple[str, ...]:
+    return (column,) if image is None else (column, image)
+
+
+def _check_columns(schema: pa.Schema, columns: tuple[str, ...]) -> None:
+    for column in columns:
+        if column not in schema.names:
+            option = "column" if column == columns[0] else "image"
+            raise BadFile(f"no column '{column}' (columns: {', '.join(schema.names)}); pick one with {option}=NAME")
+    kind = schema.field(columns[0]).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or _is_int_list(kind)):
-        raise BadFile(f"column '{column}' has type {kind}; expected text or a list of token ids")
+        raise BadFile(f"column '{columns[0]}' has type {kind}; expected text or a list of token ids")
+    if len(columns) > 1 and not _is_image_type(schema.field(columns[1]).type):
+        raise BadFile(f"image column '{columns[1]}' has type {schema.field(columns[1]).type}; expected binary "
+                      "(encoded JPEG/PNG...), a struct with a 'bytes' field (Hugging Face Image), or a list of those")
+
+
+def _is_image_type(kind: pa.DataType) -> bool:
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        kind = kind.value_type
+    if pa.types.is_struct(kind):
+        return kind.get_field_index("bytes") >= 0 and _is_image_type(kind.field("bytes").type)
+    return pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
 
 
 def _is_int_list(kind: pa.DataType) -> bool:
@@ -111,11 +147,11 @@ def slice_rows_for(rows: int, size: int) -> int:
     return max(1, -(-rows // MAX_SLICES), rows * SLICE_BYTES // size)
 
 
-def _index_parquet(path: str, column: str, ordinal: int) -> list[Shard]:
+def _index_parquet(path: str, columns: tuple[str, ...], ordinal: int) -> list[Shard]:
     meta = pq.ParquetFile(path)
-    _check_column(meta.schema_arrow, column)
+    _check_columns(meta.schema_arrow, columns)
     leaves = [j for j in range(meta.metadata.num_columns)
-              if meta.metadata.schema.column(j).path.split(".")[0] == column]
+              if meta.metadata.schema.column(j).path.split(".")[0] in columns]
     shards = []
     for i in range(meta.num_row_groups):
         group = meta.metadata.row_group(i)
@@ -126,24 +162,27 @@ def _index_parquet(path: str, column: str, ordinal: int) -> list[Shard]:
     return shards
 
 
-def _index_arrow(path: str, column: str, ordinal: int) -> list[Shard]:
+def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int) -> list[Shard]:
+    def nbytes(batch: pa.RecordBatch) -> int:
+        return sum(batch.column(c).nbytes for c in columns)
+
     try:
         with ipc.open_file(path) as reader:
-            _check_column(reader.schema, column)
+            _check_columns(reader.schema, columns)
             shards = []
             for i in range(reader.num_record_batches):
                 batch = reader.get_batch(i)  # reads the batch header only (memory-mapped body)
                 shards.append(Shard(path, "arrow", i, i + 1, batch.num_rows, ordinal,
-                                    slice_rows=slice_rows_for(batch.num_rows, batch.column(column).nbytes)))
+                                    slice_rows=slice_rows_for(batch.num_rows, nbytes(batch))))
                 ordinal += batch.num_rows
             return shards
     except pa.ArrowInvalid:
         pass  # not the IPC file format; the streaming format (e.g. Hugging Face datasets) has no footer
     with pa.memory_map(path) as source, ipc.open_stream(source) as reader:
-        _check_column(reader.schema, column)
+        _check_columns(reader.schema, columns)
         rows = size = 0
         for batch in reader:
-            rows, size = rows + batch.num_rows, size + batch.column(column).nbytes
+            rows, size = rows + batch.num_rows, size + nbytes(batch)
     return [Shard(path, "arrow-stream", 0, 0, rows, ordinal, slice_rows=slice_rows_for(rows, size))]
 
 
@@ -185,19 +224,26 @@ def _check_json_row(line: bytes, column: str, number: int) -> object:
     return row[column]
 
 
-def read_shard(shard: Shard, column: str) -> list[str] | list[np.ndarray]:
-    """All values of a shard's column, in file order; raises BadFile naming the problem."""
+def read_shard(shard: Shard, column: str, image: str | None = None) -> list:
+    """All values of a shard's column (with `image`: (text, images) pairs), in file order;
+    raises BadFile naming the problem."""
+    if shard.format in ("jsonl", "tar"):
+        values = [value for part in iter_slices(dataclasses.replace(shard, slice_rows=0), column) for value in part]
+        if len(values) != shard.rows:  # iter_slices says so for the formats it counts as it reads
+            raise BadFile(f"has {len(values)} rows in {part_name(shard.format, shard.start)}, the index counted "
+                          f"{shard.rows}: was the file changed while the job ran?")
+        return values
+    columns = _columns(column, image)
     try:
-        if shard.format == "jsonl":
-            return _read_jsonl(shard, column)
         if shard.format == "parquet":
-            values = pq.ParquetFile(shard.file).read_row_group(shard.start, columns=[column]).column(0)
+            table = pq.ParquetFile(shard.file).read_row_group(shard.start, columns=list(columns))
         elif shard.format == "arrow":
             with ipc.open_file(shard.file) as reader:
-                values = reader.get_batch(shard.start).column(column)
+                table = pa.Table.from_batches([reader.get_batch(shard.start)])
         else:
             with pa.memory_map(shard.file) as source, ipc.open_stream(source) as reader:
-                values = reader.read_all().column(column)
+                table = reader.read_all()
+        values = _select(table, columns)
     except BadFile:
         raise
     except (pa.ArrowException, OSError, EOFError, KeyError) as exc:
@@ -208,9 +254,19 @@ def read_shard(shard: Shard, column: str) -> list[str] | list[np.ndarray]:
     return _to_values(values)
 
 
-def _to_values(values: pa.Array | pa.ChunkedArray) -> list[str] | list[np.ndarray]:
+def _select(batch: pa.RecordBatch | pa.Table, columns: tuple[str, ...]) -> pa.Array:
+    """The text column, or with an image column both as one struct array (so slices cut both alike)."""
+    arrays = [batch.column(c) for c in columns]
+    arrays = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
+    return arrays[0] if len(arrays) == 1 else pa.StructArray.from_arrays(arrays, ["text", "image"])
+
+
+def _to_values(values: pa.Array | pa.ChunkedArray) -> list:
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
+    if pa.types.is_struct(values.type):  # text and image columns (see _select)
+        text, images = values.flatten()
+        return list(zip(_to_values(text), _image_lists(images)))
     if _is_int_list(values.type):
         # a sliced list array's offsets index its whole child: take only the slice's part, and
         # copy it, so the rows' arrays never pin an Arrow buffer (or a memory-mapped file)
@@ -222,56 +278,73 @@ def _to_values(values: pa.Array | pa.ChunkedArray) -> list[str] | list[np.ndarra
     return values.to_pylist()
 
 
-def iter_slices(shard: Shard, column: str, first: int = 0) -> Iterator[list[str] | list[np.ndarray]]:
+def _image_lists(images: pa.Array) -> list[list[bytes]]:
+    """Each row's encoded images: a binary value, a struct's 'bytes', or a list of either."""
+    kind = images.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        offsets = images.offsets.to_numpy()
+        flat = _image_lists(images.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])))
+        offsets = offsets - offsets[0]
+        return [[b for one in flat[offsets[i] : offsets[i + 1]] for b in one] for i in range(len(images))]
+    if pa.types.is_struct(kind):
+        images = images.flatten()[kind.get_field_index("bytes")]
+    return [[] if b is None else [b] for b in images.to_pylist()]
+
+
+def iter_slices(shard: Shard, column: str, first: int = 0, image: str | None = None) -> Iterator[list]:
     """A shard's values slice by slice in file order, from slice `first` on: `slice_rows` rows
-    each (the last fewer), so the caller holds one slice, never the shard. Raises BadFile naming
-    the problem, also part-way through the shard."""
+    each (the last fewer), so the caller holds one slice, never the shard. With `image` (and
+    always for tar), each value is a (text, images) pair. Raises BadFile naming the problem,
+    also part-way through the shard."""
     size = shard.slice_rows or shard.rows
     expected, got = max(0, shard.rows - first * size), 0
+    columns = _columns(column, image)
     try:
         if shard.format == "jsonl":
             chunks = _jsonl_slices(shard, column, size, first)
+        elif shard.format == "tar":
+            chunks = _tar_slices(shard, column, size, first)
         elif shard.format == "parquet":
-            chunks = (_to_values(_parquet_slice(shard, column, size, j))
+            chunks = (_to_values(_parquet_slice(shard, columns, size, j))
                       for j in range(first, -(-shard.rows // size)))
         else:
-            chunks = (_to_values(a) for a in _exact(_arrow_chunks(shard, column, size), size, first * size))
+            chunks = (_to_values(a) for a in _exact(_arrow_chunks(shard, columns, size), size, first * size))
         for values in chunks:
             got += len(values)
             yield values
     except BadFile:
         raise
-    except (pa.ArrowException, OSError, EOFError, KeyError) as exc:
+    except (pa.ArrowException, OSError, EOFError, KeyError, tarfile.TarError) as exc:
         raise BadFile(f"cannot read {part_name(shard.format, shard.start)}: {exc}") from None
     if got != expected:
         raise BadFile(f"has {got + shard.rows - expected} rows in {part_name(shard.format, shard.start)}, "
                       f"the index counted {shard.rows}: was the file changed while the job ran?")
 
 
-def _parquet_slice(shard: Shard, column: str, size: int, j: int) -> pa.Array:
+def _parquet_slice(shard: Shard, columns: tuple[str, ...], size: int, j: int) -> pa.Array:
     """Slice j of a row group. A parquet reader cannot start part-way into a row group, and one
     kept open between slices holds several MB (pages, dictionary, buffers) per shard, more than
     a slice: so each slice is read by a reader of its own, decoding the slices before it again
     (at most MAX_SLICES per row group, so at most ~MAX_SLICES/2 decodes of it in all)."""
     reader = pq.ParquetFile(shard.file, buffer_size=_READ_BUFFER, pre_buffer=False)
-    batches = reader.iter_batches(batch_size=size, row_groups=[shard.start], columns=[column], use_threads=False)
-    pieces = _exact((batch.column(0) for batch in batches), size, j * size)
+    batches = reader.iter_batches(batch_size=size, row_groups=[shard.start], columns=list(columns), use_threads=False)
+    pieces = _exact((_select(batch, columns) for batch in batches), size, j * size)
     values = next(pieces, pa.array([], pa.string()))
     reader.close()
     return values
 
 
-def _arrow_chunks(shard: Shard, column: str, size: int) -> Iterator[pa.Array]:
+def _arrow_chunks(shard: Shard, columns: tuple[str, ...], size: int) -> Iterator[pa.Array]:
     """The column's values in file order, in chunks of any length."""
     if shard.format == "arrow":
         # map the file per slice: a slice's pages are let go with it, not at the shard's end
         for offset in range(0, shard.rows, size):
             with pa.memory_map(shard.file) as source, ipc.open_file(source) as reader:
-                yield reader.get_batch(shard.start).column(column).slice(offset, size)
+                yield _select(reader.get_batch(shard.start), columns).slice(offset, size)
     else:
         with pa.memory_map(shard.file) as source, ipc.open_stream(source) as reader:
             for batch in reader:
-                yield batch.column(column)
+                yield _select(batch, columns)
 
 
 def _exact(chunks: Iterator[pa.Array], size: int, skip: int) -> Iterator[pa.Array]:
@@ -320,9 +393,97 @@ def _jsonl_slices(shard: Shard, column: str, size: int, first: int) -> Iterator[
         yield values
 
 
-def _read_jsonl(shard: Shard, column: str) -> list[str] | list[np.ndarray]:
-    values = [value for part in _jsonl_slices(shard, column, max(1, shard.rows), 0) for value in part]
-    if len(values) != shard.rows:
-        raise BadFile(f"has {len(values)} rows from line {shard.start + 1}, the index counted {shard.rows}: "
-                      "was the file changed while the job ran?")
-    return values
+def _sample_key(name: str) -> tuple[str, str]:
+    """(key, suffix) of a tar member, WebDataset's way: the key is the path up to the first dot
+    of the file name, the suffix what follows its last dot, lowercased."""
+    folder, _, base = name.rpartition("/")
+    stem, _, rest = base.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), rest.rpartition(".")[2].lower()
+
+
+def _tar_samples(path: str, offset: int) -> Iterator[tuple[int, str, list[tuple[str, bytes | None]]]]:
+    """(header offset, key, [(suffix, data), ...]) of each sample from byte `offset` on (0 for a
+    compressed file); data is read for text and image members only."""
+    with open(path, "rb") as raw:
+        raw.seek(offset)
+        archive = tarfile.open(fileobj=raw, mode="r:") if offset or not _compressed(path) else \
+            tarfile.open(path, mode="r|*")
+        with archive:
+            key, start, members = None, 0, []
+            for info in archive:
+                if not info.isfile():
+                    continue
+                name_key, suffix = _sample_key(info.name)
+                if name_key != key:
+                    if key is not None:
+                        yield start, key, members
+                    key, start, members = name_key, info.offset, []
+                wanted = suffix in IMAGE_SUFFIXES or suffix in _TEXT_SUFFIXES or suffix == "json"
+                data = archive.extractfile(info).read() if wanted else None
+                members.append((suffix, data))
+            if key is not None:
+                yield start, key, members
+
+
+def _compressed(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _tar_value(key: str, members: list[tuple[str, bytes | None]], column: str) -> tuple[str, list[bytes]]:
+    """A sample's (text, images): its .txt, else its .json's `column`; its images in member order."""
+    text = next((data for suffix, data in members if suffix in _TEXT_SUFFIXES), None)
+    if text is None:
+        meta = next((data for suffix, data in members if suffix == "json"), None)
+        if meta is None:
+            raise BadFile(f"sample '{key}' has no {key}.txt and no {key}.json for its text")
+        try:
+            row = orjson.loads(meta)
+        except orjson.JSONDecodeError as exc:
+            raise BadFile(f"{key}.json is not valid JSON: {exc}") from None
+        if not isinstance(row, dict) or column not in row:
+            raise BadFile(f"{key}.json has no key '{column}'; pick the text field with column=NAME")
+        text = row[column]
+    else:
+        text = text.decode("utf-8", errors="replace")
+    return text, [data for suffix, data in members if suffix in IMAGE_SUFFIXES]
+
+
+def _index_tar(path: str, column: str, ordinal: int) -> list[Shard]:
+    """Runs of TAR_SHARD_ROWS samples; a compressed tar cannot be entered part-way: one shard."""
+    compressed = _compressed(path)
+    shards: list[Shard] = []
+    rows = size = shard_start = shard_offset = 0
+    for offset, key, members in _tar_samples(path, 0):
+        if rows == 0:
+            _tar_value(key, members, column)  # a file of the wrong shape fails at startup
+        if not compressed and rows - shard_start == TAR_SHARD_ROWS:
+            shards.append(Shard(path, "tar", shard_start, rows, rows - shard_start, ordinal + shard_start,
+                                shard_offset, slice_rows_for(rows - shard_start, size)))
+            shard_start, shard_offset, size = rows, offset, 0
+        rows += 1
+        size += sum(len(data) for _, data in members if data is not None)
+    if rows > shard_start or not shards:
+        shards.append(Shard(path, "tar", shard_start, rows, rows - shard_start, ordinal + shard_start,
+                            shard_offset, slice_rows_for(rows - shard_start, size)))
+    return shards
+
+
+def _tar_slices(shard: Shard, column: str, size: int, first: int) -> Iterator[list]:
+    seekable = not _compressed(shard.file)  # else read from the file's start (it is one shard)
+    skip = first * size + (0 if seekable else shard.start)
+    wanted, taken = max(0, shard.rows - first * size), 0
+    values: list = []
+    for _, key, members in _tar_samples(shard.file, shard.byte_offset if seekable else 0):
+        if taken == wanted:
+            break
+        if skip:
+            skip -= 1
+            continue
+        taken += 1
+        values.append(_tar_value(key, members, column))
+        if len(values) == size:
+            yield values
+            values = []
+    if values:
+        yield values

@@ -1,6 +1,7 @@
 """The record format on a worker's ring: a 32-byte header and a payload.
 
-DOC carries one document's tokens (int32). SKIP says the row at this position could not be
+DOC carries one document's tokens (int32) and, for a sample with images, where each image's
+placeholders start (int32 per image) and the images' pixels (uint8 [images, 3, H, W]). SKIP says the row at this position could not be
 read and is skipped (on_bad_file=skip; the message rides on a file's first skipped row only).
 ERROR carries a UTF-8 message: the source cannot go on. `group` and `pos` are the sample's
 place in the source's deterministic order (see omniload.order).
@@ -13,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-_HEAD = struct.Struct("<QQIII4x")  # group, ordinal, pos, count, kind
+_HEAD = struct.Struct("<QQIIII")  # group, ordinal, pos, count, kind, images
 
 
 class RecordKind(enum.IntEnum):
@@ -29,24 +30,37 @@ class Record(NamedTuple):
     ordinal: int
     count: int
     payload: memoryview
+    images: int = 0
 
 
-def doc_record(group: int, pos: int, ordinal: int, tokens: np.ndarray) -> tuple[bytes, memoryview]:
-    return _HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC), memoryview(tokens)
+def doc_record(group: int, pos: int, ordinal: int, tokens: np.ndarray, image_at: np.ndarray | None = None,
+               pixels: np.ndarray | None = None) -> tuple[bytes | memoryview, ...]:
+    """The record's parts; the first payload part is always the tokens (the worker counts them)."""
+    if image_at is None or not len(image_at):
+        return _HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC, 0), memoryview(tokens)
+    return (_HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC, len(image_at)), memoryview(tokens),
+            memoryview(image_at), memoryview(pixels).cast("B"))
 
 
 def skip_record(group: int, pos: int, message: str) -> tuple[bytes, bytes]:
-    return _HEAD.pack(group, 0, pos, 1, RecordKind.SKIP), message.encode()
+    return _HEAD.pack(group, 0, pos, 1, RecordKind.SKIP, 0), message.encode()
 
 
 def error_record(group: int, pos: int, message: str) -> tuple[bytes, bytes]:
-    return _HEAD.pack(group, 0, pos, 0, RecordKind.ERROR), message.encode()
+    return _HEAD.pack(group, 0, pos, 0, RecordKind.ERROR, 0), message.encode()
 
 
 def decode(data: bytes) -> Record:
-    group, ordinal, pos, count, kind = _HEAD.unpack_from(data)
-    return Record(RecordKind(kind), group, pos, ordinal, count, memoryview(data)[_HEAD.size :])
+    group, ordinal, pos, count, kind, images = _HEAD.unpack_from(data)
+    return Record(RecordKind(kind), group, pos, ordinal, count, memoryview(data)[_HEAD.size :], images)
 
 
 def tokens_of(record: Record) -> np.ndarray:
-    return np.frombuffer(record.payload, dtype=np.int32)
+    return np.frombuffer(record.payload, dtype=np.int32, count=record.count)
+
+
+def images_of(record: Record, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(where each image's placeholders start in the tokens, pixels uint8 [images, 3, H, W])."""
+    at = np.frombuffer(record.payload, dtype=np.int32, count=record.images, offset=4 * record.count)
+    pixels = np.frombuffer(record.payload, dtype=np.uint8, offset=4 * (record.count + record.images))
+    return at, pixels.reshape(record.images, 3, height, width)

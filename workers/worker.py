@@ -23,6 +23,7 @@ import numpy as np
 
 from omniload.errors import ConfigError
 from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at
+from omniload.workers.images import DECODE_ERRORS, ImageConfig, ImageTransform, load_image_transform, place_images, text_pieces
 from omniload.workers.readers import DATA_ERRORS, BadFile, Shard, iter_slices, part_name, use_system_allocator
 from omniload.workers.records import doc_record, error_record, skip_record
 from omniload.workers.ring import RecordTooLarge, Ring
@@ -49,6 +50,8 @@ class LaneConfig:
     start_group: int  # the first group this lane produces
     start_pos: int  # position to start at within start_group (non-zero after a restart)
     skip_bad_files: bool
+    image_column: str | None = None  # parquet/Arrow: the column of encoded images
+    images: ImageConfig | None = None  # set when the source's samples carry images
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +128,8 @@ def _produce(lane: LaneConfig) -> Iterator[tuple]:
     An ERROR record is the lane's last: the source cannot go on."""
     try:
         transform = load_transform(lane.tokenizer)
+        if lane.images is not None:
+            transform = _with_images(transform, load_image_transform(lane.images), lane.images)
     except ConfigError as exc:  # the coordinator loaded it, but the user's module may fail here
         yield error_record(lane.start_group, lane.start_pos, f"{exc} (loading it in the source's worker)")
         return
@@ -164,7 +169,7 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
             yield skip_record(k, pos, rows[m].say_once(shards[m].rows - int(first_due[m])))
             continue
         try:
-            tokens = rows[m].tokens(r)
+            sample = rows[m].sample(r)
         except _ReadFailed as exc:  # part-way through the shard: the rest of it is unreadable
             rows[m] = _Unreadable(exc.message)
             if not lane.skip_bad_files:
@@ -176,7 +181,16 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
         except Exception as exc:  # the user's transform; its error must reach the user
             yield error_record(k, pos, f"{shards[m].file}: transform failed: {_cause(exc)}")
             return True
-        yield doc_record(k, pos, shards[m].first_ordinal + int(rows[m].order[r]), tokens)
+        if isinstance(sample, _BadSample):  # one sample's image: the rest of the file is fine
+            message = f"{shards[m].file}: {part_name(shards[m].format, shards[m].start)}, row {int(rows[m].order[r])}: " \
+                      f"{sample.message}"
+            if not lane.skip_bad_files:
+                yield error_record(k, pos, f"{message} (the job stops on a bad file; --on-bad-file skip skips "
+                                           "the sample instead)")
+                return True
+            yield skip_record(k, pos, f"skipped a sample: {message}")
+            continue
+        yield doc_record(k, pos, shards[m].first_ordinal + int(rows[m].order[r]), *sample)
     return False
 
 
@@ -186,7 +200,7 @@ def _open_shard(lane: LaneConfig, transform: Transform, epoch: int, index: int,
     is known at once), or why it cannot be read."""
     shard = lane.shards[index]
     order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index, shard.slice_rows)
-    rows = _ShardRows(shard, lane.column, order, first_due, transform)
+    rows = _ShardRows(shard, lane.column, order, first_due, transform, lane.image_column)
     if first_due >= shard.rows:  # every row of it was delivered before a restart
         return rows
     try:
@@ -223,9 +237,10 @@ class _ShardRows:
     in file order), read a slice at a time and transformed _TRANSFORM_ROWS at a time; a slice is
     dropped when the next is read, a value once transformed."""
 
-    def __init__(self, shard: Shard, column: str, order: np.ndarray, first: int, transform: Transform) -> None:
+    def __init__(self, shard: Shard, column: str, order: np.ndarray, first: int, transform: Transform,
+                 image_column: str | None = None) -> None:
         self.order = order
-        self._shard, self._column, self._transform = shard, column, transform
+        self._shard, self._column, self._transform, self._image_column = shard, column, transform, image_column
         self._size = shard.slice_rows or shard.rows
         self._slices: Iterator | None = None
         self._slice, self._values = -1, []  # the slice held and its values
@@ -239,7 +254,7 @@ class _ShardRows:
         self._values = []  # let the last slice go before reading the next
         try:
             if self._slices is None:
-                self._slices = iter_slices(self._shard, self._column, wanted)
+                self._slices = iter_slices(self._shard, self._column, wanted, self._image_column)
                 self._slice = wanted - 1
             while self._slice < wanted:
                 self._values = next(self._slices)
@@ -256,8 +271,9 @@ class _ShardRows:
             raise _ReadFailed(f"{self._shard.file}: cannot read {part_name(self._shard.format, self._shard.start)}: "
                               f"{_cause(exc)}") from None  # bugs: the worker dies
 
-    def tokens(self, r: int) -> np.ndarray:
-        """Row position r's tokens; positions are asked for in increasing order."""
+    def sample(self, r: int) -> tuple | _BadSample:
+        """Row position r's record parts (tokens, or tokens, image starts and pixels), or why
+        its images cannot be used; positions are asked for in increasing order."""
         if r >= self._start + len(self._batch):
             self._start, self._batch = r, []  # free the last batch before making the next
             self.load(r)
@@ -274,11 +290,48 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _transform(transform: Transform, values: list) -> list[np.ndarray]:
-    tokens = transform(values)
-    if len(tokens) != len(values):
-        raise ValueError(f"returned {len(tokens)} results for {len(values)} values")
-    return [np.ascontiguousarray(t, dtype=np.int32) for t in tokens]
+def _transform(transform: Transform, values: list) -> list:
+    samples = transform(values)
+    if len(samples) != len(values):
+        raise ValueError(f"returned {len(samples)} results for {len(values)} values")
+    return [s if isinstance(s, (tuple, _BadSample)) else (np.ascontiguousarray(s, dtype=np.int32),) for s in samples]
+
+
+@dataclass(frozen=True, slots=True)
+class _BadSample:
+    """A sample whose images cannot be decoded or placed; the message says which and why."""
+
+    message: str
+
+
+def _with_images(transform: Transform, decode: ImageTransform, config: ImageConfig) -> Transform:
+    """The text transform extended to (text, images) values: the text's pieces between image
+    markers tokenized in one call, the images decoded, placeholders put in (workers/images.py)."""
+
+    def samples(values: list) -> list:
+        pieces = [text_pieces(text if isinstance(text, str) else "" if text is None else str(text))
+                  for text, _ in values]
+        flat = iter(_transform(transform, [p for row in pieces for p in row]))
+        out = []
+        for row, (_, images) in zip(pieces, values):
+            tokens = [next(flat)[0] for _ in row]
+            try:
+                ids, at = place_images(tokens, len(images), config)
+            except ValueError as exc:
+                out.append(_BadSample(str(exc)))
+                continue
+            pixels = np.empty((len(images), 3, config.height, config.width), dtype=np.uint8)
+            for i, data in enumerate(images):
+                try:
+                    pixels[i] = decode(data)
+                except DECODE_ERRORS as exc:
+                    out.append(_BadSample(f"image {i} cannot be decoded: {_cause(exc)}"))
+                    break
+            else:
+                out.append((ids, at, pixels))
+        return out
+
+    return samples
 
 
 def _release_freed_memory() -> None:

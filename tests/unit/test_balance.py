@@ -23,7 +23,7 @@ def _check_capacity(lengths, a, dp, rows, seq_len):
 @given(st.lists(st.integers(1, 256), max_size=120), st.integers(1, 8), st.integers(1, 4), st.integers(0, 10))
 def test_capacity_holds_and_every_segment_is_placed_once_or_carried(lengths, dp, rows, carried):
     lengths = np.array(lengths, dtype=np.int64)
-    costs = attention(lengths, np.zeros_like(lengths))
+    costs = attention(lengths, np.zeros_like(lengths), np.zeros_like(lengths))
     a = assign(lengths, costs, min(carried, len(lengths)), dp, rows, 256)
     _check_capacity(lengths, a, dp, rows, 256)
     assert ((a.rank >= 0) == (a.row >= 0)).all()
@@ -37,7 +37,7 @@ def test_capacity_holds_and_every_segment_is_placed_once_or_carried(lengths, dp,
 def test_balance_beats_round_robin_and_nears_the_bound(lengths, dp):
     lengths = np.array(lengths, dtype=np.int64)
     seq_len, rows = 2048, int(np.ceil(lengths.sum() / 2048 / dp)) + 2  # room to spare: balance is the question
-    costs = attention(lengths, np.zeros_like(lengths))
+    costs = attention(lengths, np.zeros_like(lengths), np.zeros_like(lengths))
     a = assign(lengths, costs, 0, dp, rows, seq_len)
     assert (a.rank >= 0).all()
     figures = a.figures(costs)

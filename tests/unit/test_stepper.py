@@ -21,7 +21,7 @@ class ListIntake:
     group per epoch (the intake's interface)."""
 
     def __init__(self, index: int, lengths: list[int], epochs: int = 1) -> None:
-        self.catalog = SimpleNamespace(index=index, name=f"s{index}")
+        self.catalog = SimpleNamespace(index=index, name=f"s{index}", images=None)
         self._lengths, self._epochs = lengths, epochs
         self.group, self._p = 0, 0
 
@@ -33,9 +33,8 @@ class ListIntake:
     def dry(self) -> bool:
         return self.group >= self._epochs
 
-    @property
-    def epoch_end(self) -> int:
-        return self.group + 1
+    def epoch_end(self, group: int) -> int:
+        return group + 1
 
     def seek(self, group: int, pos: int) -> None:
         self.group, self._p = group, pos
