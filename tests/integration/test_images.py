@@ -73,6 +73,20 @@ def test_resume_with_images_repeats_the_uninterrupted_run(tmp_path):
         assert resumed[rank]["hashes"] == reference[rank]["hashes"][start:], f"rank {rank} differs after resume"
 
 
+def test_resume_on_more_ranks_delivers_every_image_sample_once(tmp_path):
+    spec, written = _corpus(tmp_path)
+    folder = tmp_path / "ckpt"
+    with omniload.Job({**spec, "checkpoint_dir": str(folder)}) as job:
+        first = collect(start_ranks(job, 2, tmp_path, max_steps=6))
+    with omniload.Job({**spec, "resume": str(folder)}) as job:
+        second = collect(start_ranks(job, 3, tmp_path))
+    seen, samples = _images_by_sample(first + second)
+    assert set(samples.values()) == {1} and len(samples) == 70 + 50 + 80
+    for source, data in written.items():
+        for ordinal, (_, images) in enumerate(data):
+            assert seen.get((source, ordinal), []) == [image_color(ordinal, k) for k in range(len(images))]
+
+
 @pytest.mark.parametrize("on_bad_file", ["skip", "stop"])
 def test_a_corrupt_image_skips_its_sample_or_stops_naming_it(tmp_path, on_bad_file):
     samples = [(f"caption {i}", [encoded_image(image_color(i, 0), (20, 10))]) for i in range(30)]
