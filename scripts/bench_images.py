@@ -107,17 +107,8 @@ def run_omniload(folder: Path, ranks: int, workers: int, wanted: int, seq_len: i
     spec = {"sources": [{"name": "captions", "path": str(folder / "*.parquet"), "image": "image"}],
             "seq_len": seq_len, "rows": rows, "workers": workers, "epochs": 0, "image_size": f"{SIZE}x{SIZE}",
             "image_token": IMAGE_TOKEN, "tokens_per_image": PER_IMAGE, "ring_mb": 16}
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
     with omniload.Job(spec) as job:
-        procs = [ctx.Process(target=_omniload_rank, args=(job.addr, job.token, r, ranks, wanted // ranks, out))
-                 for r in range(ranks)]
-        for p in procs:
-            p.start()
-        results = [out.get(timeout=900) for _ in procs]
-        for p in procs:
-            p.join(60)
-    return _rates(results)
+        return _run_ranks(_omniload_rank, [(job.addr, job.token, r, ranks, wanted // ranks) for r in range(ranks)])
 
 
 # -- colocated DataLoader ---------------------------------------------------------------------
@@ -175,12 +166,16 @@ def _colocated_rank(folder: str, rank: int, world: int, workers: int, wanted: in
 
 
 def run_colocated(folder: Path, ranks: int, workers: int, wanted: int, seq_len: int, rows: int) -> tuple:
+    per_rank = max(1, workers // ranks)
+    return _run_ranks(_colocated_rank, [(str(folder), r, ranks, per_rank, wanted // ranks, seq_len, rows)
+                                        for r in range(ranks)])
+
+
+def _run_ranks(target, rank_args: list[tuple]) -> tuple[float, float, float]:
+    """Run one process per rank (`target(*args, out)`) and make rates of what they report."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
-    per_rank = max(1, workers // ranks)
-    procs = [ctx.Process(target=_colocated_rank, args=(str(folder), r, ranks, per_rank, wanted // ranks, seq_len,
-                                                       rows, out))
-             for r in range(ranks)]
+    procs = [ctx.Process(target=target, args=(*args, out)) for args in rank_args]
     for p in procs:
         p.start()
     results = [out.get(timeout=900) for _ in procs]

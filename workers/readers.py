@@ -203,7 +203,7 @@ def _index_jsonl(path: str, column: str, ordinal: int) -> list[Shard]:
         for line in f:
             if line.strip():
                 if rows == 0:
-                    _check_json_row(line, column, 1)
+                    _json_field(line, column, "line 1")
                 if not compressed and rows - shard_start == JSONL_SHARD_ROWS:
                     shards.append(shard_to(rows))
                     shard_start, shard_offset = rows, offset
@@ -214,13 +214,14 @@ def _index_jsonl(path: str, column: str, ordinal: int) -> list[Shard]:
     return shards
 
 
-def _check_json_row(line: bytes, column: str, number: int) -> object:
+def _json_field(data: bytes, column: str, where: str) -> object:
+    """The `column` field of a JSON object; BadFile naming `where` otherwise."""
     try:
-        row = orjson.loads(line)
+        row = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise BadFile(f"line {number} is not valid JSON: {exc}") from None
+        raise BadFile(f"{where} is not valid JSON: {exc}") from None
     if not isinstance(row, dict) or column not in row:
-        raise BadFile(f"line {number} has no key '{column}'; pick the text field with column=NAME")
+        raise BadFile(f"{where} has no key '{column}'; pick the text field with column=NAME")
     return row[column]
 
 
@@ -384,7 +385,7 @@ def _jsonl_slices(shard: Shard, column: str, size: int, first: int) -> Iterator[
             taken += 1
             if taken <= skip:
                 continue
-            value = _check_json_row(line, column, number)
+            value = _json_field(line, column, f"line {number}")
             values.append(np.asarray(value, dtype=np.int32) if isinstance(value, list) else value)
             if len(values) == size:
                 yield values
@@ -437,13 +438,7 @@ def _tar_value(key: str, members: list[tuple[str, bytes | None]], column: str) -
         meta = next((data for suffix, data in members if suffix == "json"), None)
         if meta is None:
             raise BadFile(f"sample '{key}' has no {key}.txt and no {key}.json for its text")
-        try:
-            row = orjson.loads(meta)
-        except orjson.JSONDecodeError as exc:
-            raise BadFile(f"{key}.json is not valid JSON: {exc}") from None
-        if not isinstance(row, dict) or column not in row:
-            raise BadFile(f"{key}.json has no key '{column}'; pick the text field with column=NAME")
-        text = row[column]
+        text = _json_field(meta, column, f"{key}.json")
     else:
         text = text.decode("utf-8", errors="replace")
     return text, [data for suffix, data in members if suffix in IMAGE_SUFFIXES]
