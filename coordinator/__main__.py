@@ -12,10 +12,15 @@ import json
 import os
 import sys
 
-from omniload.coordinator.logs import setup_logging
-from omniload.coordinator.server import Coordinator
-from omniload.errors import ConfigError
-from omniload.spec import Spec
+# Arrow's C++ default allocator (mimalloc) keeps freed pages for reuse, several MB per process;
+# the system one gives them back. Arrow reads this once, when pyarrow is imported, so it is set
+# before any import that pulls pyarrow in; the workers' forkserver inherits it.
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
+
+from omniload.coordinator.logs import setup_logging  # noqa: E402
+from omniload.coordinator.server import Coordinator  # noqa: E402
+from omniload.errors import ConfigError  # noqa: E402
+from omniload.spec import Spec  # noqa: E402
 
 
 def main() -> int:

@@ -116,7 +116,9 @@ class Figures:
 
     def _memory(self) -> dict[str, float]:
         """Resident memory of the coordinator and its workers (RSS: cheap to read; the workers'
-        shared pages, rings included, are counted in each process that maps them)."""
+        shared pages, rings included, are counted in each process that maps them), the
+        coordinator's own heap and PSS where Linux tells them (smaps_rollup, well under a
+        millisecond), and the rings' read-ahead (their spans, shared by coordinator and workers)."""
         workers = 0
         for worker in self._pool.workers:
             process = self._processes.get(worker.pid) if worker is not None else None
@@ -124,8 +126,10 @@ class Figures:
                 workers += process.memory_info().rss if process is not None else 0
             except psutil.Error:  # it just exited
                 pass
+        rings = sum(ring.span for ring in self._pool.rings.values())
         return {"coordinator": round(psutil.Process().memory_info().rss / 2**20, 1),
-                "workers": round(workers / 2**20, 1)}
+                **{f"coordinator_{key}": round(value / 2**20, 1) for key, value in _own_memory().items()},
+                "workers": round(workers / 2**20, 1), "rings": round(rings / 2**20, 1)}
 
     def _cpu_seconds(self, pid: int) -> float:
         try:
@@ -134,3 +138,19 @@ class Figures:
             return times.user + times.system
         except psutil.Error:  # it just exited; its replacement is sampled from the next tick
             return 0.0
+
+
+def _own_memory() -> dict[str, int]:
+    """This process's heap (private anonymous memory: Python objects, numpy and arrow buffers)
+    and PSS, in bytes; empty where /proc/self/smaps_rollup is not there (not Linux)."""
+    fields = {"Anonymous:": "heap", "Pss:": "pss"}
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                key, _, rest = line.partition(" ")
+                if key in fields:
+                    out[fields[key]] = int(rest.split()[0]) << 10
+    except OSError:
+        pass
+    return out

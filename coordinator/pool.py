@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import threading
+from collections import Counter
 from collections.abc import Callable
 
 from omniload.errors import ConfigError
@@ -31,6 +32,8 @@ from omniload.coordinator.catalog import SourceCatalog
 log = logging.getLogger("omniload")
 _WORKER_JOIN_S = 5.0
 _HELPER_STOP_S = 5.0
+RING_BUDGET_MB = 16  # the read-ahead of all a job's rings together, split over its lanes
+MIN_SPAN_MB = 1  # a lane's read-ahead at least (what the throughput benchmark runs with)
 
 
 class WorkerProcess:
@@ -182,15 +185,30 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def ring_span(ring_mb: int, lanes: int, source_lanes: int = 1) -> int:
+    """Bytes of read-ahead one lane's ring holds (workers/ring.py). A source's only lane needs
+    just enough to cover the planner's bursts: its share of the job's RING_BUDGET_MB, at least
+    MIN_SPAN_MB, at most --ring-mb (which bounds one record); with many lanes the sum is what
+    counts. A source with several lanes gets --ring-mb in full: its lanes take turns group by
+    group, so each can work ahead only as far as its ring holds (omniload.order)."""
+    if source_lanes > 1:
+        return ring_mb << 20
+    share = (RING_BUDGET_MB << 20) // max(1, lanes)
+    return min(ring_mb << 20, max(MIN_SPAN_MB << 20, share))
+
+
 def _create_rings(spec: Spec, plan: list[list[tuple[int, int]]], job_id: str,
                   coordinator_pid: int) -> dict[tuple[int, int], Ring]:
-    """One ring per lane, allocated in full; raises ConfigError (and leaves no ring) when the
-    shared-memory directory cannot hold them all."""
+    """One ring per lane, for records up to --ring-mb, its span (ring_span) allocated; raises
+    ConfigError (and leaves no ring) when the shared-memory directory cannot hold them all."""
     rings: dict[tuple[int, int], Ring] = {}
+    keys = [key for worker in plan for key in worker]
+    lanes_of = Counter(source for source, _ in keys)
     try:
-        for source, lane in (key for worker in plan for key in worker):
+        for source, lane in keys:
             path = segment_path(coordinator_pid, job_id, f"s{source}-l{lane}")
-            rings[(source, lane)] = Ring.create(path, spec.ring_mb << 20)
+            span = ring_span(spec.ring_mb, len(keys), lanes_of[source])
+            rings[(source, lane)] = Ring.create(path, spec.ring_mb << 20, span)
     except OSError as exc:
         for ring in rings.values():
             ring.close()
@@ -205,9 +223,12 @@ def _shm_error(exc: OSError, spec: Spec, plan: list[list[tuple[int, int]]]) -> C
         return ConfigError(f"cannot create a shared-memory ring in {SHM_DIR}: {exc}")
     usage = shutil.disk_usage(SHM_DIR)
     fewer = " / --workers" if lanes > len(spec.sources) else ""  # below one lane per source it cannot go
+    lanes_of = Counter(source for worker in plan for source, _ in worker)
+    need = sum(ring_span(spec.ring_mb, lanes, n) * n for n in lanes_of.values())
+    each = f"--ring-mb {spec.ring_mb}" if need == lanes * (spec.ring_mb << 20) else "their read-ahead"
     return ConfigError(
         f"{SHM_DIR} is too small for this job's rings: it holds {_mb(usage.total)} with {_mb(usage.free)} free, "
-        f"the job needs {_mb(lanes * (spec.ring_mb << 20))} ({lanes} lanes x --ring-mb {spec.ring_mb}); "
+        f"the job needs {_mb(need)} ({lanes} lanes x {each}); "
         f"enlarge {SHM_DIR} (docker run --shm-size=...) or lower --ring-mb{fewer}")
 
 

@@ -33,6 +33,8 @@ def render(status: dict[str, Any]) -> str:
             lines.append(f"{'':>6}... {len(rest)} more ranks at steps {rest[0]['step']}-{rest[-1]['step']}, "
                          f"waiting {_mean(r['wait_percent'] for r in rest):.1f}% on average")
     lines += ["", _planner_line(planner)]
+    if "memory_mb" in status:
+        lines.append(_memory_line(status["memory_mb"]))
     if status["waiting_for"]:
         lines.append(f"waiting: {status['waiting_for']}")
     return "\n".join(lines)
@@ -56,6 +58,13 @@ def _planner_line(planner: dict[str, Any]) -> str:
     weights = " ".join(f"{name}={w:.2f}" for name, w in planner.get("weights", {}).items())
     return (f"planner: {planner['steps']} steps, {planner['ms_per_step']:.1f} ms/step (last {planner['last_ms']:.1f}), "
             f"max/mean cost {planner['imbalance']:.3f}, carry {planner['carry']} segments, weights {weights}")
+
+
+def _memory_line(memory: dict[str, float]) -> str:
+    heap = f", heap {memory['coordinator_heap']:.0f} MB" if "coordinator_heap" in memory else ""
+    rings = f"; rings {memory['rings']:.0f} MB of read-ahead" if "rings" in memory else ""
+    return (f"memory: coordinator {memory['coordinator']:.0f} MB RSS{heap}; workers {memory['workers']:.0f} MB RSS "
+            f"(shared pages counted in each){rings}")
 
 
 def _si(value: float) -> str:

@@ -9,24 +9,36 @@ tokens), the first source ten times as many rounds. One rank consumes as fast as
 the figure is delivered tokens/s over the timed window (from the job's status), and the
 split (workers per source) is sampled every second to show how it moved.
 
-    python scripts/bench_autoscale.py [--budget 2] [--sources 4] [--seconds 30]
+Trials alternate the two sides (static first in odd trials, auto first in even ones, so a
+drift of the machine hits both alike); the result is each side's median over the trials and
+the ratio of the medians. Each run also reports where the CPU went over its timed window
+(coordinator with its threads, workers, the rank, other helpers such as senders), which is
+what bounds the ratio on a machine with few cores: a static split leaves the costly source's
+worker busy and the others idle, and the idle CPU goes to the coordinator and the rank;
+a balanced split keeps every worker busy, so the coordinator and the rank compete with them.
+
+    python scripts/bench_autoscale.py [--budget 2] [--sources 4] [--seconds 30] [--trials 3]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 HERE = Path(__file__).resolve().parent
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
 sys.path.insert(0, str(HERE))
 
-_ROUNDS = 40  # the cheap sources' per-token work; the costly one does ten times as many rounds
+_ROUNDS_ENV = "OMNILOAD_BENCH_ROUNDS"
+_ROUNDS = int(os.environ.get(_ROUNDS_ENV, "40"))  # a cheap source's per-token work; the costly one does 10x
 
 
 def _work(text: str, rounds: int) -> np.ndarray:
@@ -52,14 +64,40 @@ def _rank(addr: str, token: str) -> None:
         pass
 
 
-def run(spec_dict: dict, seconds: float, warmup: float) -> tuple[float, list[str]]:
-    """Delivered tokens/s over `seconds` after `warmup`, and the split sampled each second."""
+def _cpu_by_role(coordinator: int, rank: int) -> dict[str, float]:
+    """CPU seconds so far of the job's live processes by role (a worker stopped by a re-split
+    takes its seconds with it: the workers' figure is a lower bound after a move)."""
+    out = {"coordinator": 0.0, "workers": 0.0, "rank": 0.0, "helpers": 0.0}
+
+    def seconds(process: psutil.Process) -> float:
+        times = process.cpu_times()
+        return times.user + times.system
+
+    with contextlib.suppress(psutil.Error):
+        out["rank"] = seconds(psutil.Process(rank))
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(coordinator)
+        out["coordinator"] = seconds(root)
+        for child in root.children():
+            with contextlib.suppress(psutil.Error):
+                if "forkserver" in " ".join(child.cmdline()):
+                    out["helpers"] += seconds(child)
+                    for worker in child.children(recursive=True):
+                        with contextlib.suppress(psutil.Error):
+                            out["workers"] += seconds(worker)
+                else:  # resource tracker, senders
+                    out["helpers"] += seconds(child)
+    return out
+
+
+def run(spec_dict: dict, seconds: float, warmup: float) -> dict:
+    """Delivered tokens/s over `seconds` after `warmup`, the split sampled each second, the
+    autoscaler's moves and measured costs, and the CPU (in cores) by role over the window."""
     import omniload
 
     job = omniload.Job(spec_dict).start()
     rank = multiprocessing.get_context("spawn").Process(target=_rank, args=(job.addr, job.token), daemon=True)
     rank.start()
-    names = [s["name"] for s in spec_dict["sources"]]
     splits: list[str] = []
     try:
         started = time.monotonic()
@@ -71,45 +109,72 @@ def run(spec_dict: dict, seconds: float, warmup: float) -> tuple[float, list[str
             if not splits or splits[-1].split(" ", 1)[1] != split:
                 splits.append(f"{now - started:.0f}s {split}")
             if first is None and now - started >= warmup:
-                first = (time.monotonic(), status["delivered"]["tokens"])
-        last = (time.monotonic(), job.status()["delivered"]["tokens"])
+                first = (time.monotonic(), status["delivered"]["tokens"], _cpu_by_role(job._process.pid, rank.pid))
+        status = job.status()
+        last = (time.monotonic(), status["delivered"]["tokens"], _cpu_by_role(job._process.pid, rank.pid))
     finally:
         rank.kill()
         rank.join()
         job.stop()
-    del names
-    return (last[1] - first[1]) / (last[0] - first[0]), splits
+    elapsed = last[0] - first[0]
+    return {"tokens_per_s": (last[1] - first[1]) / elapsed, "splits": splits,
+            "moves": status["workers"]["moves"], "coordinator_mb": status["memory_mb"]["coordinator"],
+            "costs": [s["cpu_us_per_ktoken"] for s in status["sources"]],
+            "cores": {role: max(0.0, last[2][role] - first[2][role]) / elapsed for role in last[2]}}
 
 
 def main() -> None:
     from bench_data import make_sources
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget", type=int, default=2, help="worker processes on each side")
+    parser.add_argument("--budget", type=int, default=2, help="worker processes on each side (at most the cores)")
     parser.add_argument("--sources", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=30.0, help="timed window per run")
     parser.add_argument("--warmup", type=float, default=15.0, help="seconds before the window (auto measures, "
                                                                     "then moves)")
     parser.add_argument("--every", type=float, default=3.0, help="auto: --autoscale-every")
+    parser.add_argument("--trials", type=int, default=3, help="runs of each side, alternating")
+    parser.add_argument("--rounds", type=int, default=_ROUNDS, help="a cheap source's per-token work (the costly "
+                                                                    "source does ten times as many rounds)")
     parser.add_argument("--docs", type=int, default=20000, help="documents per source")
+    parser.add_argument("--ring-mb", type=int, default=1, help="both sides; a source's lanes take turns group by "
+                        "group, so a lane works ahead of the planner only as far as its ring holds")
+    parser.add_argument("--shuffle-window", type=int, default=0, help="both sides (segments; 0: the default, 8M "
+                        "tokens): the planner fills a source's share of it in one burst while the others wait")
+    parser.add_argument("--shard-interleave", type=int, default=4, help="both sides: row groups per group, the "
+                        "unit a source's lanes take turns on (the job default is 4)")
     args = parser.parse_args()
+    cpus = len(os.sched_getaffinity(0))
+    if not 1 <= args.budget <= cpus:
+        parser.error(f"--budget must be 1..{cpus} (the cores here): auto's budget is the cores less --reserve-cpus")
+    os.environ[_ROUNDS_ENV] = str(args.rounds)  # the workers' transforms read it
 
     sources = make_sources(args.sources, args.docs)
     for i, source in enumerate(sources):
         source["tokenizer"] = "bench_autoscale:costly" if i == 0 else "bench_autoscale:cheap"
-    base = {"sources": sources, "seq_len": 2048, "rows": 4, "seed": 0, "epochs": 0, "ring_mb": 1}
-    cpus = len(os.sched_getaffinity(0))
-    print(f"machine: {cpus} cores; {args.sources} sources of equal weight, source s0 ten times costlier per token; "
-          f"{args.budget} worker processes on each side; one rank as fast as it can; "
-          f"{args.warmup:.0f}s warm-up, {args.seconds:.0f}s timed")
-    static, static_split = run(dict(base, workers=args.budget), args.seconds, args.warmup)
-    auto, auto_split = run(dict(base, workers="auto", reserve_cpus=cpus - args.budget, autoscale_every=args.every),
-                           args.seconds, args.warmup)
-    print(f"{'split':<10}{'tokens/s':>12}   workers per source ({'/'.join(s['name'] for s in sources)}) over time")
-    print(f"{'static':<10}{static:>12,.0f}   {', '.join(static_split)}")
-    print(f"{'auto':<10}{auto:>12,.0f}   {', '.join(auto_split)}")
-    print(f"autoscaled / static: {auto / static:.2f}x")
-
+    base = {"sources": sources, "seq_len": 2048, "rows": 4, "seed": 0, "epochs": 0, "ring_mb": args.ring_mb,
+            "shuffle_window": args.shuffle_window, "shard_interleave": args.shard_interleave}
+    sides = {"static": dict(base, workers=args.budget),
+             "auto": dict(base, workers="auto", reserve_cpus=cpus - args.budget, autoscale_every=args.every)}
+    print(f"machine: {cpus} cores; {args.sources} sources of equal weight, source s0 ten times costlier per token "
+          f"({args.rounds} rounds per token for the others); --ring-mb {args.ring_mb}; --shuffle-window {args.shuffle_window}; "
+          f"{args.budget} worker processes on each side; one rank "
+          f"as fast as it can; {args.warmup:.0f}s warm-up, {args.seconds:.0f}s timed; {args.trials} trials alternating")
+    names = "/".join(s["name"] for s in sources)
+    print(f"{'trial':<6}{'side':<8}{'tokens/s':>11}  {'cores: coord':>12}{'workers':>8}{'rank':>6}{'other':>6}"
+          f"{'moves':>6}  workers per source ({names}) over time; cost CPU us/1000 tokens")
+    results: dict[str, list[float]] = {"static": [], "auto": []}
+    for trial in range(1, args.trials + 1):
+        for side in (("static", "auto") if trial % 2 else ("auto", "static")):
+            r = run(sides[side], args.seconds, args.warmup)
+            results[side].append(r["tokens_per_s"])
+            c = r["cores"]
+            costs = "" if side == "static" else "; cost " + "/".join("-" if x is None else f"{x:.0f}" for x in r["costs"])
+            print(f"{trial:<6}{side:<8}{r['tokens_per_s']:>11,.0f}  {c['coordinator']:>12.2f}{c['workers']:>8.2f}"
+                  f"{c['rank']:>6.2f}{c['helpers']:>6.2f}{r['moves']:>6}  {', '.join(r['splits'])}{costs}", flush=True)
+    static, auto = statistics.median(results["static"]), statistics.median(results["auto"])
+    print(f"median tokens/s: static {static:,.0f}, auto {auto:,.0f}; autoscaled / static: {auto / static:.2f}x "
+          f"(per trial: {', '.join(f'{a / s:.2f}x' for s, a in zip(results['static'], results['auto']))})")
 
 if __name__ == "__main__":
     main()

@@ -2,9 +2,17 @@
 
 Layout of the segment: a 128-byte header (write position at byte 0, read position at byte 64,
 so producer and consumer never share a cache line; capacity at byte 8; the producer's CPU
-nanoseconds and tokens written at bytes 16 and 24, which the autoscaler reads), then
-`capacity` bytes of data. Positions are monotonic byte counters; a record is an 8-byte length and its payload
-padded to 8 bytes, and it may wrap around the end of the data area.
+nanoseconds and tokens written at bytes 16 and 24, which the autoscaler reads; the span at
+byte 32), then `capacity` bytes of data. Positions are monotonic byte counters; a record is an
+8-byte length and its payload padded to 8 bytes, and it may wrap around the end of the data area.
+
+The capacity bounds one record; the span bounds the read-ahead's memory. A record starts
+only within the first `span` bytes: once the write position has passed the span, the
+producer pads the rest of the data area (a PAD length the consumer skips) and goes on at its
+start, so with records smaller than the ring only about `span` bytes are ever touched. The
+span is allocated when the ring is created; the rest of the segment is sparse and allocated
+by the producer only when a record reaches into it (a long document), so a full /dev/shm
+shows as ENOSPC there rather than as SIGBUS.
 
 The producer copies a whole record before publishing the new write position, so a producer
 that dies mid-record leaves nothing visible. A full ring makes `try_write` return False: the
@@ -26,8 +34,9 @@ import psutil
 SHM_DIR = Path("/dev/shm")
 PREFIX = "omniload-"
 _HEADER = 128
-_WRITE, _CAP, _CPU_NS, _TOKENS, _READ = 0, 8, 16, 24, 64
+_WRITE, _CAP, _CPU_NS, _TOKENS, _SPAN, _READ = 0, 8, 16, 24, 32, 64
 _U64 = struct.Struct("<Q")
+_PAD = (1 << 64) - 1  # a length that means: the rest of the data area is padding, go on at its start
 
 
 class RecordTooLarge(ValueError):
@@ -45,17 +54,22 @@ class Ring:
         self.path = path
         self._mm = mm
         self.capacity = _U64.unpack_from(mm, _CAP)[0]
+        self.span = _U64.unpack_from(mm, _SPAN)[0] or self.capacity
+        self._allocated = self.span  # data bytes known to be allocated (the producer's view)
 
     @classmethod
-    def create(cls, path: Path, capacity: int) -> Ring:
-        """A new segment with every byte allocated; OSError (ENOSPC when the directory is
-        full) leaves no file behind."""
+    def create(cls, path: Path, capacity: int, span: int | None = None) -> Ring:
+        """A new segment for records up to `capacity` bytes whose read-ahead touches about
+        `span` bytes (default: the capacity); the span is allocated now, the rest stays
+        sparse. OSError (ENOSPC when the directory is full) leaves no file behind."""
         capacity = _pad8(capacity)
+        span = capacity if span is None else min(capacity, max(8, _pad8(span)))
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            # Allocated now, not sparse: a full /dev/shm fails here with ENOSPC instead of
-            # killing a worker by SIGBUS at some later write.
-            os.posix_fallocate(fd, 0, _HEADER + capacity)
+            # The span is allocated now, not sparse: a full /dev/shm fails here with ENOSPC
+            # instead of killing a worker by SIGBUS at some later write.
+            os.posix_fallocate(fd, 0, _HEADER + span)
+            os.ftruncate(fd, _HEADER + capacity)
             mm = mmap.mmap(fd, _HEADER + capacity)
         except OSError:
             path.unlink(missing_ok=True)
@@ -63,6 +77,7 @@ class Ring:
         finally:
             os.close(fd)
         _U64.pack_into(mm, _CAP, capacity)
+        _U64.pack_into(mm, _SPAN, span)
         return cls(path, mm)
 
     @classmethod
@@ -87,13 +102,32 @@ class Ring:
             raise RecordTooLarge(f"record of {size} bytes does not fit a ring of {self.capacity} bytes")
         write = _U64.unpack_from(self._mm, _WRITE)[0]
         read = _U64.unpack_from(self._mm, _READ)[0]
-        if write - read + total > self.capacity:
+        start = write % self.capacity
+        pad = self.capacity - start if start >= self.span else 0  # past the span: go on at the start
+        if pad + total > self.capacity:
+            pad = 0  # a long record that would not fit even an empty ring after the pad: it goes where it is
+        if write - read + pad + total > self.capacity:
             return False
-        offset = self._copy_in(write % self.capacity, _U64.pack(size))
+        if pad:
+            _U64.pack_into(self._mm, _HEADER + start, _PAD)
+            start = 0
+        if min(self.capacity, start + total) > self._allocated:  # a long record reaching past the span
+            self._allocate(min(self.capacity, start + total))  # (what wraps around lands within it)
+        offset = self._copy_in(start, _U64.pack(size))
         for part in parts:
             offset = self._copy_in(offset, part)
-        self._publish(write + total)
+        self._publish(write + pad + total)
         return True
+
+    def _allocate(self, end: int) -> None:
+        """Allocate the data area up to `end` before writing there (OSError ENOSPC if
+        /dev/shm is full), so a write to the sparse part never faults."""
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, _HEADER + self._allocated, end - self._allocated)
+        finally:
+            os.close(fd)
+        self._allocated = end
 
     def _copy_in(self, offset: int, data: bytes | memoryview) -> int:
         first = min(len(data), self.capacity - offset)
@@ -124,6 +158,10 @@ class Ring:
             return None
         offset = read % self.capacity
         size = _U64.unpack_from(self._mm, _HEADER + offset)[0]
+        if size == _PAD:  # published together with the record after it, which sits at the start
+            read += self.capacity - offset
+            offset = 0
+            size = _U64.unpack_from(self._mm, _HEADER)[0]
         start = (offset + 8) % self.capacity
         end = start + size
         if end <= self.capacity:

@@ -43,8 +43,8 @@ def _consume(ring: Ring, producer: multiprocessing.Process) -> list[bytes]:
         data = ring.read()
         if data is not None:
             got.append(data)
-        elif not producer.is_alive():
-            if ring.read() is None and ring.used() == 0:
+        elif not producer.is_alive():  # it may have written its last records since the read above
+            if ring.used() == 0:
                 return got
         else:
             time.sleep(0.0001)
@@ -84,3 +84,42 @@ def test_record_larger_than_the_ring_is_an_error(ring):
     assert ring.try_write(b"y" * (_CAPACITY - 8))
     with pytest.raises(RecordTooLarge, match="does not fit a ring"):
         ring.try_write(b"z" * _CAPACITY)
+
+
+def _allocated(ring: Ring) -> int:
+    return os.stat(ring.path).st_blocks * 512
+
+
+def test_a_span_keeps_small_records_in_its_first_bytes_and_long_ones_still_fit():
+    capacity, span = 1 << 20, 64 << 10
+    ring = Ring.create(segment_path(os.getpid(), "test", f"span{time.monotonic_ns()}"), capacity, span)
+    try:
+        assert _allocated(ring) < capacity // 2  # the span is allocated, the rest is sparse
+        producer = multiprocessing.get_context("fork").Process(
+            target=_produce, args=(str(ring.path), 3000, None))  # ~4 MB through the ring: many wraps
+        producer.start()
+        got = _consume(ring, producer)
+        producer.join()
+        assert producer.exitcode == 0
+        assert got == [_payload(i) for i in range(3000)]
+        assert _allocated(ring) < capacity // 2, "small records touched the ring past its span"
+        long = bytes(range(256)) * ((capacity - 4096) // 256)  # larger than the span: allocated on demand
+        for small in (5000, 70_000, 300_000, 8):  # wherever the write position is, an empty ring takes it
+            assert ring.try_write(b"a" * small) and ring.read() == b"a" * small
+            assert ring.try_write(long) and not ring.try_write(b"b" * 5000)
+            assert ring.read() == long and ring.read() is None
+        assert _allocated(ring) >= capacity - 4096
+    finally:
+        ring.close()
+        ring.unlink()
+
+
+def test_many_lanes_share_a_read_ahead_budget_and_a_source_of_several_lanes_keeps_its_ring():
+    from omniload.coordinator.pool import MIN_SPAN_MB, RING_BUDGET_MB, ring_span
+
+    mb = 1 << 20
+    assert ring_span(4, 4) == 4 * mb  # few lanes: --ring-mb in full, as before
+    assert ring_span(4, 16) == RING_BUDGET_MB * mb // 16  # 16 sources x 1 lane: the budget split
+    assert ring_span(4, 256) == MIN_SPAN_MB * mb  # never below the floor
+    assert ring_span(1, 16) == 1 * mb  # never above --ring-mb, which bounds one record
+    assert ring_span(4, 64, source_lanes=4) == 4 * mb  # lanes that take turns need their whole ring

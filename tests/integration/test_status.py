@@ -47,8 +47,11 @@ def test_status_and_metrics_list_every_source_and_rank_and_their_counters_grow(c
     assert status["planner"]["steps"] > 0 and set(status["planner"]["weights"]) == set(names)
     assert {s["name"] for s in as_json["sources"]} == set(names) and len(as_json["ranks"]) == 2
     assert table.returncode == 0, table.stderr
-    for word in (*names, "docs/s", "tokens/s", "ring", "rank", "wait%", "planner:", "ms/step"):
+    for word in (*names, "docs/s", "tokens/s", "ring", "rank", "wait%", "planner:", "ms/step", "memory: coordinator"):
         assert word in table.stdout, word
+    memory = status["memory_mb"]  # the coordinator reports its own heap and the rings' read-ahead
+    assert 0 < memory["coordinator_heap"] < memory["coordinator_pss"] <= memory["coordinator"] + 1, memory
+    assert memory["rings"] > 0 and memory["workers"] > 0, memory
     read = [[run[("omniload_source_tokens_total", (("source", name),))] for name in names] for run in (first, second)]
     assert all(tokens > 0 for tokens in read[0]) and sum(read[1]) > sum(read[0]), read  # windows are read in bursts
     for rank in ("0", "1"):
