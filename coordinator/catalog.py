@@ -70,6 +70,9 @@ def _index_source(index: int, source: Source, spec: Spec) -> SourceCatalog:
                                   "--on-bad-file skip skips it instead)") from None
             log.warning("source '%s': skipping %s: %s", source.name, path, exc)
             continue
+        if fmt == "tar" and images is None:  # the glob did not say .tar, the files do
+            raise ConfigError(f"source '{source.name}': {path} is a tar file: give format=tar to the source "
+                              "(and --image-token) so that its images are decoded")
         shards.extend(file_shards)
         rows += sum(s.rows for s in file_shards)
     if rows == 0:

@@ -48,7 +48,7 @@ def cost_function(balance: str, coeffs: tuple[float, ...], sources: list[str]) -
         raise ConfigError(f"balance {balance!r}: cannot load it: {exc}") from None
 
     def user_cost(lengths: np.ndarray, source_idx: np.ndarray, images: np.ndarray) -> np.ndarray:
-        return np.array([float(fn(SampleMeta(int(n), sources[s], {"images": int(k)} if k else {})))
+        return np.array([float(fn(SampleMeta(int(n), sources[s], {"images": int(k)})))
                          for n, s, k in zip(lengths, source_idx, images)])
 
     return user_cost

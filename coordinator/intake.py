@@ -31,6 +31,7 @@ class Doc:
     pos: int = 0
     image_at: np.ndarray | None = None  # where each image's placeholder tokens start
     pixels: np.ndarray | None = None  # uint8 [images, 3, H, W]
+    after: tuple[int, int] = (0, 0)  # the intake's cursor right after this document (before any SKIP past it)
 
     @property
     def origin(self) -> tuple[int, int]:
@@ -95,8 +96,9 @@ class SourceIntake:
                 config = self.catalog.images
                 at, pixels = images_of(record, config.height, config.width)
                 self.images += record.images
-                return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos, at, pixels)
-            return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos)
+                return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos, at, pixels,
+                           self.cursor)
+            return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos, after=self.cursor)
         return None
 
     def _shard_rows(self, g: int) -> int:

@@ -102,6 +102,9 @@ class Stepper:
         # window while the ranks wait. Text keeps up without it.
         self._ahead: list[deque[Doc]] = [deque() for _ in intakes]
         self._ahead_pixels = [0] * len(intakes)
+        # Right after the last document taken: where a window starts and what a checkpoint
+        # says, the same whatever the read-ahead has taken (SKIP records past it included).
+        self._next: list[tuple[int, int] | None] = [None] * len(intakes)
         self.step = 0
         self.cancel = threading.Event()  # set from another thread to end a wait for records
         self._breathed = time.monotonic()
@@ -130,6 +133,7 @@ class Stepper:
         self.live_changes[:] = [(at, weights) for at, weights in state["live"]]
         self.carry, self.windows = [], [None] * len(self._intakes)
         self._ahead, self._ahead_pixels = [deque() for _ in self._intakes], [0] * len(self._intakes)
+        self._next = [None] * len(self._intakes)
         self._saved = {"carry": [tuple(entry) for entry in state["carry"]], "windows": {}, "resume_at": {}}
         for intake in self._intakes:
             index, name = intake.catalog.index, intake.catalog.name
@@ -303,9 +307,9 @@ class Stepper:
             yield 0.0
 
     def _cursor(self, source: int) -> tuple[int, int]:
-        """Where the source's next document is: the first one read ahead, else the intake's."""
-        ahead = self._ahead[source]
-        return ahead[0].origin if ahead else self._intakes[source].cursor
+        """Right after the last document taken (the intake's cursor until one is taken)."""
+        taken = self._next[source]
+        return taken if taken is not None else self._intakes[source].cursor
 
     def _dry(self, source: int) -> bool:
         return self._intakes[source].dry and not self._ahead[source]
@@ -335,6 +339,7 @@ class Stepper:
                 return None
             doc = ahead.popleft()
             self._ahead_pixels[intake.catalog.index] -= 0 if doc.pixels is None else doc.pixels.nbytes
+            self._next[intake.catalog.index] = doc.after
             return doc
         delay, since = _POLL_MIN_S, time.monotonic()
         while (doc := intake.poll(until_group)) is None:
@@ -347,4 +352,5 @@ class Stepper:
                                    "Raise --worker-timeout for very slow transforms")
             yield delay
             delay = min(delay * 2, _POLL_MAX_S)
+        self._next[intake.catalog.index] = doc.after
         return doc

@@ -50,9 +50,9 @@ class _Source:
         rng = np.random.default_rng([self.catalog.index, self.pos])
         long = rng.random() < 0.02
         length = int(rng.integers(20, 60) * self._seq_len) if long else max(1, int(rng.lognormal(np.log(600), 1.0)))
-        doc = Doc(self.catalog.index, self.pos, _TOKENS[: min(length, len(_TOKENS))], self.group, self.pos)
         self.pos += 1
-        return doc
+        return Doc(self.catalog.index, self.pos - 1, _TOKENS[: min(length, len(_TOKENS))], self.group, self.pos - 1,
+                   after=self.cursor)
 
 
 def _spec(seq_len: int, rows: int) -> Spec:

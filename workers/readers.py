@@ -122,6 +122,9 @@ def _check_columns(schema: pa.Schema, columns: tuple[str, ...]) -> None:
     kind = schema.field(columns[0]).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or _is_int_list(kind)):
         raise BadFile(f"column '{columns[0]}' has type {kind}; expected text or a list of token ids")
+    if len(columns) > 1 and _is_int_list(kind):
+        raise BadFile(f"column '{columns[0]}' holds token ids; with image= the text column must be text, "
+                      "for the placeholders to go where it says <image>")
     if len(columns) > 1 and not _is_image_type(schema.field(columns[1]).type):
         raise BadFile(f"image column '{columns[1]}' has type {schema.field(columns[1]).type}; expected binary "
                       "(encoded JPEG/PNG...), a struct with a 'bytes' field (Hugging Face Image), or a list of those")

@@ -47,7 +47,7 @@ class ListIntake:
         if self._p == len(self._lengths):
             self.group, self._p = g + 1, 0
         tokens = (np.arange(self._lengths[p], dtype=np.int32) + 1000 * p) % 50_000
-        return Doc(self.catalog.index, p, tokens, g, p)
+        return Doc(self.catalog.index, p, tokens, g, p, after=self.cursor)
 
 
 def heavy_tailed(seed: int, n: int) -> list[int]:
