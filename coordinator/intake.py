@@ -70,13 +70,15 @@ class SourceIntake:
     def dry(self) -> bool:
         return self._end is not None and self.group >= self._end
 
-    def poll(self, until_group: int | None = None) -> Doc | None:
+    def poll(self, until_group: int | None = None, waiting: bool = True) -> Doc | None:
         """The next document if its record has arrived, else None (also when dry, or when the
-        cursor has reached `until_group`)."""
+        cursor has reached `until_group`). `waiting`: the planner waits on this source, so an
+        empty ring counts in empty_polls (the autoscaler's sign of a starved source); a
+        read-ahead's poll does not."""
         while not self.dry and (until_group is None or self.group < until_group):
             data = self.rings[lane_of(self.group, len(self.rings))].read()
             if data is None:
-                self.empty_polls += 1
+                self.empty_polls += waiting
                 return None
             record = decode(data)
             if record.kind is RecordKind.ERROR:

@@ -37,7 +37,7 @@ from omniload.coordinator.window import Block, DocKey, Unit, block_tokens_for, m
 
 _POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
 _BREATHE_S = 0.002  # the longest a step computes between two chances for others to run
-_WINDOW_PIXELS = 128 << 20  # pixel bytes the job's shuffle windows hold at most, split by weight (and as much read ahead)
+_WINDOW_PIXELS = 128 << 20  # pixel bytes the shuffle windows hold at most, split by weight (as much again read ahead)
 
 
 class Cancelled(Exception):
@@ -89,6 +89,7 @@ class Stepper:
         self._cost = cost_function(spec.balance, spec.cost_coeffs, self._names)
         self._bucket_rows = spec.rows if spec.long_docs == "bucket" else 0
         self._rank_cap = int(spec.max_doc_share * spec.rows * spec.seq_len)  # one document's tokens on a rank
+        self._image_hw = spec.image_hw if spec.has_images else None
         self.live_changes = live_changes if live_changes is not None else []
         self.passes = [0.0] * len(intakes)
         self.weights = [0.0] * len(intakes)  # those of the last step planned
@@ -104,7 +105,7 @@ class Stepper:
         self._ahead_pixels = [0] * len(intakes)
         # Right after the last document taken: where a window starts and what a checkpoint
         # says, the same whatever the read-ahead has taken (SKIP records past it included).
-        self._next: list[tuple[int, int] | None] = [None] * len(intakes)
+        self._next: list[tuple[int, int]] = [i.cursor for i in intakes]
         self.step = 0
         self.cancel = threading.Event()  # set from another thread to end a wait for records
         self._breathed = time.monotonic()
@@ -133,7 +134,6 @@ class Stepper:
         self.live_changes[:] = [(at, weights) for at, weights in state["live"]]
         self.carry, self.windows = [], [None] * len(self._intakes)
         self._ahead, self._ahead_pixels = [deque() for _ in self._intakes], [0] * len(self._intakes)
-        self._next = [None] * len(self._intakes)
         self._saved = {"carry": [tuple(entry) for entry in state["carry"]], "windows": {}, "resume_at": {}}
         for intake in self._intakes:
             index, name = intake.catalog.index, intake.catalog.name
@@ -144,6 +144,7 @@ class Stepper:
                 self._saved["windows"][index] = window
                 starts.append((window[0], window[1]))
             intake.seek(*min([cursor, *starts]))
+            self._next[index] = intake.cursor
             self._saved["resume_at"][index] = cursor
 
     def rehydrate(self) -> None:
@@ -205,10 +206,10 @@ class Stepper:
         spec = self._spec
         if spec.steps and self.step >= spec.steps:
             return None
-        self._read_ahead()
         weights = self.upcoming_weights()
         join(self.passes, self.weights, weights)
         self.weights = weights
+        self._read_ahead()
         need = self.dp * spec.rows * spec.seq_len - sum(s.length for s in self.carry)
         in_step: dict[DocKey, int] = {}
         for segment in self.carry:
@@ -235,8 +236,7 @@ class Stepper:
             yield from self._breathe()  # a step at dp=1024 draws thousands of units
         if not fresh and not self.carry:
             return None
-        carry, dp = list(self.carry), self.dp
-        image_hw = spec.image_hw if spec.has_images else None
+        carry, dp, image_hw = list(self.carry), self.dp, self._image_hw
 
         def balance_and_build():  # pure: the costly part of a step at a large dp
             plan = plan_step(carry, fresh, dp, spec.rows, spec.seq_len, self._cost, spec.balance_window,
@@ -307,9 +307,8 @@ class Stepper:
             yield 0.0
 
     def _cursor(self, source: int) -> tuple[int, int]:
-        """Right after the last document taken (the intake's cursor until one is taken)."""
-        taken = self._next[source]
-        return taken if taken is not None else self._intakes[source].cursor
+        """Right after the last document taken (see __init__)."""
+        return self._next[source]
 
     def _dry(self, source: int) -> bool:
         return self._intakes[source].dry and not self._ahead[source]
@@ -323,7 +322,7 @@ class Stepper:
             share = self.weights[source] / total
             ahead, limit = self._ahead[source], self._spec.window_segments(self.dp, share)
             while len(ahead) < limit and self._ahead_pixels[source] < share * _WINDOW_PIXELS:
-                doc = intake.poll()
+                doc = intake.poll(waiting=False)
                 if doc is None:
                     break
                 ahead.append(doc)

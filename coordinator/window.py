@@ -120,12 +120,14 @@ def compact(tokens: np.ndarray) -> np.ndarray:
 def units_of(doc: Doc, seq_len: int, bucket_rows: int = 0, rows: int = 0) -> list[Unit]:
     """A document's row-sized chunks, one unit each. With bucket_rows, chunks of a long document
     stay together in units of up to that many whole rows of one rank, positions running on.
-    Raises ValueError for a document that cannot be placed. A sample with images is one unit: its chunks stay together on one rank (at most `rows`
-    of them), each chunk holding the images whose placeholders start in it."""
+    A sample with images is one unit: its chunks stay together on one rank (at most `rows` of
+    them), each chunk holding the images whose placeholders start in it. Raises ValueError
+    for a document that cannot be placed."""
     tokens, origin = compact(doc.tokens), doc.origin
     bounds = chunk_bounds(len(tokens), seq_len)
     if len(bounds) > MAX_CHUNKS:
-        raise ValueError(f"a document of {len(tokens)} tokens makes more than {MAX_CHUNKS} chunks of --seq-len {seq_len}")
+        raise ValueError(f"a document of {len(tokens)} tokens makes more than {MAX_CHUNKS} chunks of "
+                         f"--seq-len {seq_len}")
     ids = [sample_id(doc.source, doc.ordinal, chunk) for chunk in range(len(bounds))]
     if doc.pixels is not None:
         return [_with_images(doc, tokens, bounds, ids, seq_len, rows)]
@@ -149,7 +151,9 @@ def _with_images(doc: Doc, tokens: np.ndarray, bounds: list[tuple[int, int]], id
         raise ValueError(f"a sample with images of {len(tokens)} tokens needs {len(bounds)} rows of --seq-len "
                          f"{seq_len} on one rank, more than --rows {rows}: raise --rows or --seq-len, or drop "
                          "such samples with --long-docs drop")
-    chunk_of = doc.image_at // seq_len
+    # image_at is increasing: each chunk's images are a slice (a view, not a copy of the pixels)
+    cuts = np.searchsorted(doc.image_at, [start for start, _ in bounds] + [len(tokens)])
     return tuple(Segment(doc.source, i, stop - start, tokens[start:stop], origin=doc.origin, position_start=start,
-                         group=ids[0], images=doc.pixels[chunk_of == chunk] if (chunk_of == chunk).any() else None)
+                         group=ids[0], images=doc.pixels[cuts[chunk]:cuts[chunk + 1]] if cuts[chunk] < cuts[chunk + 1]
+                         else None)
                  for chunk, (i, (start, stop)) in enumerate(zip(ids, bounds)))
