@@ -1,6 +1,6 @@
 """Split the worker budget among sources by what each costs to produce; pure.
 
-Lanes are fixed for the whole job (omniload.order: group k belongs to lane k % lanes), so which
+Lanes are fixed for the whole job (omniload.order.lane_of: a source's lanes take turns), so which
 worker serves a lane never changes the data: only the packing of lanes onto workers moves.
 A source's demand is the CPU its consumption needs: the tokens the planner took from it over
 the last window times its measured cost per token (its workers' CPU time / tokens they wrote,

@@ -1,8 +1,8 @@
 """Take each source's documents from the rings in the source's deterministic order.
 
 The cursor `(group, pos)` is the next sample to consume: position `pos` of group `group` (see
-omniload.order). Group `k` belongs to lane `k % lanes`, whose worker writes its groups in
-order, so the next record of that lane's ring is always the one wanted: no reordering, and no
+omniload.order). Each position belongs to one lane (order.lane_of), whose worker writes its
+positions in order, so the next record of that lane's ring is always the one wanted: no reordering, and no
 buffer beyond the rings.
 """
 from __future__ import annotations
@@ -76,7 +76,7 @@ class SourceIntake:
         empty ring counts in empty_polls (the autoscaler's sign of a starved source); a
         read-ahead's poll does not."""
         while not self.dry and (until_group is None or self.group < until_group):
-            data = self.rings[lane_of(self.group, len(self.rings))].read()
+            data = self.rings[lane_of(self.group, self.pos, len(self.rings))].read()
             if data is None:
                 self.empty_polls += waiting
                 return None

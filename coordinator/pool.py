@@ -22,7 +22,6 @@ from collections import Counter
 from collections.abc import Callable
 
 from omniload.errors import ConfigError
-from omniload.order import first_of_lane
 from omniload.spec import Spec
 from omniload.workers.ring import SHM_DIR, Ring, segment_path
 from omniload.workers.worker import LaneConfig, WorkerConfig, run_worker
@@ -117,12 +116,11 @@ class WorkerPool:
             src = self._catalog[source]
             k, pos = cursor_of(source)
             num_lanes = self.lane_counts[source]
-            start_group = first_of_lane(lane, num_lanes, k)
             lanes.append(LaneConfig(
                 source_index=source, source_name=src.name, column=src.column, tokenizer=src.tokenizer,
                 lane=lane, num_lanes=num_lanes, ring_path=str(self.rings[(source, lane)].path),
                 shards=src.shards, seed=self._spec.seed, epochs=src.epochs, interleave=self._spec.shard_interleave,
-                start_group=start_group, start_pos=pos if start_group == k else 0,
+                start_group=k, start_pos=pos,
                 skip_bad_files=self._spec.on_bad_file == "skip", image_column=src.image_column, images=src.images))
         process = WorkerProcess(self._ctx, WorkerConfig(worker_id=worker_id, coordinator_pid=self._coordinator_pid,
                                                          lanes=tuple(lanes)))
@@ -189,8 +187,8 @@ def ring_span(ring_mb: int, lanes: int, source_lanes: int = 1) -> int:
     """Bytes of read-ahead one lane's ring holds (workers/ring.py). A source's only lane needs
     just enough to cover the planner's bursts: its share of the job's RING_BUDGET_MB, at least
     MIN_SPAN_MB, at most --ring-mb (which bounds one record); with many lanes the sum is what
-    counts. A source with several lanes gets --ring-mb in full: its lanes take turns group by
-    group, so each can work ahead only as far as its ring holds (omniload.order)."""
+    counts. A source with several lanes gets --ring-mb in full: its lanes take turns (omniload.order),
+    and a lane works ahead through the other lanes' turns only as far as its ring holds."""
     if source_lanes > 1:
         return ring_mb << 20
     share = (RING_BUDGET_MB << 20) // max(1, lanes)

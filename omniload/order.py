@@ -8,14 +8,16 @@ from `(seed, source, e, shard)`, within bounded slices of the shard (see row_per
 Shards are read `interleave` at a time: group `k` holds up to `interleave` consecutive shards of
 one epoch, and its rows are taken from its shards in turn (row 0 of each, then row 1, ...), so
 consecutive documents of a source come from different row groups and files. A source's
-position is `(group, pos)`: the `pos`-th row of group `k`'s interleaved order. Group `k`
-belongs to lane `k % num_lanes`. Both the workers (which produce) and the coordinator (which
-consumes) derive everything from these functions, so the order never depends on worker count
-or timing.
+position is `(group, pos)`: the `pos`-th row of group `k`'s interleaved order. A source's lanes
+take turns TURN positions at a time (lane_of): a group is often hundreds of MB of text, and a
+lane can work ahead of the planner only as far as its ring holds, so lanes taking turns on
+whole groups would produce one after another. Both the workers (which produce) and the
+coordinator (which consumes) derive everything from these functions, so the order never
+depends on worker count or timing.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -70,13 +72,22 @@ def interleave_rows(rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     return member[order], row[order]
 
 
-def lane_of(k: int, num_lanes: int) -> int:
-    return k % num_lanes
+TURN = 256  # positions a lane produces before the next lane's turn: a few MB of tokens at most
 
 
-def first_of_lane(lane: int, num_lanes: int, from_k: int) -> int:
-    """The first group number >= from_k that lane `lane` owns."""
-    return from_k + (lane - from_k) % num_lanes
+def lane_of(k: int, pos: int, num_lanes: int) -> int:
+    """The lane that produces position `pos` of group `k`."""
+    return (k + pos // TURN) % num_lanes
+
+
+def turns_of_lane(lane: int, num_lanes: int, k: int, size: int, from_pos: int = 0) -> Iterator[range]:
+    """The positions of group `k` (of `size` positions) that lane `lane` produces, from
+    `from_pos` on, one turn at a time."""
+    turn = from_pos // TURN
+    turn += (lane - k - turn) % num_lanes
+    while turn * TURN < size:
+        yield range(max(turn * TURN, from_pos), min((turn + 1) * TURN, size))
+        turn += num_lanes
 
 
 def sample_id(source: int, ordinal: int, chunk: int) -> int:

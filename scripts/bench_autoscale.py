@@ -137,12 +137,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=_ROUNDS, help="a cheap source's per-token work (the costly "
                                                                     "source does ten times as many rounds)")
     parser.add_argument("--docs", type=int, default=20000, help="documents per source")
-    parser.add_argument("--ring-mb", type=int, default=1, help="both sides; a source's lanes take turns group by "
-                        "group, so a lane works ahead of the planner only as far as its ring holds")
+    parser.add_argument("--ring-mb", type=int, default=4, help="both sides (the job default is 4): a lane works "
+                        "ahead through its source's other lanes' turns only as far as its ring holds")
     parser.add_argument("--shuffle-window", type=int, default=0, help="both sides (segments; 0: the default, 8M "
                         "tokens): the planner fills a source's share of it in one burst while the others wait")
-    parser.add_argument("--shard-interleave", type=int, default=4, help="both sides: row groups per group, the "
-                        "unit a source's lanes take turns on (the job default is 4)")
+    parser.add_argument("--shard-interleave", type=int, default=4, help="both sides: row groups read together "
+                        "(the job default is 4)")
     args = parser.parse_args()
     cpus = len(os.sched_getaffinity(0))
     if not 1 <= args.budget <= cpus:

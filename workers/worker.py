@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from omniload.errors import ConfigError
-from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at
+from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at, turns_of_lane
 from omniload.workers.images import DECODE_ERRORS, ImageConfig, ImageTransform, load_image_transform, place_images, text_pieces
 from omniload.workers.readers import DATA_ERRORS, BadFile, Shard, iter_slices, part_name, use_system_allocator
 from omniload.workers.records import doc_record, error_record, skip_record
@@ -47,8 +47,8 @@ class LaneConfig:
     seed: int
     epochs: int  # 0: forever
     interleave: int  # shards read together, their rows in turn (omniload.order)
-    start_group: int  # the first group this lane produces
-    start_pos: int  # position to start at within start_group (non-zero after a restart)
+    start_group: int  # the source's cursor when the lane starts: it produces its turns from there
+    start_pos: int
     skip_bad_files: bool
     image_column: str | None = None  # parquet/Arrow: the column of encoded images
     images: ImageConfig | None = None  # set when the source's samples carry images
@@ -140,57 +140,70 @@ def _produce(lane: LaneConfig) -> Iterator[tuple]:
         if (yield from _produce_group(lane, transform, k, first_pos)):
             return
         _release_freed_memory()
-        k += lane.num_lanes
+        k += 1
         first_pos = 0
 
 
 def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: int) -> Generator[tuple, None, bool]:
-    """Group k's records from position first_pos: its shards read together, their rows taken in
-    turn (omniload.order.interleave_rows), each shard streamed a slice at a time and transformed
-    a batch at a time, so the worker holds one slice of each shard of the group, never a whole
-    row group. An unreadable shard's rows (from where reading failed) are skipped
+    """This lane's turns of group k from position first_pos: the group's shards read together,
+    their rows taken in turn (omniload.order.interleave_rows), each shard streamed a slice at a
+    time and transformed a batch at a time (never past the turn: the rows after it are other
+    lanes' to transform), so the worker holds one slice of each shard of the group, never a
+    whole row group. An unreadable shard's rows (from where reading failed) are skipped
     (on_bad_file=skip) or its first due row is an ERROR; returns True after an ERROR."""
     members = [shard_at(g, len(lane.shards), lane.seed, lane.source_index)
                for g in group_members(k, len(lane.shards), lane.interleave)]
     shards = [lane.shards[index] for _, index in members]
     member, row = interleave_rows([shard.rows for shard in shards])
-    # a restarted group reads only the rows still due: each shard's from its first due row
+    turns = list(turns_of_lane(lane.lane, lane.num_lanes, k, len(member), first_pos))
+    if not turns:
+        return False
+    # a group (or a restarted one) reads only the rows this lane still has due: each shard's
+    # from the first of them, and its rows past the turn are never transformed here
     first_due = np.array([shard.rows for shard in shards])
-    np.minimum.at(first_due, member[first_pos:], row[first_pos:])
+    for turn in turns:
+        np.minimum.at(first_due, member[turn.start:turn.stop], row[turn.start:turn.stop])
     rows = [_open_shard(lane, transform, epoch, index, int(first_due[m]))
             for m, (epoch, index) in enumerate(members)]
-    for pos in range(first_pos, len(member)):
-        m, r = int(member[pos]), int(row[pos])
-        if isinstance(rows[m], _Unreadable):
-            if not lane.skip_bad_files:
-                yield error_record(k, pos, f"{rows[m].message} (the job stops on a bad file; "
-                                           "--on-bad-file skip skips it instead)")
+
+    def due(m: int, pos: int) -> int:  # shard m's rows this lane has from position pos on
+        return sum(int(np.count_nonzero(member[max(t.start, pos):t.stop] == m)) for t in turns)
+
+    for turn in turns:
+        turn_end = np.zeros(len(shards), dtype=np.int64)  # per shard: the row after its last in this turn
+        np.maximum.at(turn_end, member[turn.start:turn.stop], row[turn.start:turn.stop] + 1)
+        for pos in turn:
+            m, r = int(member[pos]), int(row[pos])
+            if isinstance(rows[m], _Unreadable):
+                if not lane.skip_bad_files:
+                    yield error_record(k, pos, f"{rows[m].message} (the job stops on a bad file; "
+                                               "--on-bad-file skip skips it instead)")
+                    return True
+                yield skip_record(k, pos, rows[m].say_once(due(m, pos)))
+                continue
+            try:
+                sample = rows[m].sample(r, int(turn_end[m]))
+            except _ReadFailed as exc:  # part-way through the shard: the rest of it is unreadable
+                rows[m] = _Unreadable(exc.message)
+                if not lane.skip_bad_files:
+                    yield error_record(k, pos, f"{exc.message} (the job stops on a bad file; "
+                                               "--on-bad-file skip skips it instead)")
+                    return True
+                yield skip_record(k, pos, rows[m].say_once(due(m, pos)))
+                continue
+            except Exception as exc:  # the user's transform; its error must reach the user
+                yield error_record(k, pos, f"{shards[m].file}: transform failed: {_cause(exc)}")
                 return True
-            yield skip_record(k, pos, rows[m].say_once(shards[m].rows - int(first_due[m])))
-            continue
-        try:
-            sample = rows[m].sample(r)
-        except _ReadFailed as exc:  # part-way through the shard: the rest of it is unreadable
-            rows[m] = _Unreadable(exc.message)
-            if not lane.skip_bad_files:
-                yield error_record(k, pos, f"{exc.message} (the job stops on a bad file; "
-                                           "--on-bad-file skip skips it instead)")
-                return True
-            yield skip_record(k, pos, rows[m].say_once(shards[m].rows - r))
-            continue
-        except Exception as exc:  # the user's transform; its error must reach the user
-            yield error_record(k, pos, f"{shards[m].file}: transform failed: {_cause(exc)}")
-            return True
-        if isinstance(sample, _BadSample):  # one sample's image: the rest of the file is fine
-            message = f"{shards[m].file}: {part_name(shards[m].format, shards[m].start)}, row {int(rows[m].order[r])}: " \
-                      f"{sample.message}"
-            if not lane.skip_bad_files:
-                yield error_record(k, pos, f"{message} (the job stops on a bad file; --on-bad-file skip skips "
-                                           "the sample instead)")
-                return True
-            yield skip_record(k, pos, f"skipped a sample: {message}")
-            continue
-        yield doc_record(k, pos, shards[m].first_ordinal + int(rows[m].order[r]), *sample)
+            if isinstance(sample, _BadSample):  # one sample's image: the rest of the file is fine
+                message = f"{shards[m].file}: {part_name(shards[m].format, shards[m].start)}, " \
+                          f"row {int(rows[m].order[r])}: {sample.message}"
+                if not lane.skip_bad_files:
+                    yield error_record(k, pos, f"{message} (the job stops on a bad file; --on-bad-file skip skips "
+                                               "the sample instead)")
+                    return True
+                yield skip_record(k, pos, f"skipped a sample: {message}")
+                continue
+            yield doc_record(k, pos, shards[m].first_ordinal + int(rows[m].order[r]), *sample)
     return False
 
 
@@ -253,7 +266,9 @@ class _ShardRows:
             return
         self._values = []  # let the last slice go before reading the next
         try:
-            if self._slices is None:
+            if self._slices is None or (wanted > self._slice + 1 and not self._shard.file.endswith(".gz")):
+                # the slices between are other lanes' turns: start reading at this one (a
+                # compressed file is read on instead, as it cannot be entered part-way)
                 self._slices = iter_slices(self._shard, self._column, wanted, self._image_column)
                 self._slice = wanted - 1
             while self._slice < wanted:
@@ -271,14 +286,15 @@ class _ShardRows:
             raise _ReadFailed(f"{self._shard.file}: cannot read {part_name(self._shard.format, self._shard.start)}: "
                               f"{_cause(exc)}") from None  # bugs: the worker dies
 
-    def sample(self, r: int) -> tuple | _BadSample:
+    def sample(self, r: int, stop: int) -> tuple | _BadSample:
         """Row position r's record parts (tokens, or tokens, image starts and pixels), or why
-        its images cannot be used; positions are asked for in increasing order."""
-        if r >= self._start + len(self._batch):
+        its images cannot be used; positions are asked for in increasing order, and the batch
+        transformed with r ends before `stop` (the rows from there are another lane's)."""
+        if not self._start <= r < self._start + len(self._batch):
             self._start, self._batch = r, []  # free the last batch before making the next
             self.load(r)
             base = self._slice * self._size
-            end = min(r + _TRANSFORM_ROWS, base + len(self._values))  # a batch never spans two slices
+            end = min(r + _TRANSFORM_ROWS, base + len(self._values), stop)  # a batch never spans two slices
             picked = (self.order[r:end] - base).tolist()
             self._batch = _transform(self._transform, [self._values[i] for i in picked])
             for i in picked:

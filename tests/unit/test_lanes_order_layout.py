@@ -3,7 +3,7 @@ import pytest
 from omniload.coordinator.lanes import assign_lanes, lanes_per_source
 from omniload.errors import ConfigError
 from omniload.layout import Layout
-from omniload.order import first_of_lane, group_members, groups_per_epoch, interleave_rows, lane_of, row_permutation, sample_id, shard_at, shard_permutation
+from omniload.order import TURN, group_members, groups_per_epoch, interleave_rows, lane_of, turns_of_lane, row_permutation, sample_id, shard_at, shard_permutation
 
 
 def test_budget_goes_to_heavier_sources():
@@ -26,14 +26,19 @@ def test_one_lane_per_worker_when_budget_allows():
     assert sorted(w[0] for w in workers) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0)]
 
 
-def test_lanes_partition_global_shard_numbers():
+def test_lanes_take_turns_on_every_position_of_a_group_once():
+    size = 3 * TURN + 17
     for lanes in (1, 2, 3, 5):
-        owned = {lane: [g for g in range(40) if lane_of(g, lanes) == lane] for lane in range(lanes)}
-        assert sorted(g for gs in owned.values() for g in gs) == list(range(40))
-        for lane in owned:
-            for start in range(40):
-                first = first_of_lane(lane, lanes, start)
-                assert first >= start and lane_of(first, lanes) == lane and first - start < lanes
+        for k in range(4):
+            for start in (0, 5, TURN, TURN + 40, size - 1):
+                turns = {lane: list(turns_of_lane(lane, lanes, k, size, start)) for lane in range(lanes)}
+                produced = sorted(pos for runs in turns.values() for run in runs for pos in run)
+                assert produced == list(range(start, size))
+                for lane, runs in turns.items():
+                    assert all(lane_of(k, pos, lanes) == lane for run in runs for pos in run)
+                    assert all(len(run) <= TURN for run in runs)
+    # consecutive turns go to different lanes, so a source's lanes work at once
+    assert [lane_of(0, pos, 2) for pos in (0, TURN - 1, TURN, 2 * TURN)] == [0, 0, 1, 0]
 
 
 def test_groups_cover_each_epoch_once_and_never_mix_epochs():
