@@ -35,3 +35,12 @@ def burn_bytes(text: str) -> np.ndarray:
     for _ in range(1000):
         mixed = (mixed * 1103515245 + 12345) & 0x7FFFFFFF
     return tokens if mixed.sum() >= 0 else mixed
+
+
+TRANSFORMED: list[str] = []  # what counted_bytes was given, in this process
+
+
+def counted_bytes(text: str) -> list[int]:
+    """The byte tokens, each value given recorded: which rows a worker's lanes transformed."""
+    TRANSFORMED.append(text)
+    return list(text.encode())

@@ -30,7 +30,7 @@ from omniload.workers.ring import RecordTooLarge, Ring
 from omniload.workers.transforms import Transform, load_transform
 
 _BURST = 64  # records per lane before the worker looks at its other lanes
-_TRANSFORM_ROWS = 64  # rows transformed at once: their int32 tokens are 4x their text, held per lane
+_TRANSFORM_ROWS = 64  # positions transformed at once: their int32 tokens are 4x their text, held per lane
 _IDLE_MIN_S, _IDLE_MAX_S = 50e-6, 5e-3
 
 
@@ -147,10 +147,10 @@ def _produce(lane: LaneConfig) -> Iterator[tuple]:
 def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: int) -> Generator[tuple, None, bool]:
     """This lane's turns of group k from position first_pos: the group's shards read together,
     their rows taken in turn (omniload.order.interleave_rows), each shard streamed a slice at a
-    time and transformed a batch at a time (never past the turn: the rows after it are other
-    lanes' to transform), so the worker holds one slice of each shard of the group, never a
-    whole row group. An unreadable shard's rows (from where reading failed) are skipped
-    (on_bad_file=skip) or its first due row is an ERROR; returns True after an ERROR."""
+    time, and the rows transformed _TRANSFORM_ROWS positions at a time across the shards (one
+    batch of tokens held per lane, not one per shard; never past the turn: the rows after it
+    are other lanes' to transform). An unreadable shard's rows (from where reading failed) are
+    skipped (on_bad_file=skip) or its first due row is an ERROR; returns True after an ERROR."""
     members = [shard_at(g, len(lane.shards), lane.seed, lane.source_index)
                for g in group_members(k, len(lane.shards), lane.interleave)]
     shards = [lane.shards[index] for _, index in members]
@@ -159,61 +159,66 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
     if not turns:
         return False
     # a group (or a restarted one) reads only the rows this lane still has due: each shard's
-    # from the first of them, and its rows past the turn are never transformed here
+    # from the first of them
     first_due = np.array([shard.rows for shard in shards])
     for turn in turns:
         np.minimum.at(first_due, member[turn.start:turn.stop], row[turn.start:turn.stop])
-    rows = [_open_shard(lane, transform, epoch, index, int(first_due[m]))
-            for m, (epoch, index) in enumerate(members)]
+    rows = [_open_shard(lane, epoch, index, int(first_due[m])) for m, (epoch, index) in enumerate(members)]
 
     def due(m: int, pos: int) -> int:  # shard m's rows this lane has from position pos on
         return sum(int(np.count_nonzero(member[max(t.start, pos):t.stop] == m)) for t in turns)
 
+    def unreadable(m: int, pos: int) -> tuple:
+        if not lane.skip_bad_files:
+            return error_record(k, pos, f"{rows[m].message} (the job stops on a bad file; "
+                                        "--on-bad-file skip skips it instead)")
+        return skip_record(k, pos, rows[m].say_once(due(m, pos)))
+
     for turn in turns:
-        turn_end = np.zeros(len(shards), dtype=np.int64)  # per shard: the row after its last in this turn
-        np.maximum.at(turn_end, member[turn.start:turn.stop], row[turn.start:turn.stop] + 1)
-        for pos in turn:
-            m, r = int(member[pos]), int(row[pos])
-            if isinstance(rows[m], _Unreadable):
-                if not lane.skip_bad_files:
-                    yield error_record(k, pos, f"{rows[m].message} (the job stops on a bad file; "
-                                               "--on-bad-file skip skips it instead)")
-                    return True
-                yield skip_record(k, pos, rows[m].say_once(due(m, pos)))
-                continue
+        for start in range(turn.start, turn.stop, _TRANSFORM_ROWS):
+            batch = range(start, min(start + _TRANSFORM_ROWS, turn.stop))
+            values: dict[int, object] = {}  # position: its raw value, for the rows that could be read
+            ordinals: dict[int, int] = {}  # position: its row within its shard's file part
+            for pos in batch:
+                m, r = int(member[pos]), int(row[pos])
+                if isinstance(rows[m], _ShardRows):
+                    try:
+                        values[pos], ordinals[pos] = rows[m].take(r), int(rows[m].order[r])
+                    except _ReadFailed as exc:  # part-way through the shard: the rest of it is unreadable
+                        rows[m] = _Unreadable(exc.message)
             try:
-                sample = rows[m].sample(r, int(turn_end[m]))
-            except _ReadFailed as exc:  # part-way through the shard: the rest of it is unreadable
-                rows[m] = _Unreadable(exc.message)
-                if not lane.skip_bad_files:
-                    yield error_record(k, pos, f"{exc.message} (the job stops on a bad file; "
-                                               "--on-bad-file skip skips it instead)")
-                    return True
-                yield skip_record(k, pos, rows[m].say_once(due(m, pos)))
-                continue
+                samples = dict(zip(values, _transform(transform, list(values.values())))) if values else {}
             except Exception as exc:  # the user's transform; its error must reach the user
-                yield error_record(k, pos, f"{shards[m].file}: transform failed: {_cause(exc)}")
+                first = next(iter(values))
+                yield error_record(k, first, f"{shards[int(member[first])].file}: transform failed: {_cause(exc)}")
                 return True
-            if isinstance(sample, _BadSample):  # one sample's image: the rest of the file is fine
-                message = f"{shards[m].file}: {part_name(shards[m].format, shards[m].start)}, " \
-                          f"row {int(rows[m].order[r])}: {sample.message}"
-                if not lane.skip_bad_files:
-                    yield error_record(k, pos, f"{message} (the job stops on a bad file; --on-bad-file skip skips "
-                                               "the sample instead)")
-                    return True
-                yield skip_record(k, pos, f"skipped a sample: {message}")
-                continue
-            yield doc_record(k, pos, shards[m].first_ordinal + int(rows[m].order[r]), *sample)
+            values.clear()  # the raw values go before the records are written
+            for pos in batch:
+                m = int(member[pos])
+                sample = samples.pop(pos, None)
+                if sample is None:
+                    yield unreadable(m, pos)
+                    if not lane.skip_bad_files:
+                        return True
+                elif isinstance(sample, _BadSample):  # one sample's image: the rest of the file is fine
+                    message = f"{shards[m].file}: {part_name(shards[m].format, shards[m].start)}, " \
+                              f"row {ordinals[pos]}: {sample.message}"
+                    if not lane.skip_bad_files:
+                        yield error_record(k, pos, f"{message} (the job stops on a bad file; --on-bad-file skip "
+                                                   "skips the sample instead)")
+                        return True
+                    yield skip_record(k, pos, f"skipped a sample: {message}")
+                else:
+                    yield doc_record(k, pos, shards[m].first_ordinal + ordinals[pos], *sample)
     return False
 
 
-def _open_shard(lane: LaneConfig, transform: Transform, epoch: int, index: int,
-                first_due: int) -> _ShardRows | _Unreadable:
+def _open_shard(lane: LaneConfig, epoch: int, index: int, first_due: int) -> _ShardRows | _Unreadable:
     """A shard's rows from `first_due` on (its first due slice read now, so an unreadable file
     is known at once), or why it cannot be read."""
     shard = lane.shards[index]
     order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index, shard.slice_rows)
-    rows = _ShardRows(shard, lane.column, order, first_due, transform, lane.image_column)
+    rows = _ShardRows(shard, lane.column, order, lane.image_column)
     if first_due >= shard.rows:  # every row of it was delivered before a restart
         return rows
     try:
@@ -247,17 +252,15 @@ class _ReadFailed(Exception):
 
 class _ShardRows:
     """One shard's rows in their order (order.row_permutation: shuffled within slices, the slices
-    in file order), read a slice at a time and transformed _TRANSFORM_ROWS at a time; a slice is
-    dropped when the next is read, a value once transformed."""
+    in file order), read a slice at a time; a slice is dropped when the next is read, a value
+    once taken."""
 
-    def __init__(self, shard: Shard, column: str, order: np.ndarray, first: int, transform: Transform,
-                 image_column: str | None = None) -> None:
+    def __init__(self, shard: Shard, column: str, order: np.ndarray, image_column: str | None = None) -> None:
         self.order = order
-        self._shard, self._column, self._transform, self._image_column = shard, column, transform, image_column
+        self._shard, self._column, self._image_column = shard, column, image_column
         self._size = shard.slice_rows or shard.rows
         self._slices: Iterator | None = None
         self._slice, self._values = -1, []  # the slice held and its values
-        self._start, self._batch = first, []
 
     def load(self, r: int) -> None:
         """Hold the slice of row position r (positions only move forward); raises _ReadFailed."""
@@ -286,20 +289,13 @@ class _ShardRows:
             raise _ReadFailed(f"{self._shard.file}: cannot read {part_name(self._shard.format, self._shard.start)}: "
                               f"{_cause(exc)}") from None  # bugs: the worker dies
 
-    def sample(self, r: int, stop: int) -> tuple | _BadSample:
-        """Row position r's record parts (tokens, or tokens, image starts and pixels), or why
-        its images cannot be used; positions are asked for in increasing order, and the batch
-        transformed with r ends before `stop` (the rows from there are another lane's)."""
-        if not self._start <= r < self._start + len(self._batch):
-            self._start, self._batch = r, []  # free the last batch before making the next
-            self.load(r)
-            base = self._slice * self._size
-            end = min(r + _TRANSFORM_ROWS, base + len(self._values), stop)  # a batch never spans two slices
-            picked = (self.order[r:end] - base).tolist()
-            self._batch = _transform(self._transform, [self._values[i] for i in picked])
-            for i in picked:
-                self._values[i] = None
-        return self._batch[r - self._start]
+    def take(self, r: int) -> object:
+        """Row position r's raw value (positions are asked for in increasing order); raises
+        _ReadFailed."""
+        self.load(r)
+        i = int(self.order[r]) - self._slice * self._size
+        value, self._values[i] = self._values[i], None
+        return value
 
 
 def _cause(exc: BaseException) -> str:

@@ -1,0 +1,50 @@
+"""A source's lanes take turns within a group: together they produce exactly the one-lane
+records, in order, and no lane transforms a row that another lane produces."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from omniload.order import TURN
+from omniload.workers import worker
+from omniload.workers.readers import index_file
+from omniload.workers.records import decode
+from tests import transforms_for_tests
+from tests.corpus import write_jsonl, write_parquet
+
+
+def _records(lane: worker.LaneConfig) -> list[tuple[int, int, int, bytes]]:
+    out = []
+    for parts in worker._produce(lane):
+        record = decode(b"".join(bytes(p) for p in parts))
+        out.append((record.group, record.pos, record.ordinal, bytes(record.payload)))
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_lanes_together_produce_the_one_lane_records_each_row_transformed_once(tmp_path, fmt):
+    texts = [f"doc {i} " + "x" * (i % 37) for i in range(3 * TURN + 50)]
+    if fmt == "parquet":  # row groups of 200 rows, slices of 40: turns start part-way into slices
+        path = write_parquet(tmp_path / "a.parquet", texts, row_group_size=200)
+    else:
+        path = write_jsonl(tmp_path / "a.jsonl", texts)
+    shards = tuple(dataclasses.replace(s, slice_rows=40) for s in index_file(str(path), fmt, "text", 0))
+    base = worker.LaneConfig(source_index=0, source_name="web", column="text",
+                             tokenizer="tests.transforms_for_tests:counted_bytes", lane=0, num_lanes=1,
+                             ring_path="", shards=shards, seed=3, epochs=1, interleave=2, start_group=0,
+                             start_pos=0, skip_bad_files=False)
+    transforms_for_tests.TRANSFORMED.clear()
+    one = _records(base)
+    assert sorted(r[2] for r in one) == list(range(len(texts)))
+    for lanes in (2, 3):
+        transforms_for_tests.TRANSFORMED.clear()
+        produced = [r for lane in range(lanes)
+                    for r in _records(dataclasses.replace(base, lane=lane, num_lanes=lanes))]
+        assert sorted(produced) == sorted(one)
+        assert sorted(transforms_for_tests.TRANSFORMED) == sorted(texts)  # each row transformed by one lane only
+    # a lane restarted part-way into a turn goes on from there, and only with its own positions
+    group, pos = one[TURN + 10][:2]
+    restarted = _records(dataclasses.replace(base, lane=1, num_lanes=2, start_group=group, start_pos=pos))
+    expected = [r for r in one if (r[0], r[1]) >= (group, pos) and (r[0] + r[1] // TURN) % 2 == 1]
+    assert restarted == expected
