@@ -30,7 +30,7 @@ def test_bench_throughput_runs():
 
 
 def test_bench_memory_runs():
-    out = _run("bench_memory.py", "--ranks", "1", "--sources", "2", "--docs", "300")
+    out = _run("bench_memory.py", "--ranks", "1", "--sources", "2", "--docs", "300", "--kinds", "dataloader,omniload")
     assert "DataLoader MB" in out and "omniload at N=1 / at N=1" in out
 
 
