@@ -295,6 +295,16 @@ def _image_lists(images: pa.Array) -> list[list[bytes]]:
     return [[] if b is None else [b] for b in images.to_pylist()]
 
 
+def starts_part_way(shard: Shard) -> bool:
+    """Whether iter_slices reaches a later slice without reading the ones before it: a lane
+    skipping other lanes' turns starts there, else it reads on. Parquet and Arrow can; a plain
+    JSON lines file scans its lines without parsing them; a compressed file and a tar file
+    (whose samples are found by reading them) cannot."""
+    if shard.format == "jsonl":
+        return not shard.file.endswith(".gz")  # as _open_text decides
+    return shard.format != "tar"
+
+
 def iter_slices(shard: Shard, column: str, first: int = 0, image: str | None = None) -> Iterator[list]:
     """A shard's values slice by slice in file order, from slice `first` on: `slice_rows` rows
     each (the last fewer), so the caller holds one slice, never the shard. With `image` (and

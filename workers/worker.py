@@ -1,6 +1,6 @@
 """The source-worker process: read shards, transform, write records into its rings.
 
-A worker serves one or more lanes; a lane is one source's share of shards (see
+A worker serves one or more lanes; a lane is one source's share of positions (its turns, see
 omniload.order) with its own ring. The worker never blocks on one full ring while another
 has room, so a worker serving several sources cannot stall the coordinator. It exits when
 its lanes are done, when the coordinator is gone, or (killed) when the coordinator stops it.
@@ -24,7 +24,8 @@ import numpy as np
 from omniload.errors import ConfigError
 from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at, turns_of_lane
 from omniload.workers.images import DECODE_ERRORS, ImageConfig, ImageTransform, load_image_transform, place_images, text_pieces
-from omniload.workers.readers import DATA_ERRORS, BadFile, Shard, iter_slices, part_name, use_system_allocator
+from omniload.workers.readers import DATA_ERRORS, BadFile, Shard, iter_slices, part_name, starts_part_way, \
+    use_system_allocator
 from omniload.workers.records import doc_record, error_record, skip_record
 from omniload.workers.ring import RecordTooLarge, Ring
 from omniload.workers.transforms import Transform, load_transform
@@ -48,7 +49,7 @@ class LaneConfig:
     epochs: int  # 0: forever
     interleave: int  # shards read together, their rows in turn (omniload.order)
     start_group: int  # the source's cursor when the lane starts: it produces its turns from there
-    start_pos: int
+    start_pos: int  # (a restart's cursor may be part-way into a turn, even another lane's)
     skip_bad_files: bool
     image_column: str | None = None  # parquet/Arrow: the column of encoded images
     images: ImageConfig | None = None  # set when the source's samples carry images
@@ -172,7 +173,7 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
         if not lane.skip_bad_files:
             return error_record(k, pos, f"{rows[m].message} (the job stops on a bad file; "
                                         "--on-bad-file skip skips it instead)")
-        return skip_record(k, pos, rows[m].say_once(due(m, pos)))
+        return skip_record(k, pos, "" if rows[m].said else rows[m].say_once(due(m, pos)))
 
     for turn in turns:
         for start in range(turn.start, turn.stop, _TRANSFORM_ROWS):
@@ -189,8 +190,8 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
             try:
                 samples = dict(zip(values, _transform(transform, list(values.values())))) if values else {}
             except Exception as exc:  # the user's transform; its error must reach the user
-                first = next(iter(values))
-                yield error_record(k, first, f"{shards[int(member[first])].file}: transform failed: {_cause(exc)}")
+                files = ", ".join(sorted({shards[int(member[pos])].file for pos in values}))
+                yield error_record(k, next(iter(values)), f"{files}: transform failed: {_cause(exc)}")
                 return True
             values.clear()  # the raw values go before the records are written
             for pos in batch:
@@ -269,9 +270,8 @@ class _ShardRows:
             return
         self._values = []  # let the last slice go before reading the next
         try:
-            if self._slices is None or (wanted > self._slice + 1 and not self._shard.file.endswith(".gz")):
-                # the slices between are other lanes' turns: start reading at this one (a
-                # compressed file is read on instead, as it cannot be entered part-way)
+            if self._slices is None or (wanted > self._slice + 1 and starts_part_way(self._shard)):
+                # the slices between are other lanes' turns: start reading at this one
                 self._slices = iter_slices(self._shard, self._column, wanted, self._image_column)
                 self._slice = wanted - 1
             while self._slice < wanted:

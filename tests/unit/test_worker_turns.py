@@ -22,14 +22,15 @@ def _records(lane: worker.LaneConfig) -> list[tuple[int, int, int, bytes]]:
     return out
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "jsonl.gz"])
 def test_lanes_together_produce_the_one_lane_records_each_row_transformed_once(tmp_path, fmt):
     texts = [f"doc {i} " + "x" * (i % 37) for i in range(3 * TURN + 50)]
     if fmt == "parquet":  # row groups of 200 rows, slices of 40: turns start part-way into slices
         path = write_parquet(tmp_path / "a.parquet", texts, row_group_size=200)
-    else:
-        path = write_jsonl(tmp_path / "a.jsonl", texts)
-    shards = tuple(dataclasses.replace(s, slice_rows=40) for s in index_file(str(path), fmt, "text", 0))
+    else:  # a gzipped file is one shard, read on rather than entered part-way
+        path = write_jsonl(tmp_path / f"a.{fmt}", texts)
+    found = index_file(str(path), fmt.removesuffix(".gz"), "text", 0)
+    shards = tuple(dataclasses.replace(s, slice_rows=40) for s in found)
     base = worker.LaneConfig(source_index=0, source_name="web", column="text",
                              tokenizer="tests.transforms_for_tests:counted_bytes", lane=0, num_lanes=1,
                              ring_path="", shards=shards, seed=3, epochs=1, interleave=2, start_group=0,
