@@ -87,3 +87,39 @@ def test_plan_counts_the_delay_of_what_it_carries():
     assert [s.length for s in plan.rows[0][0]] == [30]  # the carried segment went first
     assert [(s.length, s.delay) for s in plan.carry] == [(64, 1), (64, 1)]
     assert plan.figures["carried"] == 2 and plan.figures["max_delay"] == 2
+
+
+def _rounds_of_one(order, lengths, costs, rank_of, row_of, free, rank_cost, limit, may_wait):
+    """_greedy's vectorized rounds at dp=1, as they ran before _fill_rows took that case."""
+    from omniload.coordinator import balance
+
+    for i in order:
+        items = np.array([i])
+        if may_wait is not None and may_wait[i] and rank_cost.min() + costs[i] > limit:
+            continue
+        items = balance._place_round(items, np.array([0]), lengths, costs, rank_of, row_of, free, rank_cost)
+        if len(items):
+            balance._place_anywhere(items, lengths, costs, rank_of, row_of, free, rank_cost)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 64), max_size=40), st.integers(1, 5), st.floats(0.1, 1.5), st.booleans(),
+       st.integers(0, 63))
+def test_one_rank_fills_its_rows_as_the_rounds_did(lengths, rows, limit_share, waits, used):
+    """dp=1 skips the vectorized rounds (a third of the coordinator's CPU with one rank); the
+    batches must stay what the rounds made."""
+    from omniload.coordinator import balance
+
+    lengths = np.array(lengths, dtype=np.int64)
+    costs = lengths.astype(float) ** 2 + 3 * lengths
+    order = np.argsort(-costs, kind="stable")
+    may_wait = (lengths % 2 == 0) if waits else None
+    limit = limit_share * float(costs.sum())
+    results = []
+    for fill in (balance._fill_rows, _rounds_of_one):
+        rank_of, row_of = np.full(len(lengths), -1), np.full(len(lengths), -1)
+        free, rank_cost = np.full((1, rows), 64, dtype=np.int64), np.array([float(used)])
+        free[0, 0] -= used
+        fill(order, lengths, costs, rank_of, row_of, free, rank_cost, limit, may_wait)
+        results.append((rank_of.tolist(), row_of.tolist(), free.tolist(), rank_cost.tolist()))
+    assert results[0] == results[1]
