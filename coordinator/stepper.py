@@ -115,7 +115,7 @@ class Stepper:
         """The position after the last step planned (see omniload.state for the keys)."""
         return {
             "version": STATE_VERSION, "fingerprint": fingerprint, "step": self.step,
-            "cursors": {i.catalog.name: list(self._cursor(i.catalog.index)) for i in self._intakes},
+            "cursors": {i.catalog.name: list(self._next[i.catalog.index]) for i in self._intakes},
             "windows": {i.catalog.name: w.position() if w is not None and not w.exhausted else None
                         for i, w in zip(self._intakes, self.windows)},
             "passes": list(self.passes), "weights": list(self.weights), "tokens": self.tokens_drawn,
@@ -272,7 +272,7 @@ class Stepper:
         until it holds the source's share of _WINDOW_PIXELS (images are 100s of KB each)."""
         intake = self._intakes[source]
         share = self.weights[source] / (sum(self.weights) or 1.0)
-        start = self._cursor(source)
+        start = self._next[source]
         end, units, size = intake.epoch_end(start[0]), [], self._spec.window_segments(self.dp, share)
         tokens, needed, pixels = 0, 0, 0
         while (len(units) < size or tokens < needed) and (not pixels or pixels < share * _WINDOW_PIXELS):
@@ -305,10 +305,6 @@ class Stepper:
         if now - self._breathed > _BREATHE_S:
             self._breathed = now
             yield 0.0
-
-    def _cursor(self, source: int) -> tuple[int, int]:
-        """Right after the last document taken (see __init__)."""
-        return self._next[source]
 
     def _dry(self, source: int) -> bool:
         return self._intakes[source].dry and not self._ahead[source]

@@ -140,7 +140,6 @@ def _produce(lane: LaneConfig) -> Iterator[tuple]:
     while end is None or k < end:
         if (yield from _produce_group(lane, transform, k, first_pos)):
             return
-        _release_freed_memory()
         k += 1
         first_pos = 0
 
@@ -155,10 +154,10 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
     members = [shard_at(g, len(lane.shards), lane.seed, lane.source_index)
                for g in group_members(k, len(lane.shards), lane.interleave)]
     shards = [lane.shards[index] for _, index in members]
-    member, row = interleave_rows([shard.rows for shard in shards])
-    turns = list(turns_of_lane(lane.lane, lane.num_lanes, k, len(member), first_pos))
-    if not turns:
+    turns = list(turns_of_lane(lane.lane, lane.num_lanes, k, sum(shard.rows for shard in shards), first_pos))
+    if not turns:  # a group smaller than a turn is often wholly another lane's
         return False
+    member, row = interleave_rows([shard.rows for shard in shards])
     # a group (or a restarted one) reads only the rows this lane still has due: each shard's
     # from the first of them
     first_due = np.array([shard.rows for shard in shards])
@@ -211,6 +210,8 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
                     yield skip_record(k, pos, f"skipped a sample: {message}")
                 else:
                     yield doc_record(k, pos, shards[m].first_ordinal + ordinals[pos], *sample)
+    rows.clear()
+    _release_freed_memory()  # the group's slices, now freed
     return False
 
 
