@@ -2,8 +2,8 @@
 
 The cursor `(group, pos)` is the next sample to consume: position `pos` of group `group` (see
 omniload.order). Each position belongs to one lane (order.lane_of), whose worker writes its
-positions in order, so the next record of that lane's ring is always the one wanted: no reordering, and no
-buffer beyond the rings.
+positions in order, so the next record of that lane's ring is always the one wanted: no
+reordering, and no buffer beyond the rings.
 """
 from __future__ import annotations
 

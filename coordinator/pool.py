@@ -187,8 +187,9 @@ def ring_span(ring_mb: int, lanes: int, source_lanes: int = 1) -> int:
     """Bytes of read-ahead one lane's ring holds (workers/ring.py). A source's only lane needs
     just enough to cover the planner's bursts: its share of the job's RING_BUDGET_MB, at least
     MIN_SPAN_MB, at most --ring-mb (which bounds one record); with many lanes the sum is what
-    counts. A source with several lanes gets --ring-mb in full: its lanes take turns (omniload.order),
-    and a lane works ahead through the other lanes' turns only as far as its ring holds."""
+    counts. A source with several lanes gets --ring-mb in full: its lanes take turns
+    (omniload.order), and a lane works ahead through the other lanes' turns only as far as its
+    ring holds."""
     if source_lanes > 1:
         return ring_mb << 20
     share = (RING_BUDGET_MB << 20) // max(1, lanes)
