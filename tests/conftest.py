@@ -47,6 +47,13 @@ def _orphans(since: float) -> list[psutil.Process]:
     return found
 
 
+def _cmdline(process: psutil.Process) -> list[str] | str:
+    try:
+        return process.cmdline()
+    except psutil.Error as exc:  # it ended (or is a zombie) since it was found
+        return type(exc).__name__
+
+
 def _ours(process: psutil.Process) -> bool:
     try:
         return process.environ().get(_MARKER) == os.environ[_MARKER]
@@ -70,7 +77,7 @@ def nothing_left_behind():
         time.sleep(0.1)
     for child in children:  # do not let one leak cascade into the next test
         child.kill()
-    assert not children, f"processes left behind: {[(c.pid, c.cmdline()) for c in children]}"
+    assert not children, f"processes left behind: {[(c.pid, _cmdline(c)) for c in children]}"
     assert not leftover, f"shared-memory segments left behind: {sorted(leftover)}"
 
 
