@@ -12,25 +12,26 @@ from typing import Any
 import psutil
 
 import omniload
+from omniload.coordinator.checkpoint import last_position
+from tests.rank_forkserver import ForkedRank, spawn
 
 PROBE = Path(__file__).parent / "rank_probe.py"
 ROOT = Path(__file__).parent.parent
 
 
 def start_ranks(job: omniload.Job, world: int, out_dir: Path, max_steps: int = 0,
-                env: dict[str, str] | None = None) -> list[tuple[subprocess.Popen, Path]]:
+                env: dict[str, str] | None = None) -> list[tuple[ForkedRank, Path]]:
+    """`world` rank processes running tests/rank_probe.py (forked with torch imported: see rank_forkserver)."""
     ranks = []
     for rank in range(world):
         out = out_dir / f"rank{rank}-{os.urandom(3).hex()}.json"
-        process = subprocess.Popen([sys.executable, str(PROBE), str(out), str(max_steps)],
-                                   env={**os.environ, **job.env(), "RANK": str(rank), "WORLD_SIZE": str(world),
-                                        **(env or {})},
-                                   stderr=subprocess.PIPE, text=True)
+        process = spawn([str(out), str(max_steps)],
+                        env={**os.environ, **job.env(), "RANK": str(rank), "WORLD_SIZE": str(world), **(env or {})})
         ranks.append((process, out))
     return ranks
 
 
-def collect(ranks: list[tuple[subprocess.Popen, Path]], timeout: float = 90) -> list[dict[str, Any]]:
+def collect(ranks: list[tuple[ForkedRank, Path]], timeout: float = 90) -> list[dict[str, Any]]:
     results = []
     for process, out in ranks:
         _, stderr = process.communicate(timeout=timeout)
@@ -43,6 +44,22 @@ def run_ranks(spec: dict[str, Any], world: int, out_dir: Path, max_steps: int = 
               env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     with omniload.Job(spec) as job:
         return collect(start_ranks(job, world, out_dir, max_steps, env))
+
+
+def checkpointed_step(folder: Path) -> int:
+    """The last step the ranks consumed by the checkpoint folder's record; 0 before the first."""
+    found = last_position(folder) if folder.exists() else None
+    return found.step if found is not None else 0
+
+
+def wait_for_checkpoint(folder: Path, at_least: int, timeout: float = 60) -> int:
+    """Wait until the checkpoint folder records step `at_least` consumed; the step it records."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (step := checkpointed_step(folder)) >= at_least:
+            return step
+        time.sleep(0.05)
+    raise AssertionError(f"the checkpoint never reached step {at_least} in {timeout:.0f}s")
 
 
 def wait_connected(job: omniload.Job, count: int, timeout: float = 60) -> None:

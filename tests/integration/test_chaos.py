@@ -11,9 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -23,6 +21,7 @@ from omniload.coordinator.checkpoint import last_position
 from omniload.protocol import PREFIX, VERSION, Kind, Message, encode
 from tests.corpus import mixed_sources
 from tests.jobs import ROOT, collect, run_ranks, start_ranks, wait_connected, workers_of
+from tests.rank_forkserver import spawn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -155,9 +154,8 @@ def test_a_full_checkpoint_disk_stops_the_job_naming_the_folder_and_leaves_a_loa
                                    stderr=subprocess.PIPE, cwd=ROOT, env={**os.environ, "OMNILOAD_TOKEN": token})
     addr = json.loads(coordinator.stdout.readline())["addr"]
     env = {"OMNILOAD_ADDR": addr, "OMNILOAD_TOKEN": token}
-    ranks = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "rank_probe.py"), str(tmp_path / f"r{r}.json")],
-                              env={**os.environ, **env, "RANK": str(r), "WORLD_SIZE": "2"},
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    ranks = [spawn([str(tmp_path / f"r{r}.json")], env={**os.environ, **env, "RANK": str(r), "WORLD_SIZE": "2"})
+             for r in range(2)]
     errors = [rank.communicate(timeout=60)[1] for rank in ranks]
     _, log = coordinator.communicate(timeout=30)
     log = log.decode()

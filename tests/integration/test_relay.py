@@ -15,6 +15,7 @@ import pytest
 import omniload
 from tests.corpus import mixed_sources
 from tests.jobs import PROBE, ROOT, collect, senders_of, start_ranks
+from tests.rank_forkserver import spawn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -71,9 +72,7 @@ def test_ranks_behind_a_relay_and_ranks_on_senders_get_the_bytes_of_direct_conne
 
 def _probe(job: omniload.Job, rank: int, world: int, out_dir: Path, env: dict[str, str]) -> tuple:
     out = out_dir / f"relayed{rank}.json"
-    process = subprocess.Popen([sys.executable, str(PROBE), str(out)],
-                               env={**os.environ, **job.env(), "RANK": str(rank), "WORLD_SIZE": str(world), **env},
-                               stderr=subprocess.PIPE, text=True)
+    process = spawn([str(out)], env={**os.environ, **job.env(), "RANK": str(rank), "WORLD_SIZE": str(world), **env})
     return process, out
 
 

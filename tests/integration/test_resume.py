@@ -6,7 +6,6 @@ import os
 import random
 import signal
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -16,19 +15,9 @@ import pytest
 import omniload
 from omniload.coordinator.checkpoint import last_position
 from tests.corpus import documents, mixed_sources, write_parquet
-from tests.jobs import ROOT, collect, omniload_cli, run_ranks, start_ranks
+from tests.jobs import ROOT, collect, omniload_cli, run_ranks, start_ranks, wait_for_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-
-
-def _wait_for_step(folder: Path, at_least: int, timeout: float = 60) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = last_position(folder) if folder.exists() else None
-        if found and found.step >= at_least:
-            return found.step
-        time.sleep(0.05)
-    raise AssertionError(f"the checkpoint never reached step {at_least}")
 
 
 def test_sigkill_then_resume_from_the_folder_repeats_the_uninterrupted_run(corpus, tmp_path):
@@ -39,7 +28,7 @@ def test_sigkill_then_resume_from_the_folder_repeats_the_uninterrupted_run(corpu
     target = random.Random(os.getpid()).randint(41, 90)
     job = omniload.Job({**spec, "checkpoint_dir": str(folder), "snapshot_every": 25}).start()
     ranks = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.03"})
-    _wait_for_step(folder, target)
+    wait_for_checkpoint(folder, target)
     victims = [psutil.Process(job._process.pid), *(psutil.Process(p.pid) for p, _ in ranks)]
     for victim in victims:
         victim.send_signal(signal.SIGKILL)
@@ -65,7 +54,7 @@ def test_resume_with_a_different_number_of_ranks_delivers_every_sample_once(corp
     folder = tmp_path / f"ckpt{before}{after}"
     with omniload.Job({**spec, "checkpoint_dir": str(folder)}) as job:
         first = collect(start_ranks(job, before, tmp_path, max_steps=15))
-        assert _wait_for_step(folder, 15, timeout=10) == 15
+        assert wait_for_checkpoint(folder, 15, timeout=10) == 15
     found = last_position(folder)
     assert found.replay == 14 and any(w is not None for w in found.state["windows"].values())
     with omniload.Job({**spec, "resume": str(folder)}) as job:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-import time
 import zlib
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import omniload
 from omniload.coordinator.checkpoint import last_position, snapshot_steps
 from omniload.coordinator.trace import Traced, trace_step, trace_to_dict
 from tests.corpus import documents, make_mixed_corpus, mixed_sources, write_parquet
-from tests.jobs import collect, omniload_cli, run_ranks, start_ranks
+from tests.jobs import collect, omniload_cli, run_ranks, start_ranks, wait_for_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -133,7 +132,7 @@ def test_a_step_planned_by_a_resume_at_another_size_traces_as_that_job_planned_i
             "snapshot_every": 50}
     with omniload.Job({**spec, "checkpoint_dir": str(folder)}) as first_job:
         first = collect(start_ranks(first_job, 2, tmp_path, max_steps=6))
-        _wait_for_step(folder, 6)
+        wait_for_checkpoint(folder, 6, timeout=10)
     with omniload.Job({**spec, "resume": str(folder), "steps": 10}) as second_job:
         second = collect(start_ranks(second_job, 3, tmp_path))
     assert second[0]["steps"] == [6, 7, 8, 9]
@@ -145,13 +144,6 @@ def test_a_step_planned_by_a_resume_at_another_size_traces_as_that_job_planned_i
         assert trace.layout["dp"] == size
         for rank in trace.ranks:
             assert [s.sample_id for s in rank.segments] == [sid for sid, _, _ in _received(ranks[rank.dp_rank], step)]
-
-
-def _wait_for_step(folder: Path, step: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while (last_position(folder).step if folder.exists() else 0) < step:
-        assert time.monotonic() < deadline, f"the checkpoint never reached step {step}"
-        time.sleep(0.05)
 
 
 def _tokens_of(segment: Traced) -> np.ndarray:
