@@ -5,6 +5,7 @@ import glob
 import hashlib
 import logging
 import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,8 @@ from omniload.errors import ConfigError
 from omniload.order import MAX_ORDINAL
 from omniload.spec import IMAGE_FIELDS, RUNTIME_FIELDS, Source, Spec
 from omniload.workers.images import ImageConfig, load_image_transform, require_pillow
-from omniload.workers.readers import BadFile, Shard, detect_format, index_file
+from omniload.workers.lane import forkserver_context
+from omniload.workers.shards import BadFile, Shard, detect_format
 from omniload.workers.transforms import load_transform
 
 log = logging.getLogger("omniload")
@@ -42,46 +44,85 @@ def image_config(spec: Spec) -> ImageConfig | None:
 
 
 def build_catalog(spec: Spec) -> list[SourceCatalog]:
-    return [_index_source(i, source, spec) for i, source in enumerate(spec.sources)]
+    """Every source's shards. The files are indexed in a child forked from the workers'
+    forkserver, which has pyarrow imported already: the coordinator itself never imports it
+    (some 30 MB; workers/lane.py). The caller stops the forkserver (pool.stop_helpers)."""
+    found = [_find_files(source, spec) for source in spec.sources]
+    with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
+        indexed = child.submit(index_files, [[(path, fmt, source.column, source.image) for path, fmt in files]
+                                             for source, files in zip(spec.sources, found)],
+                               spec.on_bad_file == "stop").result()
+    return [_catalog_of(i, source, spec, files) for i, (source, files) in enumerate(zip(spec.sources, indexed))]
 
 
-def _index_source(index: int, source: Source, spec: Spec) -> SourceCatalog:
+def index_files(sources: list[list[tuple[str, str, str, str | None]]],
+                stop_at_bad: bool) -> list[list[tuple[str, str, list[Shard] | str]]]:
+    """Runs in the indexing child: per source, each file's (path, format, shards or why it
+    cannot be read), its ordinals following on from the file before (a bad file counts no
+    rows); a source's files end at its first bad one when the job stops on one."""
+    from omniload.workers.readers import index_file
+
+    out = []
+    for files in sources:
+        rows, done = 0, []
+        for path, fmt, column, image in files:
+            try:
+                shards: list[Shard] | str = index_file(path, fmt, column, rows, image)
+            except BadFile as exc:
+                done.append((path, fmt, str(exc)))
+                if stop_at_bad:
+                    break
+                continue
+            done.append((path, fmt, shards))
+            rows += sum(s.rows for s in shards)
+        out.append(done)
+    return out
+
+
+def _find_files(source: Source, spec: Spec) -> list[tuple[str, str]]:
+    """The source's files and their formats; its tokenizer (and image transform) loaded once
+    here, so a bad one fails before any worker runs."""
     tokenizer = source.tokenizer or spec.tokenizer
     try:
         load_transform(tokenizer)
     except ConfigError as exc:
         raise ConfigError(f"source '{source.name}': {exc}") from None
-    images = image_config(spec) if source.has_images else None
-    if images is not None:
+    if source.has_images:
         require_pillow(source.name)
-        load_image_transform(images)  # a bad --image-transform fails here, not in every worker
-    shards: list[Shard] = []
-    rows = 0
+        load_image_transform(image_config(spec))  # a bad --image-transform fails here, not in every worker
+    files = []
     for path in _match_files(source):
         fmt = source.format if source.format != "auto" else detect_format(path)
         if fmt is None:
             raise ConfigError(f"source '{source.name}': cannot tell the format of {path!r} from its name; "
                               "add format=parquet|jsonl|arrow|tar to the source")
-        try:
-            file_shards = index_file(path, fmt, source.column, rows, source.image)
-        except BadFile as exc:
+        files.append((path, fmt))
+    return files
+
+
+def _catalog_of(index: int, source: Source, spec: Spec,
+                files: list[tuple[str, str, list[Shard] | str]]) -> SourceCatalog:
+    images = image_config(spec) if source.has_images else None
+    shards: list[Shard] = []
+    for path, fmt, file_shards in files:
+        if isinstance(file_shards, str):  # why the file cannot be read
             if spec.on_bad_file == "stop":
-                raise ConfigError(f"source '{source.name}': {path}: {exc} (the job stops on a bad file; "
-                                  "--on-bad-file skip skips it instead)") from None
-            log.warning("source '%s': skipping %s: %s", source.name, path, exc)
+                raise ConfigError(f"source '{source.name}': {path}: {file_shards} (the job stops on a bad file; "
+                                  "--on-bad-file skip skips it instead)")
+            log.warning("source '%s': skipping %s: %s", source.name, path, file_shards)
             continue
         if fmt == "tar" and images is None:  # the glob did not say .tar, the files do
             raise ConfigError(f"source '{source.name}': {path} is a tar file: give format=tar to the source "
                               "(and --image-token) so that its images are decoded")
         shards.extend(file_shards)
-        rows += sum(s.rows for s in file_shards)
+    rows = sum(s.rows for s in shards)
     if rows == 0:
         raise ConfigError(f"source '{source.name}': its files hold no rows")
     if rows >= MAX_ORDINAL:
         raise ConfigError(f"source '{source.name}': {rows} rows exceed the limit of {MAX_ORDINAL}; split the source")
     epochs = spec.epochs if source.epochs is None else source.epochs
-    return SourceCatalog(index, source.name, source.column, tokenizer, tuple(shards), rows, epochs,
-                         source.image, images)
+    return SourceCatalog(index, source.name, source.column, source.tokenizer or spec.tokenizer, tuple(shards), rows,
+                         epochs, source.image, images)
 
 
 def _match_files(source: Source) -> list[str]:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from omniload.errors import ConfigError
 from omniload.spec import Spec
 from omniload.workers.ring import SHM_DIR, Ring, segment_path
-from omniload.workers.worker import LaneConfig, WorkerConfig, run_worker
+from omniload.workers.lane import LaneConfig, WorkerConfig, forkserver_context, run
 
 from omniload.coordinator.catalog import SourceCatalog
 
@@ -40,7 +40,7 @@ class WorkerProcess:
 
     def __init__(self, ctx: multiprocessing.context.BaseContext, config: WorkerConfig) -> None:
         self.config = config
-        self._process = ctx.Process(target=run_worker, args=(config,), name=f"omniload-worker-{config.worker_id}",
+        self._process = ctx.Process(target=run, args=(config,), name=f"omniload-worker-{config.worker_id}",
                                     daemon=True)
 
     def start(self) -> None:
@@ -87,8 +87,7 @@ class WorkerPool:
         self._coordinator_pid = coordinator_pid
         self.lane_counts = [sum(1 for w in plan for s, _ in w if s == src.index) for src in catalog]
         self.rings = _create_rings(spec, plan, job_id, coordinator_pid)
-        self._ctx = multiprocessing.get_context("forkserver")
-        self._ctx.set_forkserver_preload(["omniload.workers.worker"])
+        self._ctx = forkserver_context()
         self.workers: list[WorkerProcess | None] = [None] * len(plan)
         self.restarts = [0] * len(plan)
         self.scaling: dict = {}  # the autoscaler's figures, for status (coordinator/supervision.py)
@@ -152,7 +151,7 @@ class WorkerPool:
         for ring in self.rings.values():
             ring.close()
             ring.unlink()
-        _stop_helpers()
+        stop_helpers()
 
     def stop_workers(self, worker_ids: list[int] | None = None) -> None:
         """Terminate and join these workers (all by default), killing what does not exit in time."""
@@ -235,7 +234,7 @@ def _mb(size: int) -> str:
     return f"{size / (1 << 20):.1f} MB"
 
 
-def _stop_helpers() -> None:
+def stop_helpers() -> None:
     """Stop the forkserver, then the resource tracker, and reap them.
 
     Both exit by themselves only once every holder of their pipe has exited, the coordinator

@@ -34,7 +34,6 @@ from omniload.protocol import Hello, Kind, Message, encode
 from omniload.spec import Spec
 from omniload.state import check_state
 from omniload.wire import expand, narrow
-from omniload.workers.readers import use_system_allocator
 from omniload.workers.ring import remove_stale_segments, segment_path
 
 from omniload.coordinator.batches import encode_batch, step_fields
@@ -118,7 +117,6 @@ class Coordinator:
         """Run the job to its end; returns the process exit code. Call with no loop running."""
         for path in remove_stale_segments():
             log.info("removed %s, left by a job that died", path.name)
-        use_system_allocator()
         catalog = build_catalog(self.spec)
         plan = initial_plan(self.spec.weights(), self.spec.workers, self.spec.reserve_cpus, available_cpus())
         self._identity = job_identity(self.spec, catalog)

@@ -111,10 +111,11 @@ def warm_forkserver() -> None:
     """Start now the forkserver the worker pool forks from (pool.py), with its preload: a
     takeover then forks workers at once instead of first starting Python and importing pyarrow
     (about 0.8 s). Call before any thread starts; the server leaves when this process does."""
-    import multiprocessing
     from multiprocessing import forkserver
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["omniload.workers.worker"])
+    from omniload.workers.lane import forkserver_context
+
+    forkserver_context()
     forkserver.ensure_running()
 
 

@@ -30,13 +30,13 @@ from omniload.errors import ConfigError, OmniloadError
 from omniload.layout import Layout
 from omniload.order import split_sample_id
 from omniload.spec import Spec
-from omniload.workers.readers import part_name
+from omniload.workers.shards import part_name
 
 from omniload.coordinator.catalog import SourceCatalog, build_catalog, fingerprint, job_identity
 from omniload.coordinator.checkpoint import explain_mismatch, last_position, log_after, read_snapshot, snapshot_steps
 from omniload.coordinator.intake import SourceIntake
 from omniload.coordinator.lanes import assign_lanes
-from omniload.coordinator.pool import WorkerPool
+from omniload.coordinator.pool import WorkerPool, stop_helpers
 from omniload.coordinator.stepper import Cancelled, Step, Stepper
 
 _WATCH_S = 0.1  # how often the trace looks for a dead worker
@@ -85,7 +85,10 @@ def trace_step(folder: str | os.PathLike, step: int, rank: int | None = None, dp
     spec = _saved_spec(job, folder, workers)
     layout = Layout(world=dp * spec.model_parallel, tp=spec.tp, pp=spec.pp, cp=spec.cp, order=spec.rank_order)
     wanted, notes = _wanted_ranks(layout, spec, rank, dp_rank)
-    catalog = build_catalog(spec)
+    try:
+        catalog = build_catalog(spec)
+    finally:
+        stop_helpers()  # the indexing child's forkserver: the replay's pool starts its own
     _check_same_data(folder, state, job, job_identity(spec, catalog))
     live = [change for change in state["live"] + log_after(folder, base if base is not None else 0)[1]
             if change[0] <= step]

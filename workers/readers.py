@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import tarfile
-from dataclasses import dataclass
 from collections.abc import Iterator
 from typing import IO
 
@@ -28,6 +27,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from omniload.workers.shards import BadFile, Shard, part_name
+
 JSONL_SHARD_ROWS = 4096
 TAR_SHARD_ROWS = 1024
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm")
@@ -35,13 +36,6 @@ _TEXT_SUFFIXES = ("txt", "text")
 SLICE_BYTES = 512 << 10  # column bytes per slice: a worker holds about this much per shard it reads
 MAX_SLICES = 16  # per shard: a parquet slice is decoded from its row group's start (see _arrow_chunks)
 _READ_BUFFER = 256 << 10  # parquet: read column chunks through a buffer, not whole
-_SUFFIXES = {
-    ".parquet": "parquet", ".pq": "parquet",
-    ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
-    ".jsonl.gz": "jsonl", ".json.gz": "jsonl", ".ndjson.gz": "jsonl",
-    ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow",
-    ".tar": "tar", ".tar.gz": "tar", ".tgz": "tar",
-}
 
 
 def use_system_allocator() -> None:
@@ -50,44 +44,9 @@ def use_system_allocator() -> None:
     pa.set_memory_pool(pa.system_memory_pool())
 
 
-class BadFile(Exception):
-    """A file that cannot be read as its format; the message says why."""
-
-
 # What reading a file's data can raise when the data is at fault (not the reader): a value of
 # the wrong type or range, bytes that do not decode, a truncated or unreadable file.
 DATA_ERRORS = (ValueError, TypeError, OverflowError, KeyError, IndexError, EOFError, OSError, pa.ArrowException)
-
-
-@dataclass(frozen=True, slots=True)
-class Shard:
-    file: str
-    format: str  # parquet | jsonl | arrow | arrow-stream | tar
-    start: int  # first row group / record batch / line
-    stop: int
-    rows: int
-    first_ordinal: int  # canonical index of the shard's first row within its source
-    byte_offset: int = 0  # plain JSON lines: where line `start` begins; plain tar: sample `start`'s first header
-    slice_rows: int = 0  # rows read at once (0: the whole shard); decides the row order (order.row_permutation)
-
-
-def part_name(fmt: str, start: int) -> str:
-    """The part of its file a shard starting at `start` is, in the file format's words."""
-    if fmt == "jsonl":
-        return f"the lines from {start + 1}"
-    if fmt == "tar":
-        return f"the samples from {start + 1}"
-    if fmt == "parquet":
-        return f"row group {start}"
-    return f"record batch {start}" if fmt == "arrow" else "the Arrow stream"
-
-
-def detect_format(path: str) -> str | None:
-    name = path.lower()
-    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
-        if name.endswith(suffix):
-            return _SUFFIXES[suffix]
-    return None
 
 
 def index_file(path: str, fmt: str, column: str, first_ordinal: int, image: str | None = None) -> list[Shard]:

@@ -24,8 +24,9 @@ import numpy as np
 from omniload.errors import ConfigError
 from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at, turns_of_lane
 from omniload.workers.images import DECODE_ERRORS, ImageConfig, ImageTransform, load_image_transform, place_images, text_pieces
-from omniload.workers.readers import DATA_ERRORS, BadFile, Shard, iter_slices, part_name, starts_part_way, \
-    use_system_allocator
+from omniload.workers.lane import LaneConfig, WorkerConfig
+from omniload.workers.readers import DATA_ERRORS, iter_slices, starts_part_way, use_system_allocator
+from omniload.workers.shards import BadFile, Shard, part_name
 from omniload.workers.records import doc_record, error_record, skip_record
 from omniload.workers.ring import RecordTooLarge, Ring
 from omniload.workers.transforms import Transform, load_transform
@@ -33,33 +34,6 @@ from omniload.workers.transforms import Transform, load_transform
 _BURST = 64  # records per lane before the worker looks at its other lanes
 _TRANSFORM_ROWS = 64  # positions transformed at once: their int32 tokens are 4x their text, held per lane
 _IDLE_MIN_S, _IDLE_MAX_S = 50e-6, 5e-3
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LaneConfig:
-    source_index: int
-    source_name: str
-    column: str
-    tokenizer: str
-    lane: int
-    num_lanes: int
-    ring_path: str
-    shards: tuple[Shard, ...]
-    seed: int
-    epochs: int  # 0: forever
-    interleave: int  # shards read together, their rows in turn (omniload.order)
-    start_group: int  # the source's cursor when the lane starts: it produces its turns from there
-    start_pos: int  # (a restart's cursor may be part-way into a turn, even another lane's)
-    skip_bad_files: bool
-    image_column: str | None = None  # parquet/Arrow: the column of encoded images
-    images: ImageConfig | None = None  # set when the source's samples carry images
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerConfig:
-    worker_id: int
-    coordinator_pid: int
-    lanes: tuple[LaneConfig, ...]
 
 
 def run_worker(config: WorkerConfig) -> None:

@@ -6,7 +6,8 @@ import math
 import pytest
 
 from omniload.order import sample_id
-from omniload.workers.readers import detect_format, index_file, read_shard
+from omniload.workers.readers import index_file, read_shard
+from omniload.workers.shards import detect_format
 from tests.corpus import mixed_sources
 from tests.jobs import run_ranks
 

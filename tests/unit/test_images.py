@@ -19,7 +19,8 @@ from omniload.spec import Spec
 from omniload.wire import expand
 from omniload.workers import readers
 from omniload.workers.images import ImageConfig, load_image_transform, place_images, text_pieces
-from omniload.workers.readers import BadFile, index_file, iter_slices
+from omniload.workers.readers import index_file, iter_slices
+from omniload.workers.shards import BadFile
 from omniload.workers.records import decode, doc_record, images_of, tokens_of
 from tests.corpus import encoded_image, image_samples, write_image_tar
 

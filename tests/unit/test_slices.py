@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from omniload.order import row_permutation
-from omniload.workers.readers import MAX_SLICES, SLICE_BYTES, detect_format, index_file, iter_slices, read_shard, \
-    slice_rows_for
+from omniload.workers.readers import MAX_SLICES, SLICE_BYTES, index_file, iter_slices, read_shard, slice_rows_for
+from omniload.workers.shards import detect_format
 from tests.corpus import documents, write_arrow, write_jsonl, write_parquet
 
 

@@ -1,0 +1,50 @@
+"""What the coordinator knows of a source's files: their shards, and how to name a file's part
+or tell its format. No pyarrow here: the coordinator never imports it (readers.py, which
+reads the files, runs in the workers and in the indexing child, coordinator/catalog.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_SUFFIXES = {
+    ".parquet": "parquet", ".pq": "parquet",
+    ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
+    ".jsonl.gz": "jsonl", ".json.gz": "jsonl", ".ndjson.gz": "jsonl",
+    ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow",
+    ".tar": "tar", ".tar.gz": "tar", ".tgz": "tar",
+}
+
+
+class BadFile(Exception):
+    """A file that cannot be read as its format; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    file: str
+    format: str  # parquet | jsonl | arrow | arrow-stream | tar
+    start: int  # first row group / record batch / line
+    stop: int
+    rows: int
+    first_ordinal: int  # canonical index of the shard's first row within its source
+    byte_offset: int = 0  # plain JSON lines: where line `start` begins; plain tar: sample `start`'s first header
+    slice_rows: int = 0  # rows read at once (0: the whole shard); decides the row order (order.row_permutation)
+
+
+def part_name(fmt: str, start: int) -> str:
+    """The part of its file a shard starting at `start` is, in the file format's words."""
+    if fmt == "jsonl":
+        return f"the lines from {start + 1}"
+    if fmt == "tar":
+        return f"the samples from {start + 1}"
+    if fmt == "parquet":
+        return f"row group {start}"
+    return f"record batch {start}" if fmt == "arrow" else "the Arrow stream"
+
+
+def detect_format(path: str) -> str | None:
+    name = path.lower()
+    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return _SUFFIXES[suffix]
+    return None
