@@ -20,3 +20,9 @@ def test_a_rank_imports_torch_but_not_the_coordinator_stack():
     modules = _modules_after("import omniload\nomniload.connect")
     assert "torch" in modules
     assert not {"uvloop", "pyarrow", "click", "omniload.coordinator"} & modules
+
+
+def test_the_coordinator_does_not_import_pyarrow():
+    """About 30 MB a process: only the workers and the indexing child (catalog.py) read files."""
+    modules = _modules_after("import omniload.coordinator.server, omniload.coordinator.__main__, omniload.cli")
+    assert "pyarrow" not in modules
