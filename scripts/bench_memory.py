@@ -164,10 +164,15 @@ def loading_mb(kind: str, spec_dict: dict, n: int, workers_per_rank: int, omnilo
                                + (f"; ranks exited with codes {dead} (their error is above)" if dead else ""))
         time.sleep(0.2)
     samples = []
+    began, done = time.monotonic(), min(progress[:])
     for _ in range(_SAMPLES):
         pids = [pid for p in procs for pid in _tree(p.pid)] + (_tree(job._process.pid) if job else [])
         samples.append(_pss(pids))
         time.sleep(_SAMPLE_GAP_S)
+    rate = (min(progress[:]) - done) / (time.monotonic() - began)
+    if rate < 0.9 * _RATE:  # a loader that falls behind holds less in flight: its figure flatters it
+        print(f"  ({kind} at N={n}: the slowest rank ran {rate:.1f} steps/s while measured, not {_RATE:.0f}: "
+              "the loader did not keep up)", flush=True)
     if job and breakdown is not None:
         for role, pids in _roles(job._process.pid).items():
             breakdown[role] = _pss(pids) if role != "workers" else [round(_pss([pid])) for pid in pids]

@@ -33,7 +33,7 @@ JSONL_SHARD_ROWS = 4096
 TAR_SHARD_ROWS = 1024
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm")
 _TEXT_SUFFIXES = ("txt", "text")
-SLICE_BYTES = 512 << 10  # column bytes per slice: a worker holds about this much per shard it reads
+SLICE_BYTES = 256 << 10  # column bytes per slice: a lane holds about this much per shard it reads (--shard-interleave of them)
 MAX_SLICES = 16  # per shard: a parquet slice is decoded from its row group's start (see _arrow_chunks)
 _READ_BUFFER = 256 << 10  # parquet: read column chunks through a buffer, not whole
 
