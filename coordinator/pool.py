@@ -14,6 +14,7 @@ import contextlib
 import errno
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import shutil
 import signal
@@ -35,6 +36,13 @@ RING_BUDGET_MB = 16  # the read-ahead of all a job's rings together, split over 
 MIN_SPAN_MB = 1  # a lane's read-ahead at least (what the throughput benchmark runs with)
 
 
+# A forkserver child's exit code is read once from its sentinel pipe. Two threads reading it
+# at once (the restart of one dead worker runs Process.start(), which polls every child, while
+# another dead worker is joined on a thread) leave one with EOF, and multiprocessing then
+# reports exit code 255 instead of the signal. Every poll of a worker goes through this lock.
+_REAP_LOCK = threading.Lock()
+
+
 class WorkerProcess:
     """One worker process with the supervision verbs."""
 
@@ -44,7 +52,8 @@ class WorkerProcess:
                                     daemon=True)
 
     def start(self) -> None:
-        self._process.start()
+        with _REAP_LOCK:
+            self._process.start()
 
     @property
     def pid(self) -> int | None:
@@ -56,21 +65,25 @@ class WorkerProcess:
 
     @property
     def exitcode(self) -> int | None:
-        return self._process.exitcode
+        with _REAP_LOCK:
+            return self._process.exitcode
 
     def is_alive(self) -> bool:
-        return self._process.is_alive()
+        with _REAP_LOCK:
+            return self._process.is_alive()
 
     def terminate(self) -> None:
-        if self._process.is_alive():
+        if self.is_alive():
             self._process.terminate()
 
     def kill(self) -> None:
-        if self._process.is_alive():
+        if self.is_alive():
             self._process.kill()
 
     def join(self, timeout: float) -> None:
-        self._process.join(timeout)
+        multiprocessing.connection.wait([self._process.sentinel], timeout)  # unlocked: it may take `timeout`
+        with _REAP_LOCK:
+            self._process.join(0)
 
     def describe_exit(self) -> str:
         return describe_exit(self.exitcode)
