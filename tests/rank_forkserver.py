@@ -19,6 +19,7 @@ import atexit
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -137,17 +138,18 @@ def _start_server() -> str:
             if ready.strip() != b"ready":
                 raise RuntimeError(f"the rank forkserver did not start (exit {_server.wait()})")
             _server_path = path
-            atexit.register(_stop_server, _server)
+            atexit.register(_stop_server, _server, os.path.dirname(path))
         return _server_path
 
 
-def _stop_server(server: subprocess.Popen) -> None:
+def _stop_server(server: subprocess.Popen, folder: str) -> None:
     server.stdin.close()
     try:
         server.wait(10)
     except subprocess.TimeoutExpired:
         server.kill()
         server.wait()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def spawn(args: list[str], env: dict[str, str], *, pipe_stderr: bool = True) -> ForkedRank:
