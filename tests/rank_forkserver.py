@@ -44,7 +44,10 @@ class ForkedRank:
         self.args = args
         self.stderr = stderr
         self.returncode: int | None = None
-        self.pid = int(self._read_line(None))
+        line = self._read_line(30)
+        if line is None:
+            raise RuntimeError("the rank forkserver did not fork a rank in 30s")
+        self.pid = int(line)
 
     def _read_line(self, timeout: float | None) -> str | None:
         """The server's next line; None when it did not come within `timeout` seconds."""
@@ -210,7 +213,7 @@ def _serve(path: str) -> None:
                 return  # the test session ended
             if key.data == "accept":
                 connection, _ = listener.accept()
-                pid = _fork_one(connection, [listener, wake_read, wake_write, connection, *children.values()])
+                pid = _fork_one(connection, [listener, wake_read, wake_write, connection, *children.values(), selector])
                 if pid:
                     children[pid] = connection
             if key.data == "reap":
@@ -239,23 +242,35 @@ def _reap(children: dict[int, socket.socket]) -> None:
             connection.close()
 
 
-def _fork_one(connection: socket.socket, close_in_child: list[socket.socket]) -> int:
+def _fork_one(connection: socket.socket, close_in_child: list) -> int:
     """Fork a child for the request on `connection`; the child's pid (0 when the request was bad)."""
-    head, fds, _, _ = connection.recvmsg(_HEADER.size, socket.CMSG_SPACE(2 * array.array("i").itemsize))
     descriptors = array.array("i")
-    for level, kind, data in fds:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            descriptors.frombytes(data[:len(data) - len(data) % descriptors.itemsize])
-    (size,) = _HEADER.unpack(head)
-    body = b""
-    while len(body) < size:
-        body += connection.recv(size - len(body))
-    request = json.loads(body)
-    pid = os.fork()
+    try:
+        head, fds, _, _ = connection.recvmsg(_HEADER.size, socket.CMSG_SPACE(2 * array.array("i").itemsize))
+        for level, kind, data in fds:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                descriptors.frombytes(data[:len(data) - len(data) % descriptors.itemsize])
+        (size,) = _HEADER.unpack(head)
+        body = b""
+        while len(body) < size:
+            chunk = connection.recv(size - len(body))
+            if not chunk:
+                raise EOFError("the test hung up mid-request")
+            body += chunk
+        request = json.loads(body)
+        pid = os.fork()
+    except (OSError, EOFError, ValueError, struct.error):  # a bad request ends it, never the server
+        for fd in descriptors:
+            os.close(fd)
+        connection.close()
+        return 0
     if pid:
         for fd in descriptors:
             os.close(fd)
-        connection.sendall(f"{pid}\n".encode())
+        try:
+            connection.sendall(f"{pid}\n".encode())
+        except OSError:
+            pass  # the test no longer listens; the child is reaped all the same
         return pid
     try:
         code = _run_child(request, list(descriptors), close_in_child)
@@ -264,20 +279,19 @@ def _fork_one(connection: socket.socket, close_in_child: list[socket.socket]) ->
     os._exit(code)
 
 
-def _run_child(request: dict[str, Any], descriptors: list[int], close_in_child: list[socket.socket]) -> int:
+def _run_child(request: dict[str, Any], descriptors: list[int], close_in_child: list) -> int:
     import traceback
 
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    for sock in close_in_child:
-        sock.close()
+    for held in close_in_child:  # the server's sockets and selector: a rank holds only its own fds
+        held.close()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(descriptors[0], 1)
     os.dup2(descriptors[1], 2)
     for fd in (null, *descriptors):
         os.close(fd)
-    atexit._clear()  # the server's exit hooks are not the child's
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
@@ -294,6 +308,7 @@ def _run_child(request: dict[str, Any], descriptors: list[int], close_in_child: 
     except BaseException:  # noqa: BLE001 - reported as python would, with exit code 1
         traceback.print_exc()
         code = 1
+    threading._shutdown()  # then exit hooks, as a fresh interpreter ends
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -59,10 +59,13 @@ def _kill_primary(folder: Path, at_least: int) -> int:
 
 
 def _polled(job: omniload.Job) -> bool:
-    """One poll of the job, as `omniload launch` polls every 0.2 s; True while it runs. The
-    killed primary is replaced only by a poll that finds it reaped, which can come well after
-    its standby took over (a killed process shows as a zombie before its parent can reap it)."""
-    return job.poll() is None
+    """One poll of the job, as `omniload launch` polls every 0.2 s (it raises once the job
+    ended). The killed primary is replaced only by a poll that finds it reaped, which can come
+    well after its standby took over (a killed process shows as a zombie before its parent can
+    reap it)."""
+    code = job.poll()
+    assert code is None, f"the job ended with code {code}"
+    return True
 
 
 def _replace_lost(job: omniload.Job) -> None:
@@ -123,6 +126,7 @@ def test_a_killed_standby_changes_nothing_and_a_second_primary_kill_is_survived(
         job.coordinators[1].send_signal(signal.SIGKILL)
         job.coordinators[1].wait()
         _replace_lost(job)
+        killed = job.coordinators[0].pid
         first = _kill_primary(folder, 15)
         promoted = job.coordinators[1].pid
         # no poll before the takeover: a standby started at the killed primary's address could win it
@@ -131,6 +135,8 @@ def test_a_killed_standby_changes_nothing_and_a_second_primary_kill_is_survived(
         assert read_lease(folder).pid == promoted
         # `omniload status` with the ranks' address list finds the promoted standby once it listens
         _wait_for("status from the promoted standby", lambda: _answers(job.env()["OMNILOAD_ADDR"], job.token))
+        # the second kill comes once a standby stands where the first primary was
+        _wait_for("the killed primary's replacement", lambda: _polled(job) and job.coordinators[0].pid != killed)
         second = _kill_primary(folder, 35)
         _wait_for("the second takeover", lambda: _polled(job) and read_lease(folder).epoch == second + 1)
         last = read_lease(folder).pid  # a standby started at either address may win the second takeover
