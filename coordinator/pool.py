@@ -80,13 +80,13 @@ class WorkerProcess:
         if self.is_alive():
             self._process.kill()
 
-    def join(self, timeout: float) -> None:
+    def join(self, timeout: float) -> int | None:
+        """Wait up to `timeout` for the worker to end; its exit code (None while it runs). Call
+        off the event loop: the lock may be held across another worker's start."""
         multiprocessing.connection.wait([self._process.sentinel], timeout)  # unlocked: it may take `timeout`
         with _REAP_LOCK:
             self._process.join(0)
-
-    def describe_exit(self) -> str:
-        return describe_exit(self.exitcode)
+            return self._process.exitcode
 
 
 class WorkerPool:

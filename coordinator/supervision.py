@@ -24,7 +24,7 @@ from omniload.errors import SourceFailed
 from omniload.coordinator.autoscale import MARGIN, Window, changed_workers, demands, resplit, update_costs, \
     update_taken, workers_per_source
 from omniload.coordinator.intake import SourceIntake
-from omniload.coordinator.pool import WorkerPool
+from omniload.coordinator.pool import WorkerPool, describe_exit
 
 log = logging.getLogger("omniload")
 _JOIN_DEAD_S = 1.0  # a worker whose sentinel fired has exited: its join only reaps it
@@ -89,11 +89,11 @@ class Supervisor:
     async def _replace(self, worker_id: int) -> None:
         loop = asyncio.get_running_loop()
         worker = self._pool.workers[worker_id]
-        await loop.run_in_executor(None, worker.join, _JOIN_DEAD_S)
-        if worker.exitcode == 0 or self._pool.workers[worker_id] is not worker:
+        code = await loop.run_in_executor(None, worker.join, _JOIN_DEAD_S)  # the exit code, off the loop
+        if code == 0 or self._pool.workers[worker_id] is not worker:
             return  # its lanes are done, or it was replaced meanwhile (restart_all)
         sources = ", ".join(f"'{s}'" for s in self._pool.sources_of(worker_id))
-        cause = f"worker {worker.pid} for source {sources} {worker.describe_exit()}"
+        cause = f"worker {worker.pid} for source {sources} {describe_exit(code)}"
         if self._pool.restarts[worker_id] >= self._max_restarts:
             raise SourceFailed(sources.strip("'"), f"{cause}; gave up after {self._max_restarts} restarts "
                                "(--max-restarts)")

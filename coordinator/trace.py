@@ -36,7 +36,7 @@ from omniload.coordinator.catalog import SourceCatalog, build_catalog, fingerpri
 from omniload.coordinator.checkpoint import explain_mismatch, last_position, log_after, read_snapshot, snapshot_steps
 from omniload.coordinator.intake import SourceIntake
 from omniload.coordinator.lanes import assign_lanes
-from omniload.coordinator.pool import WorkerPool, stop_helpers
+from omniload.coordinator.pool import WorkerPool, describe_exit, stop_helpers
 from omniload.coordinator.stepper import Cancelled, Step, Stepper
 
 _WATCH_S = 0.1  # how often the trace looks for a dead worker
@@ -217,9 +217,10 @@ class _Watch:
     def _run(self, pool: WorkerPool, cancel: threading.Event) -> None:
         while not self._stopped.wait(_WATCH_S):
             for worker_id, worker in enumerate(pool.workers):
-                if worker is not None and worker.exitcode not in (None, 0):
+                code = worker.exitcode if worker is not None else None
+                if code not in (None, 0):
                     sources = ", ".join(f"'{name}'" for name in pool.sources_of(worker_id))
-                    self.failure = f"the worker for source {sources} {worker.describe_exit()} while tracing"
+                    self.failure = f"the worker for source {sources} {describe_exit(code)} while tracing"
                     cancel.set()
                     return
 
