@@ -82,29 +82,25 @@ class ForkedRank:
             self._connection.close()
         return self.returncode
 
-    def communicate(self, timeout: float | None = None) -> tuple[None, str | None]:
-        """Read stderr (when piped) to its end and wait, as Popen.communicate does."""
+    def communicate(self, timeout: float | None = None) -> tuple[None, str]:
+        """Read stderr to its end and wait, as Popen.communicate does."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        text = None
-        if self.stderr is not None:
-            chunks = []
-            selector = selectors.DefaultSelector()
+        chunks = []
+        with selectors.DefaultSelector() as selector:
             selector.register(self.stderr, selectors.EVENT_READ)
-            while True:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise subprocess.TimeoutExpired(self.args, timeout)
-                if not selector.select(left):
-                    continue
-                chunk = os.read(self.stderr.fileno(), 65536)
-                if not chunk:
-                    break
+            while chunk := self._read_some(selector, deadline, timeout):
                 chunks.append(chunk)
-            selector.close()
-            self.stderr.close()
-            text = b"".join(chunks).decode(errors="replace")
+        self.stderr.close()
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return None, text
+        return None, b"".join(chunks).decode(errors="replace")
+
+    def _read_some(self, selector: selectors.BaseSelector, deadline: float | None, timeout: float | None) -> bytes:
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            if selector.select(left):
+                return os.read(self.stderr.fileno(), 65536)
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
@@ -155,32 +151,20 @@ def _stop_server(server: subprocess.Popen, folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def spawn(args: list[str], env: dict[str, str], *, pipe_stderr: bool = True) -> ForkedRank:
-    """Start `python tests/rank_probe.py *args` as a fork of the server, with exactly `env`."""
+def spawn(args: list[str], env: dict[str, str]) -> ForkedRank:
+    """Start `python tests/rank_probe.py *args` as a fork of the server, with exactly `env`; its
+    stderr is piped (as start_ranks always asked of Popen), its stdout is this process's fd 1."""
     path = _start_server()
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.connect(path)
-    read_end = write_end = None
-    if pipe_stderr:
-        read_end, write_end = os.pipe()
+    read_end, write_end = os.pipe()
     try:
         body = json.dumps({"argv": args, "env": env, "cwd": os.getcwd()}).encode()
-        fds = [sys.stdout.fileno() if _is_real(sys.stdout) else 1, write_end if pipe_stderr else 2]
         connection.sendmsg([_HEADER.pack(len(body)) + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                                 array.array("i", fds))])
+                                                                 array.array("i", [1, write_end]))])
     finally:
-        if write_end is not None:
-            os.close(write_end)
-    stderr = os.fdopen(read_end, "rb", buffering=0) if pipe_stderr else None
-    return ForkedRank(connection, [sys.executable, "tests/rank_probe.py", *args], stderr)
-
-
-def _is_real(stream: Any) -> bool:
-    try:
-        stream.fileno()
-        return True
-    except (AttributeError, OSError, ValueError):
-        return False
+        os.close(write_end)
+    return ForkedRank(connection, [sys.executable, "tests/rank_probe.py", *args], os.fdopen(read_end, "rb", buffering=0))
 
 
 # --- the server ---------------------------------------------------------------------------
