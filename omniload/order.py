@@ -2,8 +2,8 @@
 
 A source is a list of shards (a file's row-group range). Epoch `e` visits the shards in a
 permutation drawn from `(seed, source, e)` and the rows of each shard in a permutation drawn
-from `(seed, source, e, shard)`, within bounded slices of the shard (see row_permutation). Shards are numbered globally across epochs,
-`g = e * num_shards + position`.
+from `(seed, source, e, shard)`, within the slices a worker reads the shard in (Slicing).
+Shards are numbered globally across epochs, `g = e * num_shards + position`.
 
 Shards are read `interleave` at a time: group `k` holds up to `interleave` consecutive shards of
 one epoch, and its rows are taken from its shards in turn (row 0 of each, then row 1, ...), so
@@ -18,6 +18,7 @@ depends on worker count or timing.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,17 +34,46 @@ def shard_permutation(num_shards: int, seed: int, source: int, epoch: int) -> np
     return rng.permutation(num_shards)
 
 
+@dataclass(frozen=True, slots=True)
+class Slicing:
+    """How a worker reads a shard of `rows` rows: in slices of about `size` rows (0 or >= rows:
+    one slice), holding one at a time. Strided, slice j holds rows j, j + count, j + 2 count...,
+    so every slice spans the whole shard: files are often sorted (by path, package, URL) and a
+    slice of neighbouring rows would fill the shuffle window with one topic. That reads the
+    shard once per slice; formats read only from their start (a compressed file, a tar file)
+    take runs of `size` rows instead."""
+
+    rows: int
+    size: int = 0
+    strided: bool = False
+
+    @property
+    def count(self) -> int:
+        return 1 if self.size <= 0 or self.size >= self.rows else -(-self.rows // self.size)
+
+    def locate(self, row):  # int or int array -> same
+        """(slice, index within the slice) of file row(s) `row`."""
+        count = self.count
+        if self.strided or count == 1:
+            return row % count, row // count
+        return row // self.size, row % self.size
+
+    def members(self, j: int) -> range:
+        """The file rows of slice j, in file order."""
+        if self.strided or self.count == 1:
+            return range(j, self.rows, self.count)
+        return range(j * self.size, min(self.rows, (j + 1) * self.size))
+
+
 def row_permutation(num_rows: int, seed: int, source: int, epoch: int, shard: int,
-                    slice_rows: int = 0) -> np.ndarray:
-    """A shard's rows in the order they are consumed. With `slice_rows` (0: the whole shard is
-    one slice) the rows are shuffled within consecutive slices of that many rows and the slices
-    come in file order, so a worker streams a shard holding one slice at a time; the
-    coordinator's shuffle window mixes across slices."""
+                    slicing: Slicing | None = None) -> np.ndarray:
+    """A shard's rows (file row numbers) in the order they are consumed: the slices one after
+    another, each one's rows shuffled; the coordinator's shuffle window mixes across slices."""
     rng = np.random.default_rng([seed, source, epoch, shard, 0x2057])
-    if slice_rows <= 0 or slice_rows >= num_rows:
+    if slicing is None or slicing.count == 1:
         return rng.permutation(num_rows)
     keys = rng.random(num_rows)
-    return np.lexsort((keys, np.arange(num_rows) // slice_rows))
+    return np.lexsort((keys, slicing.locate(np.arange(num_rows))[0]))
 
 
 def shard_at(g: int, num_shards: int, seed: int, source: int) -> tuple[int, int]:

@@ -25,7 +25,7 @@ import orjson
 
 from omniload.errors import ConfigError
 
-STATE_VERSION = 2  # 2: shuffle windows, interleaved shard order
+STATE_VERSION = 3  # 2: shuffle windows, interleaved shard order; 3: strided slices (order.Slicing)
 KEYS = ("version", "fingerprint", "step", "cursors", "windows", "passes", "weights", "tokens", "dropped", "carry", "live")
 RANK_KEY = "omniload_loader_state"  # the one key of a rank's state_dict (a JSON string: DCP-friendly)
 

@@ -1,9 +1,10 @@
 """Read source files: index them into shards (at startup) and stream one shard (in a worker).
 
 A shard is a unit of the source's order: one parquet row group, one Arrow record batch, a
-run of JSON lines, or a run of WebDataset-style samples of a tar file. A worker reads it in slices of `Shard.slice_rows` rows (about SLICE_BYTES
-of the column, from the file's metadata, so the same for every run) and holds one slice of a
-shard at a time, whatever the row-group size. The index counts rows from file metadata (parquet footer, Arrow IPC
+run of JSON lines, or a run of WebDataset-style samples of a tar file. A worker reads it in
+slices of about `Shard.slice_rows` rows (about SLICE_BYTES of the column, from the file's
+metadata, so the same for every run; omniload.order.Slicing says which rows) and holds one
+slice of a shard at a time, whatever the row-group size. The index counts rows from file metadata (parquet footer, Arrow IPC
 footer) or, for JSON lines, one pass over the file that also records byte offsets so plain
 files can be split; a gzipped file is one shard. Values are strings (to be tokenized) or
 integer arrays (an already tokenized list<int> column, used as is). A source with images
@@ -34,7 +35,7 @@ TAR_SHARD_ROWS = 1024
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm")
 _TEXT_SUFFIXES = ("txt", "text")
 SLICE_BYTES = 256 << 10  # column bytes per slice: a lane holds about this much per shard it reads (--shard-interleave of them)
-MAX_SLICES = 16  # per shard: a parquet slice is decoded from its row group's start (see _arrow_chunks)
+MAX_SLICES = 16  # per shard: each slice of a strided shard reads (decodes) the whole shard
 _READ_BUFFER = 256 << 10  # parquet: read column chunks through a buffer, not whole
 
 
@@ -254,34 +255,23 @@ def _image_lists(images: pa.Array) -> list[list[bytes]]:
     return [[] if b is None else [b] for b in images.to_pylist()]
 
 
-def starts_part_way(shard: Shard) -> bool:
-    """Whether iter_slices reaches a later slice without reading the ones before it: a lane
-    skipping other lanes' turns starts there, else it reads on. Parquet and Arrow can; a plain
-    JSON lines file scans its lines without parsing them; a compressed file and a tar file
-    (whose samples are found by reading them) cannot."""
-    if shard.format == "jsonl":
-        return not shard.file.endswith(".gz")  # as _open_text decides
-    return shard.format != "tar"
-
-
 def iter_slices(shard: Shard, column: str, first: int = 0, image: str | None = None) -> Iterator[list]:
-    """A shard's values slice by slice in file order, from slice `first` on: `slice_rows` rows
-    each (the last fewer), so the caller holds one slice, never the shard. With `image` (and
-    always for tar), each value is a (text, images) pair. Raises BadFile naming the problem,
-    also part-way through the shard."""
-    size = shard.slice_rows or shard.rows
-    expected, got = max(0, shard.rows - first * size), 0
+    """A shard's values slice by slice (order.Slicing: `shard.slicing.members(j)` of slice j), from
+    slice `first` on, so the caller holds one slice, never the shard. A strided shard's slices
+    each read the shard anew (any slice can come first); the others' are read on from the
+    file's start. With `image` (and always for tar), each value is a (text, images) pair.
+    Raises BadFile naming the problem, also part-way through the shard."""
+    slicing = shard.slicing
+    expected, got = sum(len(slicing.members(j)) for j in range(first, slicing.count)), 0
     columns = _columns(column, image)
     try:
-        if shard.format == "jsonl":
-            chunks = _jsonl_slices(shard, column, size, first)
-        elif shard.format == "tar":
-            chunks = _tar_slices(shard, column, size, first)
-        elif shard.format == "parquet":
-            chunks = (_to_values(_parquet_slice(shard, columns, size, j))
-                      for j in range(first, -(-shard.rows // size)))
-        else:
-            chunks = (_to_values(a) for a in _exact(_arrow_chunks(shard, columns, size), size, first * size))
+        if shard.strided:
+            chunks = (_strided_slice(shard, columns, slicing.count, j) for j in range(first, slicing.count))
+        else:  # read on from the file's start: slice `first` starts at row first * size
+            size = slicing.size or shard.rows
+            values = _jsonl_values(shard, column, 1, first * size) if shard.format == "jsonl" else \
+                _tar_values(shard, column, first * size)
+            chunks = _runs(values, size)
         for values in chunks:
             got += len(values)
             yield values
@@ -294,23 +284,36 @@ def iter_slices(shard: Shard, column: str, first: int = 0, image: str | None = N
                       f"the index counted {shard.rows}: was the file changed while the job ran?")
 
 
-def _parquet_slice(shard: Shard, columns: tuple[str, ...], size: int, j: int) -> pa.Array:
-    """Slice j of a row group. A parquet reader cannot start part-way into a row group, and one
-    kept open between slices holds several MB (pages, dictionary, buffers) per shard, more than
-    a slice: so each slice is read by a reader of its own, decoding the slices before it again
-    (at most MAX_SLICES per row group, so at most ~MAX_SLICES/2 decodes of it in all)."""
-    reader = pq.ParquetFile(shard.file, buffer_size=_READ_BUFFER, pre_buffer=False)
-    batches = reader.iter_batches(batch_size=size, row_groups=[shard.start], columns=list(columns), use_threads=False)
-    pieces = _exact((_select(batch, columns) for batch in batches), size, j * size)
-    values = next(pieces, pa.array([], pa.string()))
-    reader.close()
-    return values
+def _strided_slice(shard: Shard, columns: tuple[str, ...], step: int, j: int) -> list:
+    """Rows j, j + step, j + 2 step... of the shard, read from its start: a parquet reader
+    cannot start part-way into a row group, and one kept open between slices holds several MB
+    (pages, dictionary, buffers), more than a slice."""
+    if shard.format == "jsonl":
+        return list(_jsonl_values(shard, columns[0], step, j))
+    pieces, offset = [], 0
+    for chunk in _arrow_chunks(shard, columns, shard.slice_rows or shard.rows):
+        if step == 1:
+            pieces.append(chunk)
+        elif (taken := np.arange((j - offset) % step, len(chunk), step)).size:
+            pieces.append(chunk.take(pa.array(taken)))
+        offset += len(chunk)
+    if not pieces:
+        return []
+    return _to_values(pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces))
 
 
 def _arrow_chunks(shard: Shard, columns: tuple[str, ...], size: int) -> Iterator[pa.Array]:
-    """The column's values in file order, in chunks of any length."""
-    if shard.format == "arrow":
-        # map the file per slice: a slice's pages are let go with it, not at the shard's end
+    """The column's values in file order, in chunks of about `size` rows (a stream's batches as
+    they come), each read or mapped when it is due and let go with it."""
+    if shard.format == "parquet":
+        reader = pq.ParquetFile(shard.file, buffer_size=_READ_BUFFER, pre_buffer=False)
+        try:
+            for batch in reader.iter_batches(batch_size=size, row_groups=[shard.start], columns=list(columns),
+                                             use_threads=False):
+                yield _select(batch, columns)
+        finally:
+            reader.close()
+    elif shard.format == "arrow":
         for offset in range(0, shard.rows, size):
             with pa.memory_map(shard.file) as source, ipc.open_file(source) as reader:
                 yield _select(reader.get_batch(shard.start), columns).slice(offset, size)
@@ -320,28 +323,21 @@ def _arrow_chunks(shard: Shard, columns: tuple[str, ...], size: int) -> Iterator
                 yield _select(batch, columns)
 
 
-def _exact(chunks: Iterator[pa.Array], size: int, skip: int) -> Iterator[pa.Array]:
-    """The chunks re-cut into `size` rows each (the last fewer), after dropping `skip` rows."""
-    pending: list[pa.Array] = []
-    held = 0
-    for chunk in chunks:
-        if skip:
-            dropped = min(skip, len(chunk))
-            chunk, skip = chunk.slice(dropped), skip - dropped
-        while len(chunk):
-            take = min(size - held, len(chunk))
-            pending.append(chunk.slice(0, take))
-            held, chunk = held + take, chunk.slice(take)
-            if held == size:
-                yield pending[0] if len(pending) == 1 else pa.concat_arrays(pending)
-                pending, held = [], 0
-    if held:
-        yield pending[0] if len(pending) == 1 else pa.concat_arrays(pending)
+def _runs(values: Iterator, size: int) -> Iterator[list]:
+    """The values in lists of `size` (the last fewer)."""
+    run: list = []
+    for value in values:
+        run.append(value)
+        if len(run) == size:
+            yield run
+            run = []
+    if run:
+        yield run
 
 
-def _jsonl_slices(shard: Shard, column: str, size: int, first: int) -> Iterator[list]:
-    values: list = []
-    skip = first * size
+def _jsonl_values(shard: Shard, column: str, step: int = 1, j: int = 0) -> Iterator[object]:
+    """The values of rows j, j + step, j + 2 step... of a JSON lines shard; only those lines are
+    parsed."""
     with _open_text(shard.file) as f:
         f.seek(shard.byte_offset) if not shard.file.endswith(".gz") else None
         number = shard.start if not shard.file.endswith(".gz") else 0
@@ -355,15 +351,10 @@ def _jsonl_slices(shard: Shard, column: str, size: int, first: int) -> Iterator[
             if number <= shard.start:
                 continue
             taken += 1
-            if taken <= skip:
+            if taken - 1 < j or (taken - 1 - j) % step:
                 continue
             value = _json_field(line, column, f"line {number}")
-            values.append(np.asarray(value, dtype=np.int32) if isinstance(value, list) else value)
-            if len(values) == size:
-                yield values
-                values = []
-    if values:
-        yield values
+            yield np.asarray(value, dtype=np.int32) if isinstance(value, list) else value
 
 
 def _sample_key(name: str) -> tuple[str, str]:
@@ -436,21 +427,15 @@ def _index_tar(path: str, column: str, ordinal: int) -> list[Shard]:
     return shards
 
 
-def _tar_slices(shard: Shard, column: str, size: int, first: int) -> Iterator[list]:
+def _tar_values(shard: Shard, column: str, first: int = 0) -> Iterator[tuple[str, list[bytes]]]:
+    """The shard's (text, images) values in file order, from its row `first` on."""
     seekable = not _compressed(shard.file)  # else read from the file's start (it is one shard)
-    skip = first * size + (0 if seekable else shard.start)
-    wanted, taken = max(0, shard.rows - first * size), 0
-    values: list = []
+    skip, taken = first + (0 if seekable else shard.start), first
     for _, key, members in _tar_samples(shard.file, shard.byte_offset if seekable else 0):
-        if taken == wanted:
+        if taken >= shard.rows:
             break
         if skip:
             skip -= 1
             continue
         taken += 1
-        values.append(_tar_value(key, members, column))
-        if len(values) == size:
-            yield values
-            values = []
-    if values:
-        yield values
+        yield _tar_value(key, members, column)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from omniload.order import Slicing
+
 _SUFFIXES = {
     ".parquet": "parquet", ".pq": "parquet",
     ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
@@ -29,6 +31,19 @@ class Shard:
     first_ordinal: int  # canonical index of the shard's first row within its source
     byte_offset: int = 0  # plain JSON lines: where line `start` begins; plain tar: sample `start`'s first header
     slice_rows: int = 0  # rows read at once (0: the whole shard); decides the row order (order.row_permutation)
+
+    @property
+    def strided(self) -> bool:
+        """Whether its slices take every count-th row (order.Slicing): a format that can start
+        reading anywhere, so reading the shard once per slice costs decoding, not decompressing
+        a stream from its start (a compressed JSON lines file, a tar file)."""
+        if self.format == "jsonl":
+            return not self.file.endswith(".gz")  # as readers._open_text decides
+        return self.format != "tar"
+
+    @property
+    def slicing(self) -> Slicing:
+        return Slicing(self.rows, self.slice_rows, self.strided)
 
 
 def part_name(fmt: str, start: int) -> str:

@@ -25,7 +25,7 @@ from omniload.errors import ConfigError
 from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at, turns_of_lane
 from omniload.workers.images import DECODE_ERRORS, ImageConfig, ImageTransform, load_image_transform, place_images, text_pieces
 from omniload.workers.lane import LaneConfig, WorkerConfig
-from omniload.workers.readers import DATA_ERRORS, iter_slices, starts_part_way, use_system_allocator
+from omniload.workers.readers import DATA_ERRORS, iter_slices, use_system_allocator
 from omniload.workers.shards import BadFile, Shard, part_name
 from omniload.workers.records import doc_record, error_record, skip_record
 from omniload.workers.ring import RecordTooLarge, Ring
@@ -193,7 +193,7 @@ def _open_shard(lane: LaneConfig, epoch: int, index: int, first_due: int) -> _Sh
     """A shard's rows from `first_due` on (its first due slice read now, so an unreadable file
     is known at once), or why it cannot be read."""
     shard = lane.shards[index]
-    order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index, shard.slice_rows)
+    order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index, shard.slicing)
     rows = _ShardRows(shard, lane.column, order, lane.image_column)
     if first_due >= shard.rows:  # every row of it was delivered before a restart
         return rows
@@ -227,32 +227,32 @@ class _ReadFailed(Exception):
 
 
 class _ShardRows:
-    """One shard's rows in their order (order.row_permutation: shuffled within slices, the slices
-    in file order), read a slice at a time; a slice is dropped when the next is read, a value
-    once taken."""
+    """One shard's rows in their order (order.row_permutation: the slices one after another,
+    each one's rows shuffled), read a slice at a time; a slice is dropped when the next is read,
+    a value once taken."""
 
     def __init__(self, shard: Shard, column: str, order: np.ndarray, image_column: str | None = None) -> None:
         self.order = order
         self._shard, self._column, self._image_column = shard, column, image_column
-        self._size = shard.slice_rows or shard.rows
+        self._slicing = shard.slicing
         self._slices: Iterator | None = None
         self._slice, self._values = -1, []  # the slice held and its values
 
     def load(self, r: int) -> None:
         """Hold the slice of row position r (positions only move forward); raises _ReadFailed."""
-        wanted = r // self._size
+        wanted = int(self._slicing.locate(int(self.order[r]))[0])
         if wanted == self._slice:
             return
         self._values = []  # let the last slice go before reading the next
         try:
-            if self._slices is None or (wanted > self._slice + 1 and starts_part_way(self._shard)):
+            if self._slices is None or (wanted > self._slice + 1 and self._shard.strided):
                 # the slices between are other lanes' turns: start reading at this one
                 self._slices = iter_slices(self._shard, self._column, wanted, self._image_column)
                 self._slice = wanted - 1
             while self._slice < wanted:
                 self._values = next(self._slices)
                 self._slice += 1
-            if len(self._values) != min(self._size, self._shard.rows - wanted * self._size):
+            if len(self._values) != len(self._slicing.members(wanted)):
                 raise StopIteration
         except StopIteration:
             raise _ReadFailed(f"{self._shard.file}: {part_name(self._shard.format, self._shard.start)} "
@@ -268,7 +268,7 @@ class _ShardRows:
         """Row position r's raw value (positions are asked for in increasing order); raises
         _ReadFailed."""
         self.load(r)
-        i = int(self.order[r]) - self._slice * self._size
+        i = int(self._slicing.locate(int(self.order[r]))[1])
         value, self._values[i] = self._values[i], None
         return value
 
