@@ -23,7 +23,7 @@ of consecutive steps in which one document is more than half of a rank's tokens,
 loss after training (on plain windows and on whole documents), and for omniload the time to
 the first batch and the loader position's size (a rank's state_dict, JSON bytes).
 
-    python scripts/bench_quality.py [--steps 200] [--seeds 0,1,2]
+    python scripts/bench_quality.py [--steps 200] [--seeds 0,1,2] [--arms reference,omniload]
 """
 from __future__ import annotations
 
@@ -282,6 +282,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--arms", default="reference,omniload,window-256,no-window",
+                        help="which arms to run (reference always runs: the others are measured against it)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     root = make_corpus()
@@ -293,6 +295,11 @@ def main() -> None:
             "window-256": lambda steps, seed, figures: omniload_steps(root, steps, seed, figures, shuffle_window=256),
             "no-window": lambda steps, seed, figures: omniload_steps(root, steps, seed, figures, shuffle_window=1,
                                                                      max_doc_share=1.0, shard_interleave=1)}
+    wanted = {"reference", *args.arms.split(",")}
+    unknown = wanted - set(arms)
+    if unknown:
+        parser.error(f"no arm {', '.join(sorted(unknown))}; the arms are {', '.join(arms)}")
+    arms = {arm: make for arm, make in arms.items() if arm in wanted}
     results: dict[str, list[dict]] = {arm: [] for arm in arms}
     for seed in (int(s) for s in args.seeds.split(",")):
         evals = heldout_sets(root, seed)
