@@ -51,8 +51,8 @@ class Slicing:
     def count(self) -> int:
         return 1 if self.size <= 0 or self.size >= self.rows else -(-self.rows // self.size)
 
-    def locate(self, row):  # int or int array -> same
-        """(slice, index within the slice) of file row(s) `row`."""
+    def locate(self, row: int | np.ndarray) -> tuple[int | np.ndarray, int | np.ndarray]:
+        """(slice, index within that slice) of file row `row`, or of each row of an array."""
         count = self.count
         if self.strided or count == 1:
             return row % count, row // count

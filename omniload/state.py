@@ -36,7 +36,8 @@ def check_state(state: Any, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: loader state must be a mapping, got {type(state).__name__}")
     if state.get("version") != STATE_VERSION:
         raise ConfigError(f"{where}: loader state version {state.get('version')} is not supported "
-                          f"(this omniload reads version {STATE_VERSION})")
+                          f"(this omniload reads version {STATE_VERSION}): resume with the omniload that "
+                          "wrote it, or start the job afresh")
     missing = [k for k in KEYS if k not in state]
     if missing:
         raise ConfigError(f"{where}: loader state lacks {', '.join(missing)}")

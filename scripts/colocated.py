@@ -76,6 +76,7 @@ class ColocatedDataset(IterableDataset):
                 index = int(order[position])
                 shard = src.shards[index]
                 values = read_shard(shard, src.column)
+                # a whole-shard shuffle (no slicing): a DataLoader worker holds its whole shard
                 rows = row_permutation(shard.rows, self.spec.seed, src.index, epoch, index)
                 if n < parts:
                     rows = rows[(part // n) % stride :: stride]

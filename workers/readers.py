@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from omniload.workers.shards import BadFile, Shard, part_name
+from omniload.workers.shards import BadFile, Shard, gzipped, part_name
 
 JSONL_SHARD_ROWS = 4096
 TAR_SHARD_ROWS = 1024
@@ -150,11 +150,11 @@ def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int) -> list[Shar
 
 
 def _open_text(path: str) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+    return gzip.open(path, "rb") if gzipped(path) else open(path, "rb")
 
 
 def _index_jsonl(path: str, column: str, ordinal: int) -> list[Shard]:
-    compressed = path.endswith(".gz")
+    compressed = gzipped(path)
     shards: list[Shard] = []
     rows = offset = shard_offset = shard_start = 0
 
@@ -258,9 +258,11 @@ def _image_lists(images: pa.Array) -> list[list[bytes]]:
 def iter_slices(shard: Shard, column: str, first: int = 0, image: str | None = None) -> Iterator[list]:
     """A shard's values slice by slice (order.Slicing: `shard.slicing.members(j)` of slice j), from
     slice `first` on, so the caller holds one slice, never the shard. A strided shard's slices
-    each read the shard anew (any slice can come first); the others' are read on from the
-    file's start. With `image` (and always for tar), each value is a (text, images) pair.
+    each read the shard anew (any slice can come first); the others are read on from the
+    shard's first row, as their format reads. With `image` (and always for tar), each value is a (text, images) pair.
     Raises BadFile naming the problem, also part-way through the shard."""
+    if shard.rows == 0:
+        return
     slicing = shard.slicing
     expected, got = sum(len(slicing.members(j)) for j in range(first, slicing.count)), 0
     columns = _columns(column, image)
@@ -294,8 +296,11 @@ def _strided_slice(shard: Shard, columns: tuple[str, ...], step: int, j: int) ->
     for chunk in _arrow_chunks(shard, columns, shard.slice_rows or shard.rows):
         if step == 1:
             pieces.append(chunk)
-        else:  # one-row slices, not Array.take: pyarrow.compute costs a worker some 15 MB
-            pieces.extend(chunk.slice(i, 1) for i in range((j - offset) % step, len(chunk), step))
+        elif rows := [chunk.slice(i, 1) for i in range((j - offset) % step, len(chunk), step)]:
+            # concatenated (a copy) before the next chunk: a slice is a view that keeps its
+            # whole chunk alive, and the pass must hold one chunk, not the shard. One-row slices,
+            # not Array.take: importing pyarrow.compute costs a worker some 15 MB.
+            pieces.append(pa.concat_arrays(rows))
         offset += len(chunk)
     if not pieces:
         return []
@@ -339,17 +344,14 @@ def _jsonl_values(shard: Shard, column: str, step: int = 1, j: int = 0) -> Itera
     """The values of rows j, j + step, j + 2 step... of a JSON lines shard; only those lines are
     parsed."""
     with _open_text(shard.file) as f:
-        f.seek(shard.byte_offset) if not shard.file.endswith(".gz") else None
-        number = shard.start if not shard.file.endswith(".gz") else 0
-        taken = 0
+        f.seek(shard.byte_offset)  # a gzipped file is one shard, from offset 0
+        number, taken = shard.start, 0
         for line in f:
             if taken == shard.rows:
                 break
             if not line.strip():
                 continue
             number += 1
-            if number <= shard.start:
-                continue
             taken += 1
             if taken - 1 < j or (taken - 1 - j) % step:
                 continue

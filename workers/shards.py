@@ -34,11 +34,12 @@ class Shard:
 
     @property
     def strided(self) -> bool:
-        """Whether its slices take every count-th row (order.Slicing): a format that can start
-        reading anywhere, so reading the shard once per slice costs decoding, not decompressing
-        a stream from its start (a compressed JSON lines file, a tar file)."""
+        """Whether its slices take every count-th row (order.Slicing), reading the shard once
+        per slice. Parquet, Arrow and plain JSON lines shards are: a pass decodes or scans the
+        shard. A compressed JSON lines file would be decompressed once per slice, and a pass
+        over a tar shard reads every sample's images: those take runs of neighbouring rows."""
         if self.format == "jsonl":
-            return not self.file.endswith(".gz")  # as readers._open_text decides
+            return not gzipped(self.file)
         return self.format != "tar"
 
     @property
@@ -55,6 +56,11 @@ def part_name(fmt: str, start: int) -> str:
     if fmt == "parquet":
         return f"row group {start}"
     return f"record batch {start}" if fmt == "arrow" else "the Arrow stream"
+
+
+def gzipped(path: str) -> bool:
+    """Whether a JSON lines file is read through gzip (one shard, read from its start)."""
+    return path.lower().endswith(".gz")
 
 
 def detect_format(path: str) -> str | None:

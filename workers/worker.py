@@ -240,7 +240,17 @@ class _ShardRows:
 
     def load(self, r: int) -> None:
         """Hold the slice of row position r (positions only move forward); raises _ReadFailed."""
-        wanted = int(self._slicing.locate(int(self.order[r]))[0])
+        self._hold(int(self._slicing.locate(int(self.order[r]))[0]))
+
+    def take(self, r: int) -> object:
+        """Row position r's raw value (positions are asked for in increasing order); raises
+        _ReadFailed."""
+        wanted, i = self._slicing.locate(int(self.order[r]))
+        self._hold(int(wanted))
+        value, self._values[i] = self._values[i], None
+        return value
+
+    def _hold(self, wanted: int) -> None:
         if wanted == self._slice:
             return
         self._values = []  # let the last slice go before reading the next
@@ -252,25 +262,18 @@ class _ShardRows:
             while self._slice < wanted:
                 self._values = next(self._slices)
                 self._slice += 1
-            if len(self._values) != len(self._slicing.members(wanted)):
-                raise StopIteration
         except StopIteration:
-            raise _ReadFailed(f"{self._shard.file}: {part_name(self._shard.format, self._shard.start)} "
-                              f"has fewer rows than the index counted ({self._shard.rows}): "
-                              "was the file changed while the job ran?") from None
+            self._values = []
         except BadFile as exc:
             raise _ReadFailed(f"{self._shard.file}: {exc}") from None
         except DATA_ERRORS as exc:  # bad data readers.py did not foresee is still the file's; other errors are
             raise _ReadFailed(f"{self._shard.file}: cannot read {part_name(self._shard.format, self._shard.start)}: "
                               f"{_cause(exc)}") from None  # bugs: the worker dies
-
-    def take(self, r: int) -> object:
-        """Row position r's raw value (positions are asked for in increasing order); raises
-        _ReadFailed."""
-        self.load(r)
-        i = int(self._slicing.locate(int(self.order[r]))[1])
-        value, self._values[i] = self._values[i], None
-        return value
+        expected = len(self._slicing.members(wanted))
+        if len(self._values) != expected:
+            raise _ReadFailed(f"{self._shard.file}: {part_name(self._shard.format, self._shard.start)}: slice {wanted} "
+                              f"has {len(self._values)} rows, the index expects {expected}: "
+                              "was the file changed while the job ran?")
 
 
 def _cause(exc: BaseException) -> str:

@@ -4,9 +4,12 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from omniload.order import Slicing, row_permutation
+from omniload.workers import readers
 from omniload.workers.readers import MAX_SLICES, SLICE_BYTES, index_file, iter_slices, read_shard, slice_rows_for
 from omniload.workers.shards import detect_format
 from tests.corpus import documents, write_arrow, write_jsonl, write_parquet
@@ -35,7 +38,7 @@ def test_slices_from_any_point_hold_the_rows_the_slicing_names(files, tmp_path):
             whole = read_shard(shard, "text")
             slices = list(iter_slices(shard, "text"))
             assert len(slices) == slicing.count == -(-shard.rows // 37)
-            assert [s for s in slices] == [[whole[r] for r in slicing.members(j)] for j in range(slicing.count)]
+            assert slices == [[whole[r] for r in slicing.members(j)] for j in range(slicing.count)]
             assert list(iter_slices(shard, "text", 2)) == slices[2:]
 
 
@@ -47,14 +50,14 @@ def test_a_strided_slice_spans_the_whole_shard():
     assert list(Slicing(100, 30).members(1)) == list(range(30, 60))
     rows = np.arange(100)
     for strided in (True, False):
-        one = Slicing(100, 30, strided)
+        one = Slicing(100, 30, strided=strided)
         j, i = one.locate(rows)
         assert all(one.members(int(a))[int(b)] == r for r, a, b in zip(rows, j, i))
 
 
 @pytest.mark.parametrize("strided", [True, False])
 def test_rows_are_shuffled_within_slices_and_slices_come_one_after_another(strided):
-    slicing = Slicing(100, 30, strided)
+    slicing = Slicing(100, 30, strided=strided)
     order = row_permutation(100, 1, 2, 3, 4, slicing)
     assert sorted(order.tolist()) == list(range(100))
     at = 0
@@ -63,4 +66,46 @@ def test_rows_are_shuffled_within_slices_and_slices_come_one_after_another(strid
         assert sorted(order[at : at + len(members)].tolist()) == list(members)
         assert (order[at : at + len(members)] != np.array(members)).any()
         at += len(members)
-    assert (row_permutation(100, 1, 2, 3, 4) == row_permutation(100, 1, 2, 3, 4, Slicing(100, 0, strided))).all()
+    assert (row_permutation(100, 1, 2, 3, 4) == row_permutation(100, 1, 2, 3, 4, Slicing(100, 0, strided=strided))).all()
+
+
+def test_the_first_slice_read_of_a_sorted_shard_reaches_across_it(tmp_path):
+    """The first rows a window gets must not be one corner of a sorted file (one package, one site)."""
+    texts = [f"{i:05d} " + "y" * 400 for i in range(2000)]  # sorted, ~800 KB: several slices
+    path = write_parquet(tmp_path / "sorted.parquet", texts, row_group_size=2000)
+    (shard,) = index_file(str(path), "parquet", "text", 0)
+    assert shard.slicing.count > 1
+    order = row_permutation(shard.rows, 0, 0, 0, 0, shard.slicing)
+    first = order[: len(shard.slicing.members(0))]
+    assert first.max() - first.min() > 0.9 * shard.rows
+    first_read = next(iter_slices(shard, "text"))
+    assert int(first_read[-1][:5]) - int(first_read[0][:5]) > 0.9 * shard.rows
+
+
+def test_a_strided_pass_holds_about_one_chunk_not_the_row_group(tmp_path):
+    """A worker holds one slice of a shard: reading slice j of a row group many slices long
+    must not keep the decoded row group alive until the slice is done. (Plain-encoded: with
+    a dictionary-encoded column pyarrow itself decodes the row group whole, see BENCHMARKS.)"""
+    texts = documents(2000, 5, 400, 600)  # ~6 MB in one row group
+    path = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=2000, use_dictionary=False)
+    (shard,) = index_file(str(path), "parquet", "text", 0)
+    assert shard.slicing.count == MAX_SLICES
+    slice_bytes = sum(len(t) for t in texts) // MAX_SLICES
+    held = []
+    original = readers._arrow_chunks
+
+    def watched(*args):
+        for chunk in original(*args):
+            held.append(pa.total_allocated_bytes())
+            yield chunk
+
+    readers._arrow_chunks = watched
+    try:
+        values = readers._strided_slice(shard, ("text",), shard.slicing.count, 3)
+    finally:
+        readers._arrow_chunks = original
+    assert values == [texts[r] for r in shard.slicing.members(3)]
+    # the reader's own pages and buffers are the same all along; what the slice keeps grows
+    # by its rows only, not by the chunks they came from
+    assert max(held) - held[0] < 2 * slice_bytes, (max(held) - held[0], slice_bytes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from omniload.order import TURN
@@ -38,6 +39,9 @@ def test_lanes_together_produce_the_one_lane_records_each_row_transformed_once(t
     transforms_for_tests.TRANSFORMED.clear()
     one = _records(base)
     assert sorted(r[2] for r in one) == list(range(len(texts)))
+    # each record holds its own row's tokens: a wrong index into a slice would pair them wrongly
+    assert all(payload == np.frombuffer(texts[ordinal].encode(), np.uint8).astype(np.int32).tobytes()
+               for _, _, ordinal, payload in one)
     for lanes in (2, 3):
         transforms_for_tests.TRANSFORMED.clear()
         produced = [r for lane in range(lanes)
