@@ -192,11 +192,7 @@ def read_shard(shard: Shard, column: str, image: str | None = None) -> list:
     """All values of a shard's column (with `image`: (text, images) pairs), in file order;
     raises BadFile naming the problem."""
     if shard.format in ("jsonl", "tar"):
-        values = [value for part in iter_slices(dataclasses.replace(shard, slice_rows=0), column) for value in part]
-        if len(values) != shard.rows:  # iter_slices says so for the formats it counts as it reads
-            raise BadFile(f"has {len(values)} rows in {part_name(shard.format, shard.start)}, the index counted "
-                          f"{shard.rows}: was the file changed while the job ran?")
-        return values
+        return [value for part in iter_slices(dataclasses.replace(shard, slice_rows=0), column) for value in part]
     columns = _columns(column, image)
     try:
         if shard.format == "parquet":
@@ -264,25 +260,28 @@ def iter_slices(shard: Shard, column: str, first: int = 0, image: str | None = N
     if shard.rows == 0:
         return
     slicing = shard.slicing
-    expected, got = sum(len(slicing.members(j)) for j in range(first, slicing.count)), 0
-    columns = _columns(column, image)
+    j, columns = first, _columns(column, image)
     try:
         if shard.strided:
-            chunks = (_strided_slice(shard, columns, slicing.count, j) for j in range(first, slicing.count))
+            chunks = (_strided_slice(shard, columns, slicing.count, k) for k in range(first, slicing.count))
         else:  # read on from the file's start: slice `first` starts at row first * size
             size = slicing.size or shard.rows
             values = _jsonl_values(shard, column, 1, first * size) if shard.format == "jsonl" else \
                 _tar_values(shard, column, first * size)
             chunks = _runs(values, size)
         for values in chunks:
-            got += len(values)
+            # each slice, not the total at the end: a lane stops reading a shard at its last turn
+            if len(values) != len(slicing.members(j)):
+                raise BadFile(f"{part_name(shard.format, shard.start)}: slice {j} has {len(values)} rows, the "
+                              f"index expects {len(slicing.members(j))}: was the file changed while the job ran?")
+            j += 1
             yield values
     except BadFile:
         raise
     except (pa.ArrowException, OSError, EOFError, KeyError, tarfile.TarError) as exc:
         raise BadFile(f"cannot read {part_name(shard.format, shard.start)}: {exc}") from None
-    if got != expected:
-        raise BadFile(f"has {got + shard.rows - expected} rows in {part_name(shard.format, shard.start)}, "
+    if j < slicing.count:
+        raise BadFile(f"{part_name(shard.format, shard.start)} ran out of rows before slice {j} of {slicing.count}, "
                       f"the index counted {shard.rows}: was the file changed while the job ran?")
 
 

@@ -11,7 +11,7 @@ import pytest
 from omniload.order import Slicing, row_permutation
 from omniload.workers import readers
 from omniload.workers.readers import MAX_SLICES, SLICE_BYTES, index_file, iter_slices, read_shard, slice_rows_for
-from omniload.workers.shards import detect_format
+from omniload.workers.shards import BadFile, detect_format
 from tests.corpus import documents, write_arrow, write_jsonl, write_parquet
 
 
@@ -40,6 +40,24 @@ def test_slices_from_any_point_hold_the_rows_the_slicing_names(files, tmp_path):
             assert len(slices) == slicing.count == -(-shard.rows // 37)
             assert slices == [[whole[r] for r in slicing.members(j)] for j in range(slicing.count)]
             assert list(iter_slices(shard, "text", 2)) == slices[2:]
+
+
+@pytest.mark.parametrize("name", ["e.jsonl", "e.jsonl.gz"])
+def test_a_file_shortened_after_indexing_is_named_at_the_first_slice_it_spoils(tmp_path, name):
+    """A lane reads only the slices with rows of its turns: each slice is checked, not the total at the end."""
+    texts = documents(300, 11, 50, 400)
+    path = write_jsonl(tmp_path / name, texts)
+    (shard,) = index_file(str(path), "jsonl", "text", 0)
+    shard = dataclasses.replace(shard, slice_rows=100)
+    write_jsonl(path, texts[:250])
+    slices = iter_slices(shard, "text")
+    if shard.strided:  # every slice spans the shard: the first one read is short already
+        with pytest.raises(BadFile, match="slice 0 has 84 rows, the index expects 100"):
+            next(slices)
+    else:  # runs from the start: the third run is short
+        next(slices), next(slices)
+        with pytest.raises(BadFile, match="slice 2 has 50 rows, the index expects 100"):
+            next(slices)
 
 
 def test_a_strided_slice_spans_the_whole_shard():
