@@ -75,6 +75,12 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("--keep-snapshots", dict(type=int, help="Snapshots kept in --checkpoint-dir (older ones and their logs are removed).")),
     ("--resume", dict(help="Checkpoint folder to resume from when the ranks bring no loader state.")),
     ("--allow-changed-data", dict(is_flag=True, help="Resume even if the spec or files changed (recorded in the log).")),
+    ("--read-ahead", dict(metavar="BYTES", help="Bytes of a store's objects each worker lane holds, fetched ahead "
+                                                 "of its reads and kept for re-reads (e.g. 64MB).")),
+    ("--cache-dir", dict(metavar="PATH|auto", help="Keep blocks of a store's objects on local disk here, for re-reads, "
+                                                   "epoch 2 and the next job (auto: $XDG_CACHE_HOME/omniload); off "
+                                                   "when unset.")),
+    ("--cache-limit", dict(metavar="BYTES", help="Bytes --cache-dir may hold; least recently used blocks go first.")),
 ]
 
 
@@ -85,8 +91,9 @@ def spec_options(command: Callable) -> Callable:
         kwargs["help"] = f"{kwargs['help']}  [default: {_DEFAULTS[field]}]"
         command = click.option(flag, field, **kwargs)(command)
     command = click.option("--source", "sources", multiple=True, metavar="NAME=GLOB[,weight=W][,column=C]",
-                           help="A data source; repeat for several. Options: weight, column, format, tokenizer, "
-                                "image (the column of encoded images).")(command)
+                           help="A data source; repeat for several. GLOB is a local glob or a URL (s3://, gs://, "
+                                "az://, hf://). Options: weight, column, format, tokenizer, image (the column of "
+                                "encoded images), endpoint, region, anonymous (for a store).")(command)
     return click.option("--config", "config", type=click.Path(dir_okay=False),
                         help="YAML/JSON file with the same options; flags override it.")(command)
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 
 from omniload.errors import ConfigError
+from omniload.storage.urls import StoreOptions, is_remote, parse
 
 FORMATS = ("auto", "parquet", "jsonl", "arrow", "tar")
 ON_BAD_FILE = ("stop", "skip")
@@ -45,6 +47,10 @@ class Source:
     tokenizer: str | None = None  # None: the job's tokenizer
     epochs: int | None = None  # None: the job's epochs
     image: str | None = None  # parquet/Arrow: the column of encoded images (a .tar source's images are its members)
+    # a store's URLs (s3://, gs://, az://, hf://): what differs from the store's environment defaults
+    endpoint: str | None = None  # http[s]://host:port of an S3-compatible store, a GCS or Azure endpoint, a Hub mirror
+    region: str | None = None
+    anonymous: bool = False  # unsigned requests (a public bucket)
 
     def __post_init__(self) -> None:
         if isinstance(self.path, str):
@@ -63,6 +69,18 @@ class Source:
             raise ConfigError(f"source '{self.name}': epochs must be >= 0, got {self.epochs}")
         if self.image is not None and not self.image:
             raise ConfigError(f"source '{self.name}': image= needs a column name")
+        for path in self.path:
+            if is_remote(path):
+                try:
+                    parse(path)
+                except ConfigError as exc:
+                    raise ConfigError(f"source '{self.name}': {exc}") from None
+        if self.endpoint is not None and "://" not in self.endpoint:
+            raise ConfigError(f"source '{self.name}': endpoint must be a URL like http://127.0.0.1:9000, "
+                              f"got {self.endpoint!r}")
+
+    def store_options(self) -> StoreOptions:
+        return StoreOptions(self.endpoint, self.region, self.anonymous)
 
     @property
     def has_images(self) -> bool:
@@ -140,6 +158,9 @@ class Spec:
     keep_snapshots: int = 2
     resume: str | None = None  # a checkpoint folder to resume from when ranks bring no state
     allow_changed_data: bool = False
+    read_ahead: int = 64 << 20  # bytes of a store's objects each lane holds fetched ahead (and read, for re-reads)
+    cache_dir: str | None = None  # keep fetched blocks of a store's objects here ("auto": $XDG_CACHE_HOME/omniload)
+    cache_limit: int = 16 << 30  # bytes the cache may hold; least recently used blocks go first
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", tuple(self.sources))
@@ -175,6 +196,11 @@ class Spec:
         if not 0 < self.max_doc_share <= 1:
             raise ConfigError(f"max-doc-share must be in (0, 1], got {self.max_doc_share}")
         _at_least("snapshot_every", self.snapshot_every, 1)
+        _at_least("read_ahead", self.read_ahead, 1 << 20)
+        _at_least("cache_limit", self.cache_limit, 1 << 20)
+        if self.cache_dir == "auto":
+            base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+            object.__setattr__(self, "cache_dir", os.path.join(base, "omniload"))
         _at_least("keep_snapshots", self.keep_snapshots, 1)
         for name, allowed in [("long_docs", LONG_DOCS), ("pp_data", PP_DATA), ("broadcast_at", BROADCAST_AT)]:
             if getattr(self, name) not in allowed:
@@ -269,7 +295,27 @@ class Spec:
 # Fields that change how the job runs, never which batches it yields (steps only says where
 # to stop: a resumed run may go further).
 RUNTIME_FIELDS = ("steps", "workers", "reserve_cpus", "autoscale_every", "ring_mb", "plan_ahead", "max_restarts", "worker_timeout", "rank_timeout",
-                  "metrics_port", "senders", "broadcast_at", "checkpoint_dir", "snapshot_every", "keep_snapshots", "resume", "allow_changed_data")
+                  "metrics_port", "senders", "broadcast_at", "checkpoint_dir", "snapshot_every", "keep_snapshots", "resume", "allow_changed_data",
+                  "read_ahead", "cache_dir", "cache_limit")
+# A source's fields that say how to reach its store, never what it holds.
+STORE_FIELDS = ("endpoint", "region", "anonymous")
+# Fields in bytes: a number, or one with a unit (64MB, 2GiB).
+BYTE_FIELDS = ("read_ahead", "cache_limit")
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+
+
+def parse_bytes(value: str | int, name: str = "size") -> int:
+    """A byte count: an integer, or a number with a unit (K, M, G, T; KB = KiB = 1024)."""
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().lower().replace(" ", "")
+    number = text.rstrip("bgikmt")
+    try:
+        return int(float(number) * _UNITS[text[len(number):]])
+    except (KeyError, ValueError):
+        raise ConfigError(f"{name.replace('_', '-')} must be a size in bytes like 67108864, 64MB or 2GiB, "
+                          f"got {value!r}") from None
 
 
 # Fields that matter only when a source has images.
@@ -352,6 +398,8 @@ def _coerce(cls: type, name: str, value: Any, where: str) -> Any:
     kind = {f.name: f.type for f in dataclasses.fields(cls)}[name]
     if name == "workers" and value == "auto":
         return 0
+    if name in BYTE_FIELDS and value is not None:
+        return parse_bytes(value, name)
     try:
         if kind in ("int", "int | None") and value is not None and not isinstance(value, int):
             return int(value)

@@ -28,8 +28,11 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from omniload.storage.files import Files
+from omniload.storage.urls import is_remote
 from omniload.workers.shards import BadFile, Shard, gzipped, part_name
 
+LOCAL = Files()  # local paths need no state: one for every caller that reads local files only
 JSONL_SHARD_ROWS = 4096
 TAR_SHARD_ROWS = 1024
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm")
@@ -50,24 +53,30 @@ def use_system_allocator() -> None:
 DATA_ERRORS = (ValueError, TypeError, OverflowError, KeyError, IndexError, EOFError, OSError, pa.ArrowException)
 
 
-def index_file(path: str, fmt: str, column: str, first_ordinal: int, image: str | None = None) -> list[Shard]:
+def index_file(path: str, fmt: str, column: str, first_ordinal: int, image: str | None = None,
+               files: Files = LOCAL) -> list[Shard]:
     """Shards of one file (`image`: the column of encoded images, if any); raises BadFile
-    naming the problem."""
+    naming the problem. An object in a store: its shards record its size and version."""
     if image is not None and fmt not in ("parquet", "arrow"):
         raise BadFile(f"image={image} needs parquet or Arrow files (a {fmt} file has no columns); "
                       "images in a .tar file are its image members")
     try:
         if fmt == "parquet":
-            return _index_parquet(path, _columns(column, image), first_ordinal)
-        if fmt == "arrow":
-            return _index_arrow(path, _columns(column, image), first_ordinal)
-        if fmt == "tar":
-            return _index_tar(path, column, first_ordinal)
-        return _index_jsonl(path, column, first_ordinal)
+            shards = _index_parquet(path, _columns(column, image), first_ordinal, files)
+        elif fmt == "arrow":
+            shards = _index_arrow(path, _columns(column, image), first_ordinal, files)
+        elif fmt == "tar":
+            shards = _index_tar(path, column, first_ordinal, files)
+        else:
+            shards = _index_jsonl(path, column, first_ordinal, files)
     except BadFile:
         raise
     except (pa.ArrowException, OSError, EOFError, ValueError, tarfile.TarError) as exc:
         raise BadFile(f"not a valid {fmt} file: {exc}") from None
+    if not is_remote(path):
+        return shards
+    obj = files.remote(path).obj  # opened while indexing: its size and version are known
+    return [dataclasses.replace(s, size=obj.size, version=obj.version) for s in shards]
 
 
 def _columns(column: str, image: str | None) -> tuple[str, ...]:
@@ -110,8 +119,8 @@ def slice_rows_for(rows: int, size: int) -> int:
     return max(1, -(-rows // MAX_SLICES), rows * SLICE_BYTES // size)
 
 
-def _index_parquet(path: str, columns: tuple[str, ...], ordinal: int) -> list[Shard]:
-    meta = pq.ParquetFile(path)
+def _index_parquet(path: str, columns: tuple[str, ...], ordinal: int, files: Files) -> list[Shard]:
+    meta = pq.ParquetFile(files.source(path))
     _check_columns(meta.schema_arrow, columns)
     leaves = [j for j in range(meta.metadata.num_columns)
               if meta.metadata.schema.column(j).path.split(".")[0] in columns]
@@ -125,12 +134,12 @@ def _index_parquet(path: str, columns: tuple[str, ...], ordinal: int) -> list[Sh
     return shards
 
 
-def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int) -> list[Shard]:
+def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int, files: Files) -> list[Shard]:
     def nbytes(batch: pa.RecordBatch) -> int:
         return sum(batch.column(c).nbytes for c in columns)
 
     try:
-        with ipc.open_file(path) as reader:
+        with ipc.open_file(files.source(path)) as reader:
             _check_columns(reader.schema, columns)
             shards = []
             for i in range(reader.num_record_batches):
@@ -141,7 +150,7 @@ def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int) -> list[Shar
             return shards
     except pa.ArrowInvalid:
         pass  # not the IPC file format; the streaming format (e.g. Hugging Face datasets) has no footer
-    with pa.memory_map(path) as source, ipc.open_stream(source) as reader:
+    with files.mapped(path) as source, ipc.open_stream(source) as reader:
         _check_columns(reader.schema, columns)
         rows = size = 0
         for batch in reader:
@@ -149,11 +158,12 @@ def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int) -> list[Shar
     return [Shard(path, "arrow-stream", 0, 0, rows, ordinal, slice_rows=slice_rows_for(rows, size))]
 
 
-def _open_text(path: str) -> IO[bytes]:
-    return gzip.open(path, "rb") if gzipped(path) else open(path, "rb")
+def _open_text(path: str, files: Files, size: int = 0, version: str = "") -> IO[bytes]:
+    raw = files.open(path, size, version)
+    return gzip.open(raw, "rb") if gzipped(path) else raw  # type: ignore[return-value]
 
 
-def _index_jsonl(path: str, column: str, ordinal: int) -> list[Shard]:
+def _index_jsonl(path: str, column: str, ordinal: int, files: Files) -> list[Shard]:
     compressed = gzipped(path)
     shards: list[Shard] = []
     rows = offset = shard_offset = shard_start = 0
@@ -162,7 +172,7 @@ def _index_jsonl(path: str, column: str, ordinal: int) -> list[Shard]:
         return Shard(path, "jsonl", shard_start, stop, stop - shard_start, ordinal + shard_start, shard_offset,
                      slice_rows=slice_rows_for(stop - shard_start, offset - shard_offset))
 
-    with _open_text(path) as f:
+    with _open_text(path, files) as f:
         for line in f:
             if line.strip():
                 if rows == 0:
@@ -188,20 +198,21 @@ def _json_field(data: bytes, column: str, where: str) -> object:
     return row[column]
 
 
-def read_shard(shard: Shard, column: str, image: str | None = None) -> list:
+def read_shard(shard: Shard, column: str, image: str | None = None, files: Files = LOCAL) -> list:
     """All values of a shard's column (with `image`: (text, images) pairs), in file order;
     raises BadFile naming the problem."""
     if shard.format in ("jsonl", "tar"):
-        return [value for part in iter_slices(dataclasses.replace(shard, slice_rows=0), column) for value in part]
+        return [value for part in iter_slices(dataclasses.replace(shard, slice_rows=0), column, files=files)
+                for value in part]
     columns = _columns(column, image)
     try:
         if shard.format == "parquet":
-            table = pq.ParquetFile(shard.file).read_row_group(shard.start, columns=list(columns))
+            table = pq.ParquetFile(_source(shard, files)).read_row_group(shard.start, columns=list(columns))
         elif shard.format == "arrow":
-            with ipc.open_file(shard.file) as reader:
+            with ipc.open_file(_source(shard, files)) as reader:
                 table = pa.Table.from_batches([reader.get_batch(shard.start)])
         else:
-            with pa.memory_map(shard.file) as source, ipc.open_stream(source) as reader:
+            with files.mapped(shard.file, shard.size, shard.version) as source, ipc.open_stream(source) as reader:
                 table = reader.read_all()
         values = _select(table, columns)
     except BadFile:
@@ -251,7 +262,8 @@ def _image_lists(images: pa.Array) -> list[list[bytes]]:
     return [[] if b is None else [b] for b in images.to_pylist()]
 
 
-def iter_slices(shard: Shard, column: str, first: int = 0, image: str | None = None) -> Iterator[list]:
+def iter_slices(shard: Shard, column: str, first: int = 0, image: str | None = None,
+                files: Files = LOCAL) -> Iterator[list]:
     """A shard's values slice by slice (order.Slicing: `shard.slicing.members(j)` of slice j), from
     slice `first` on, so the caller holds one slice, never the shard. A strided shard's slices
     each read the shard anew (any slice can come first); the others are read on from the
@@ -263,11 +275,11 @@ def iter_slices(shard: Shard, column: str, first: int = 0, image: str | None = N
     j, columns = first, _columns(column, image)
     try:
         if shard.strided:
-            chunks = (_strided_slice(shard, columns, slicing.count, k) for k in range(first, slicing.count))
+            chunks = (_strided_slice(shard, columns, slicing.count, k, files) for k in range(first, slicing.count))
         else:  # read on from the file's start: slice `first` starts at row first * size
             size = slicing.size or shard.rows
-            values = _jsonl_values(shard, column, 1, first * size) if shard.format == "jsonl" else \
-                _tar_values(shard, column, first * size)
+            values = _jsonl_values(shard, column, 1, first * size, files) if shard.format == "jsonl" else \
+                _tar_values(shard, column, first * size, files)
             chunks = _runs(values, size)
         for values in chunks:
             # each slice, not the total at the end: a lane stops reading a shard at its last turn
@@ -285,14 +297,14 @@ def iter_slices(shard: Shard, column: str, first: int = 0, image: str | None = N
                       f"the index counted {shard.rows}: was the file changed while the job ran?")
 
 
-def _strided_slice(shard: Shard, columns: tuple[str, ...], step: int, j: int) -> list:
+def _strided_slice(shard: Shard, columns: tuple[str, ...], step: int, j: int, files: Files = LOCAL) -> list:
     """Rows j, j + step, j + 2 step... of the shard, read from its start: a parquet reader
     cannot start part-way into a row group, and one kept open between slices holds several MB
     (pages, dictionary, buffers), more than a slice."""
     if shard.format == "jsonl":
-        return list(_jsonl_values(shard, columns[0], step, j))
+        return list(_jsonl_values(shard, columns[0], step, j, files))
     pieces, offset = [], 0
-    for chunk in _arrow_chunks(shard, columns, shard.slice_rows or shard.rows):
+    for chunk in _arrow_chunks(shard, columns, shard.slice_rows or shard.rows, files):
         if step == 1:
             pieces.append(chunk)
         elif rows := [chunk.slice(i, 1) for i in range((j - offset) % step, len(chunk), step)]:
@@ -306,11 +318,11 @@ def _strided_slice(shard: Shard, columns: tuple[str, ...], step: int, j: int) ->
     return _to_values(pieces[0] if len(pieces) == 1 else pa.concat_arrays(pieces))
 
 
-def _arrow_chunks(shard: Shard, columns: tuple[str, ...], size: int) -> Iterator[pa.Array]:
+def _arrow_chunks(shard: Shard, columns: tuple[str, ...], size: int, files: Files = LOCAL) -> Iterator[pa.Array]:
     """The column's values in file order, in chunks of about `size` rows (a stream's batches as
     they come), each read or mapped when it is due and let go with it."""
     if shard.format == "parquet":
-        reader = pq.ParquetFile(shard.file, buffer_size=_READ_BUFFER, pre_buffer=False)
+        reader = pq.ParquetFile(_source(shard, files), buffer_size=_READ_BUFFER, pre_buffer=False)
         try:
             for batch in reader.iter_batches(batch_size=size, row_groups=[shard.start], columns=list(columns),
                                              use_threads=False):
@@ -319,12 +331,17 @@ def _arrow_chunks(shard: Shard, columns: tuple[str, ...], size: int) -> Iterator
             reader.close()
     elif shard.format == "arrow":
         for offset in range(0, shard.rows, size):
-            with pa.memory_map(shard.file) as source, ipc.open_file(source) as reader:
+            with files.mapped(shard.file, shard.size, shard.version) as source, ipc.open_file(source) as reader:
                 yield _select(reader.get_batch(shard.start), columns).slice(offset, size)
     else:
-        with pa.memory_map(shard.file) as source, ipc.open_stream(source) as reader:
+        with files.mapped(shard.file, shard.size, shard.version) as source, ipc.open_stream(source) as reader:
             for batch in reader:
                 yield _select(batch, columns)
+
+
+def _source(shard: Shard, files: Files) -> str | object:
+    """What pyarrow opens for a shard's file: its path, or the remote object as listed."""
+    return files.source(shard.file, shard.size, shard.version)
 
 
 def _runs(values: Iterator, size: int) -> Iterator[list]:
@@ -339,10 +356,10 @@ def _runs(values: Iterator, size: int) -> Iterator[list]:
         yield run
 
 
-def _jsonl_values(shard: Shard, column: str, step: int = 1, j: int = 0) -> Iterator[object]:
+def _jsonl_values(shard: Shard, column: str, step: int = 1, j: int = 0, files: Files = LOCAL) -> Iterator[object]:
     """The values of rows j, j + step, j + 2 step... of a JSON lines shard; only those lines are
     parsed."""
-    with _open_text(shard.file) as f:
+    with _open_text(shard.file, files, shard.size, shard.version) as f:
         f.seek(shard.byte_offset)  # a gzipped file is one shard, from offset 0
         number, taken = shard.start, 0
         for line in f:
@@ -366,13 +383,14 @@ def _sample_key(name: str) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), rest.rpartition(".")[2].lower()
 
 
-def _tar_samples(path: str, offset: int) -> Iterator[tuple[int, str, list[tuple[str, bytes | None]]]]:
+def _tar_samples(path: str, offset: int, files: Files, size: int = 0,
+                 version: str = "") -> Iterator[tuple[int, str, list[tuple[str, bytes | None]]]]:
     """(header offset, key, [(suffix, data), ...]) of each sample from byte `offset` on (0 for a
     compressed file); data is read for text and image members only."""
-    with open(path, "rb") as raw:
+    with files.open(path, size, version) as raw:
+        compressed = not offset and raw.read(2) == b"\x1f\x8b"
         raw.seek(offset)
-        archive = tarfile.open(fileobj=raw, mode="r:") if offset or not _compressed(path) else \
-            tarfile.open(path, mode="r|*")
+        archive = tarfile.open(fileobj=raw, mode="r|*" if compressed else "r:")
         with archive:
             key, start, members = None, 0, []
             for info in archive:
@@ -390,8 +408,8 @@ def _tar_samples(path: str, offset: int) -> Iterator[tuple[int, str, list[tuple[
                 yield start, key, members
 
 
-def _compressed(path: str) -> bool:
-    with open(path, "rb") as f:
+def _compressed(path: str, files: Files, size: int = 0, version: str = "") -> bool:
+    with files.open(path, size, version) as f:
         return f.read(2) == b"\x1f\x8b"
 
 
@@ -408,12 +426,12 @@ def _tar_value(key: str, members: list[tuple[str, bytes | None]], column: str) -
     return text, [data for suffix, data in members if suffix in IMAGE_SUFFIXES]
 
 
-def _index_tar(path: str, column: str, ordinal: int) -> list[Shard]:
+def _index_tar(path: str, column: str, ordinal: int, files: Files) -> list[Shard]:
     """Runs of TAR_SHARD_ROWS samples; a compressed tar cannot be entered part-way: one shard."""
-    compressed = _compressed(path)
+    compressed = _compressed(path, files)
     shards: list[Shard] = []
     rows = size = shard_start = shard_offset = 0
-    for offset, key, members in _tar_samples(path, 0):
+    for offset, key, members in _tar_samples(path, 0, files):
         if rows == 0:
             _tar_value(key, members, column)  # a file of the wrong shape fails at startup
         if not compressed and rows - shard_start == TAR_SHARD_ROWS:
@@ -428,11 +446,12 @@ def _index_tar(path: str, column: str, ordinal: int) -> list[Shard]:
     return shards
 
 
-def _tar_values(shard: Shard, column: str, first: int = 0) -> Iterator[tuple[str, list[bytes]]]:
+def _tar_values(shard: Shard, column: str, first: int = 0, files: Files = LOCAL) -> Iterator[tuple[str, list[bytes]]]:
     """The shard's (text, images) values in file order, from its row `first` on."""
-    seekable = not _compressed(shard.file)  # else read from the file's start (it is one shard)
+    seekable = not _compressed(shard.file, files, shard.size, shard.version)  # else read from the start (one shard)
     skip, taken = first + (0 if seekable else shard.start), first
-    for _, key, members in _tar_samples(shard.file, shard.byte_offset if seekable else 0):
+    for _, key, members in _tar_samples(shard.file, shard.byte_offset if seekable else 0, files, shard.size,
+                                        shard.version):
         if taken >= shard.rows:
             break
         if skip:

@@ -31,6 +31,8 @@ class Shard:
     first_ordinal: int  # canonical index of the shard's first row within its source
     byte_offset: int = 0  # plain JSON lines: where line `start` begins; plain tar: sample `start`'s first header
     slice_rows: int = 0  # rows read at once (0: the whole shard); decides the row order (order.row_permutation)
+    size: int = 0  # an object in a store: its bytes and version (ETag) when indexed, checked when read
+    version: str = ""
 
     @property
     def strided(self) -> bool:
