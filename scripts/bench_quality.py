@@ -1,10 +1,11 @@
 """What a model sees: omniload's batches against a global shuffle of random windows.
 
-Corpus (real text, heavy-tailed lengths, written once into a cache folder, 5% of each source's
-documents held out):
-  code        parquet      this Python's standard library .py files (up to 250 x seq_len each)
-  docs        JSON lines   .md/.rst/.txt files of the installed packages
-  changelogs  Arrow IPC    Debian changelogs from /usr/share/doc
+Corpus (heavy-tailed lengths, written once into a cache folder, 5% of each source's documents
+held out). Nothing in it depends on what the machine has installed:
+  code        parquet      this Python's standard library .py files (up to 250 x seq_len each):
+                           part of every Python install, the same for a given Python version
+  docs        JSON lines   package documentation generated from a seed (quality_corpus.py)
+  changelogs  Arrow IPC    Debian-style changelogs generated from a seed (quality_corpus.py)
 Files are written in sorted path order, so a reader that takes documents in file order sees
 one package or one module family at a time.
 
@@ -28,9 +29,9 @@ the first batch and the loader position's size (a rank's state_dict, JSON bytes)
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
+import sys
 import sysconfig
 import time
 from dataclasses import dataclass
@@ -46,31 +47,34 @@ import omniload
 from omniload.demo.train import VOCAB, TinyGPT
 from omniload.state import RANK_KEY
 
-CACHE = Path.home() / ".cache" / "omniload" / "quality-v1"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quality_corpus  # noqa: E402
+
+# v2: docs and changelogs generated (v1 read the installed packages' docs and /usr/share/doc)
+CACHE = Path.home() / ".cache" / "omniload" / "quality-v2"
 WEIGHTS = {"code": 0.5, "docs": 0.3, "changelogs": 0.2}
 SEQ, ROWS, DP = 256, 4, 2
 _MAX_DOC_BYTES = 250 * SEQ
 _HOLDOUT = 20  # one document in this many is held out
+_CORPUS_SEED = 20261124
+_DOCS_PACKAGES, _CHANGELOG_PACKAGES = 950, 5000  # about 9 MB and 24 MB, as the v1 corpus had
 
 
 # -- corpus -----------------------------------------------------------------------------------
 def _texts() -> dict[str, list[tuple[str, str]]]:
+    """(path, text) per source, in sorted path order."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    site = Path(sysconfig.get_paths()["purelib"])
-    code = sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts)
-    docs = sorted(p for suffix in ("*.md", "*.rst", "*.txt") for p in site.rglob(suffix))
-    changelogs = sorted(Path("/usr/share/doc").glob("*/changelog*.gz"))
-    out = {"code": [], "docs": [], "changelogs": []}
-    for name, paths in (("code", code), ("docs", docs), ("changelogs", changelogs)):
-        for path in paths:
-            try:
-                raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-            except OSError:
-                continue
-            text = raw.decode("utf-8", errors="replace")[:_MAX_DOC_BYTES]
-            if len(text) >= 16:
-                out[name].append((str(path), text))
-    return out
+    code = []
+    for path in sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts):
+        try:
+            text = path.read_bytes().decode("utf-8", errors="replace")[:_MAX_DOC_BYTES]
+        except OSError:
+            continue
+        if len(text) >= 16:
+            code.append((str(path.relative_to(stdlib)), text))
+    return {"code": code,
+            "docs": quality_corpus.docs(_CORPUS_SEED, _DOCS_PACKAGES, _MAX_DOC_BYTES),
+            "changelogs": quality_corpus.changelogs(_CORPUS_SEED + 1, _CHANGELOG_PACKAGES, _MAX_DOC_BYTES)}
 
 
 def make_corpus() -> Path:

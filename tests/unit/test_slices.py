@@ -103,7 +103,7 @@ def test_the_first_slice_read_of_a_sorted_shard_reaches_across_it(tmp_path):
 def test_a_strided_pass_holds_about_one_chunk_not_the_row_group(tmp_path):
     """A worker holds one slice of a shard: reading slice j of a row group many slices long
     must not keep the decoded row group alive until the slice is done. (Plain-encoded: with
-    a dictionary-encoded column pyarrow itself decodes the row group whole, see BENCHMARKS.)"""
+    a dictionary-encoded column pyarrow itself decodes the row group whole, see docs/benchmarks.md.)"""
     texts = documents(2000, 5, 400, 600)  # ~6 MB in one row group
     path = tmp_path / "big.parquet"
     pq.write_table(pa.table({"text": texts}), path, row_group_size=2000, use_dictionary=False)
