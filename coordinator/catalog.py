@@ -46,6 +46,7 @@ class SourceCatalog:
     epochs: int  # passes over this source; 0: forever
     image_column: str | None = None
     images: ImageConfig | None = None  # set when its samples carry images
+    store: StoreOptions = StoreOptions()  # how to reach its store, if its files are URLs
 
 
 def image_config(spec: Spec) -> ImageConfig | None:
@@ -239,7 +240,7 @@ def _catalog_of(index: int, source: Source, spec: Spec,
         raise ConfigError(f"source '{source.name}': {rows} rows exceed the limit of {MAX_ORDINAL}; split the source")
     epochs = spec.epochs if source.epochs is None else source.epochs
     return SourceCatalog(index, source.name, source.column, source.tokenizer or spec.tokenizer, tuple(shards), rows,
-                         epochs, source.image, images)
+                         epochs, source.image, images, source.store_options())
 
 
 def _match_files(source: Source) -> list[str]:

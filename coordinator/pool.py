@@ -133,7 +133,9 @@ class WorkerPool:
                 lane=lane, num_lanes=num_lanes, ring_path=str(self.rings[(source, lane)].path),
                 shards=src.shards, seed=self._spec.seed, epochs=src.epochs, interleave=self._spec.shard_interleave,
                 start_group=k, start_pos=pos,
-                skip_bad_files=self._spec.on_bad_file == "skip", image_column=src.image_column, images=src.images))
+                skip_bad_files=self._spec.on_bad_file == "skip", image_column=src.image_column, images=src.images,
+                store=src.store, read_ahead=self._spec.read_ahead, cache_dir=self._spec.cache_dir,
+                cache_limit=self._spec.cache_limit))
         process = WorkerProcess(self._ctx, WorkerConfig(worker_id=worker_id, coordinator_pid=self._coordinator_pid,
                                                          lanes=tuple(lanes)))
         process.start()

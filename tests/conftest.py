@@ -18,6 +18,7 @@ _GRACE_S = 10.0
 # session's orphans and never a process of a run beside it (a benchmark, another suite).
 _MARKER = "OMNILOAD_TEST_SESSION"
 os.environ[_MARKER] = uuid.uuid4().hex
+_SESSION_PROCESSES: set[int] = set()  # helpers that live for the session (the S3 endpoint), never leaks
 
 
 def _our_segments() -> list[str]:
@@ -71,9 +72,10 @@ def nothing_left_behind():
     deadline = time.monotonic() + _GRACE_S
     while time.monotonic() < deadline:
         server = rank_forkserver.server_pid()  # lives for the session; its children are ranks, checked
+        keep = {server, *_SESSION_PROCESSES}
         children = [c for c in me.children(recursive=True)
-                    if c.pid != server and c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-        children += [p for p in _orphans(started) if p not in children and p.pid != server]
+                    if c.pid not in keep and c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        children += [p for p in _orphans(started) if p not in children and p.pid not in keep]
         leftover = set(_our_segments()) - before
         if not children and not leftover:
             return
@@ -82,6 +84,28 @@ def nothing_left_behind():
         child.kill()
     assert not children, f"processes left behind: {[(c.pid, _cmdline(c)) for c in children]}"
     assert not leftover, f"shared-memory segments left behind: {sorted(leftover)}"
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 endpoint on loopback (moto's server mode) for the whole session."""
+    from tests.s3_store import MotoServer
+
+    server = MotoServer()
+    _SESSION_PROCESSES.add(server.process.pid)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server):
+    """The S3 endpoint, emptied, with the standard AWS variables pointing at it for this test."""
+    from tests.s3_store import restore_env, set_env, store_env
+
+    s3_server.reset()
+    old = set_env(store_env(s3_server.endpoint))
+    yield s3_server
+    restore_env(old)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing
 from dataclasses import dataclass
 
+from omniload.storage.urls import StoreOptions
 from omniload.workers.images import ImageConfig
 from omniload.workers.shards import Shard
 
@@ -33,6 +34,10 @@ class LaneConfig:
     skip_bad_files: bool
     image_column: str | None = None  # parquet/Arrow: the column of encoded images
     images: ImageConfig | None = None  # set when the source's samples carry images
+    store: StoreOptions = StoreOptions()  # how to reach the source's store, if its files are URLs
+    read_ahead: int = 64 << 20  # bytes of store objects the lane holds (omniload.storage.objects.Blocks)
+    cache_dir: str | None = None  # --cache-dir
+    cache_limit: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

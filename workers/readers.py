@@ -29,6 +29,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from omniload.storage.files import Files
+from omniload.storage.objects import BLOCK, StoreError
 from omniload.storage.urls import is_remote
 from omniload.workers.shards import BadFile, Shard, gzipped, part_name
 
@@ -69,7 +70,7 @@ def index_file(path: str, fmt: str, column: str, first_ordinal: int, image: str 
             shards = _index_tar(path, column, first_ordinal, files)
         else:
             shards = _index_jsonl(path, column, first_ordinal, files)
-    except BadFile:
+    except (BadFile, StoreError):  # a store's failure is not the file's: it never makes a file "bad"
         raise
     except (pa.ArrowException, OSError, EOFError, ValueError, tarfile.TarError) as exc:
         raise BadFile(f"not a valid {fmt} file: {exc}") from None
@@ -215,7 +216,7 @@ def read_shard(shard: Shard, column: str, image: str | None = None, files: Files
             with files.mapped(shard.file, shard.size, shard.version) as source, ipc.open_stream(source) as reader:
                 table = reader.read_all()
         values = _select(table, columns)
-    except BadFile:
+    except (BadFile, StoreError):
         raise
     except (pa.ArrowException, OSError, EOFError, KeyError) as exc:
         raise BadFile(f"cannot read {shard.format} shard {shard.start}: {exc}") from None
@@ -288,13 +289,34 @@ def iter_slices(shard: Shard, column: str, first: int = 0, image: str | None = N
                               f"index expects {len(slicing.members(j))}: was the file changed while the job ran?")
             j += 1
             yield values
-    except BadFile:
+    except (BadFile, StoreError):
         raise
     except (pa.ArrowException, OSError, EOFError, KeyError, tarfile.TarError) as exc:
         raise BadFile(f"cannot read {part_name(shard.format, shard.start)}: {exc}") from None
     if j < slicing.count:
         raise BadFile(f"{part_name(shard.format, shard.start)} ran out of rows before slice {j} of {slicing.count}, "
                       f"the index counted {shard.rows}: was the file changed while the job ran?")
+
+
+def warm(shard: Shard, column: str, image: str | None, files: Files) -> None:
+    """Start fetching the bytes a remote shard's first slice reads, in the background: a
+    parquet row group's column chunks (its footer read first), else the shard's first blocks."""
+    if not is_remote(shard.file):
+        return
+    files.in_background(lambda: _warm(shard, _columns(column, image), files))
+
+
+def _warm(shard: Shard, columns: tuple[str, ...], files: Files) -> None:
+    file = files.remote(shard.file, shard.size, shard.version)
+    if shard.format != "parquet":
+        file.warm(shard.byte_offset, shard.byte_offset + 2 * BLOCK)
+        return
+    meta = pq.ParquetFile(file).metadata
+    group = meta.row_group(shard.start)
+    chunks = [group.column(j) for j in range(group.num_columns)
+              if meta.schema.column(j).path.split(".")[0] in columns]
+    starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in chunks]
+    file.warm(min(starts), max(s + c.total_compressed_size for s, c in zip(starts, chunks)))
 
 
 def _strided_slice(shard: Shard, columns: tuple[str, ...], step: int, j: int, files: Files = LOCAL) -> list:

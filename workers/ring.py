@@ -3,7 +3,8 @@
 Layout of the segment: a 128-byte header (write position at byte 0, read position at byte 64,
 so producer and consumer never share a cache line; capacity at byte 8; the producer's CPU
 nanoseconds and tokens written at bytes 16 and 24, which the autoscaler reads; the span at
-byte 32), then `capacity` bytes of data. Positions are monotonic byte counters; a record is an
+byte 32; store retries, bytes fetched from a store and bytes held in the lane's block cache at
+40, 48 and 56, which `status` shows), then `capacity` bytes of data. Positions are monotonic byte counters; a record is an
 8-byte length and its payload padded to 8 bytes, and it may wrap around the end of the data area.
 
 The capacity bounds one record; the span bounds the read-ahead's memory. A record starts
@@ -34,7 +35,7 @@ import psutil
 SHM_DIR = Path("/dev/shm")
 PREFIX = "omniload-"
 _HEADER = 128
-_WRITE, _CAP, _CPU_NS, _TOKENS, _SPAN, _READ = 0, 8, 16, 24, 32, 64
+_WRITE, _CAP, _CPU_NS, _TOKENS, _SPAN, _RETRIES, _FETCHED, _HELD, _READ = 0, 8, 16, 24, 32, 40, 48, 56, 64
 _U64 = struct.Struct("<Q")
 _PAD = (1 << 64) - 1  # a length that means: the rest of the data area is padding, go on at its start
 
@@ -149,6 +150,18 @@ class Ring:
     def work(self) -> tuple[float, int]:
         """(CPU seconds, tokens) the lane's producers have spent and written so far."""
         return _U64.unpack_from(self._mm, _CPU_NS)[0] / 1e9, _U64.unpack_from(self._mm, _TOKENS)[0]
+
+    def count_store(self, retries: int, fetched: int, held: int) -> None:
+        """Add retries and fetched bytes to the lane's store counters (kept across a reset, as
+        count_work's); set the bytes its block cache holds now."""
+        _U64.pack_into(self._mm, _RETRIES, _U64.unpack_from(self._mm, _RETRIES)[0] + retries)
+        _U64.pack_into(self._mm, _FETCHED, _U64.unpack_from(self._mm, _FETCHED)[0] + fetched)
+        _U64.pack_into(self._mm, _HELD, held)
+
+    def store(self) -> tuple[int, int, int]:
+        """(retries, bytes fetched, bytes held) of the lane's reads from a store."""
+        return (_U64.unpack_from(self._mm, _RETRIES)[0], _U64.unpack_from(self._mm, _FETCHED)[0],
+                _U64.unpack_from(self._mm, _HELD)[0])
 
     # -- consumer ---------------------------------------------------------------------------
     def read(self) -> bytes | None:

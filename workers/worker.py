@@ -25,7 +25,11 @@ from omniload.errors import ConfigError
 from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at, turns_of_lane
 from omniload.workers.images import DECODE_ERRORS, ImageConfig, ImageTransform, load_image_transform, place_images, text_pieces
 from omniload.workers.lane import LaneConfig, WorkerConfig
-from omniload.workers.readers import DATA_ERRORS, iter_slices, use_system_allocator
+from omniload.storage.disk_cache import DiskCache
+from omniload.storage.files import Files
+from omniload.storage.objects import StoreError
+from omniload.storage.urls import is_remote
+from omniload.workers.readers import DATA_ERRORS, LOCAL, iter_slices, use_system_allocator, warm
 from omniload.workers.shards import BadFile, Shard, part_name
 from omniload.workers.records import doc_record, error_record, skip_record
 from omniload.workers.ring import RecordTooLarge, Ring
@@ -56,7 +60,9 @@ def run_worker(config: WorkerConfig) -> None:
 def _serve(config: WorkerConfig) -> None:
     use_system_allocator()
     rings = [Ring.attach(Path(lane.ring_path)) for lane in config.lanes]
-    producers = [_produce(lane) for lane in config.lanes]
+    access = [_files_for(lane) for lane in config.lanes]
+    published = [(0, 0)] * len(access)  # store counters already added to each ring
+    producers = [_produce(lane, files) for lane, files in zip(config.lanes, access)]
     pending: list[tuple | None] = [None] * len(producers)
     live = list(range(len(producers)))
     idle = _IDLE_MIN_S
@@ -77,6 +83,10 @@ def _serve(config: WorkerConfig) -> None:
                 progressed = True
             # what this lane cost: the autoscaler splits the budget by CPU time per token
             rings[i].count_work(time.thread_time_ns() - started, tokens)
+            if access[i] is not LOCAL:
+                counters, (retries, fetched) = access[i].counters, published[i]
+                rings[i].count_store(counters.retries - retries, counters.fetched - fetched, counters.held)
+                published[i] = (counters.retries, counters.fetched)
         if not progressed:
             time.sleep(idle)
             idle = min(idle * 2, _IDLE_MAX_S)
@@ -84,6 +94,16 @@ def _serve(config: WorkerConfig) -> None:
             idle = _IDLE_MIN_S
     for ring in rings:
         ring.close()
+    for files in access:
+        files.close()
+
+
+def _files_for(lane: LaneConfig) -> Files:
+    """The lane's way to its files: its own block cache when they are in a store."""
+    if not any(is_remote(shard.file) for shard in lane.shards):
+        return LOCAL
+    cache = DiskCache(lane.cache_dir, lane.cache_limit) if lane.cache_dir else None
+    return Files(lane.store, lane.read_ahead, cache)
 
 
 def _tokens_in(record: tuple) -> int:
@@ -98,7 +118,7 @@ def _write(ring: Ring, record: tuple, lane: LaneConfig) -> bool:
         return ring.try_write(*error_record(0, 0, f"{exc}: raise --ring-mb (now {ring.capacity >> 20} MB)"))
 
 
-def _produce(lane: LaneConfig) -> Iterator[tuple]:
+def _produce(lane: LaneConfig, files: Files = LOCAL) -> Iterator[tuple]:
     """Records of this lane in the source's deterministic order, from (start_group, start_pos).
     An ERROR record is the lane's last: the source cannot go on."""
     try:
@@ -112,13 +132,14 @@ def _produce(lane: LaneConfig) -> Iterator[tuple]:
     end = lane.epochs * groups_per_epoch(num_shards, lane.interleave) if lane.epochs else None
     k, first_pos = lane.start_group, lane.start_pos
     while end is None or k < end:
-        if (yield from _produce_group(lane, transform, k, first_pos)):
+        if (yield from _produce_group(lane, transform, k, first_pos, files)):
             return
         k += 1
         first_pos = 0
 
 
-def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: int) -> Generator[tuple, None, bool]:
+def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: int,
+                   files: Files = LOCAL) -> Generator[tuple, None, bool]:
     """This lane's turns of group k from position first_pos: the group's shards read together,
     their rows taken in turn (omniload.order.interleave_rows), each shard streamed a slice at a
     time, and the rows transformed _TRANSFORM_ROWS positions at a time across the shards (one
@@ -137,12 +158,18 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
     first_due = np.array([shard.rows for shard in shards])
     for turn in turns:
         np.minimum.at(first_due, member[turn.start:turn.stop], row[turn.start:turn.stop])
-    rows = [_open_shard(lane, epoch, index, int(first_due[m])) for m, (epoch, index) in enumerate(members)]
+    rows = [_open_shard(lane, epoch, index, int(first_due[m]), files) for m, (epoch, index) in enumerate(members)]
+    if files is not LOCAL:  # the next group's first bytes come in while this one is read
+        for g in group_members(k + 1, len(lane.shards), lane.interleave):
+            warm(lane.shards[shard_at(g, len(lane.shards), lane.seed, lane.source_index)[1]], lane.column,
+                 lane.image_column, files)
 
     def due(m: int, pos: int) -> int:  # shard m's rows this lane has from position pos on
         return sum(int(np.count_nonzero(member[max(t.start, pos):t.stop] == m)) for t in turns)
 
     def unreadable(m: int, pos: int) -> tuple:
+        if rows[m].fatal:  # the store, not the file: skipping would change what the batches hold
+            return error_record(k, pos, rows[m].message)
         if not lane.skip_bad_files:
             return error_record(k, pos, f"{rows[m].message} (the job stops on a bad file; "
                                         "--on-bad-file skip skips it instead)")
@@ -159,7 +186,7 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
                     try:
                         values[pos], ordinals[pos] = rows[m].take(r), int(rows[m].order[r])
                     except _ReadFailed as exc:  # part-way through the shard: the rest of it is unreadable
-                        rows[m] = _Unreadable(exc.message)
+                        rows[m] = _Unreadable(exc.message, exc.fatal)
             try:
                 samples = dict(zip(values, _transform(transform, list(values.values())))) if values else {}
             except Exception as exc:  # the user's transform; its error must reach the user
@@ -172,7 +199,7 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
                 sample = samples.pop(pos, None)
                 if sample is None:
                     yield unreadable(m, pos)
-                    if not lane.skip_bad_files:
+                    if not lane.skip_bad_files or rows[m].fatal:
                         return True
                 elif isinstance(sample, _BadSample):  # one sample's image: the rest of the file is fine
                     message = f"{shards[m].file}: {part_name(shards[m].format, shards[m].start)}, " \
@@ -189,18 +216,19 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
     return False
 
 
-def _open_shard(lane: LaneConfig, epoch: int, index: int, first_due: int) -> _ShardRows | _Unreadable:
+def _open_shard(lane: LaneConfig, epoch: int, index: int, first_due: int,
+                files: Files = LOCAL) -> _ShardRows | _Unreadable:
     """A shard's rows from `first_due` on (its first due slice read now, so an unreadable file
     is known at once), or why it cannot be read."""
     shard = lane.shards[index]
     order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index, shard.slicing)
-    rows = _ShardRows(shard, lane.column, order, lane.image_column)
+    rows = _ShardRows(shard, lane.column, order, lane.image_column, files)
     if first_due >= shard.rows:  # every row of it was delivered before a restart
         return rows
     try:
         rows.load(first_due)
     except _ReadFailed as exc:
-        return _Unreadable(exc.message)
+        return _Unreadable(exc.message, exc.fatal)
     return rows
 
 
@@ -209,6 +237,7 @@ class _Unreadable:
     """A shard that could not be read: the message, said with the file's first skipped row only."""
 
     message: str
+    fatal: bool = False  # the store failed (past its retries), not the file: the job stops
     said: bool = False
 
     def say_once(self, rows: int) -> str:
@@ -221,9 +250,9 @@ class _Unreadable:
 class _ReadFailed(Exception):
     """Reading a shard's next slice failed; the message names the file and the part."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, fatal: bool = False) -> None:
         super().__init__(message)
-        self.message = message
+        self.message, self.fatal = message, fatal
 
 
 class _ShardRows:
@@ -231,8 +260,12 @@ class _ShardRows:
     each one's rows shuffled), read a slice at a time; a slice is dropped when the next is read,
     a value once taken."""
 
-    def __init__(self, shard: Shard, column: str, order: np.ndarray, image_column: str | None = None) -> None:
+    fatal = False  # (an _Unreadable's field: a shard read so far is never fatal)
+
+    def __init__(self, shard: Shard, column: str, order: np.ndarray, image_column: str | None = None,
+                 files: Files = LOCAL) -> None:
         self.order = order
+        self._files = files
         self._shard, self._column, self._image_column = shard, column, image_column
         self._slicing = shard.slicing
         self._slices: Iterator | None = None
@@ -257,13 +290,15 @@ class _ShardRows:
         try:
             if self._slices is None or (wanted > self._slice + 1 and self._shard.strided):
                 # the slices between are other lanes' turns: start reading at this one
-                self._slices = iter_slices(self._shard, self._column, wanted, self._image_column)
+                self._slices = iter_slices(self._shard, self._column, wanted, self._image_column, self._files)
                 self._slice = wanted - 1
             while self._slice < wanted:  # iter_slices checks each slice's rows against the index
                 self._values = next(self._slices)
                 self._slice += 1
         except BadFile as exc:
             raise _ReadFailed(f"{self._shard.file}: {exc}") from None
+        except StoreError as exc:  # names the object already
+            raise _ReadFailed(str(exc), fatal=True) from None
         except DATA_ERRORS as exc:  # bad data readers.py did not foresee is still the file's; other errors are
             raise _ReadFailed(f"{self._shard.file}: cannot read {part_name(self._shard.format, self._shard.start)}: "
                               f"{_cause(exc)}") from None  # bugs: the worker dies

@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO
 
 import pyarrow as pa
@@ -31,6 +33,7 @@ class Files:
         self.blocks = Blocks(read_ahead, cache, self.counters)
         self._objects: OrderedDict[str, RemoteObject] = OrderedDict()
         self._lock = threading.Lock()  # the indexing child opens many objects at once
+        self._background: ThreadPoolExecutor | None = None
 
     def remote(self, path: str, size: int = 0, version: str = "") -> RemoteFile:
         """A URL's object as a file; `size` and `version` as listed (0: ask the store, once)."""
@@ -60,6 +63,23 @@ class Files:
         """A local file memory-mapped (pages shared, read on touch); a remote one as a file."""
         return self.remote(path, size, version) if is_remote(path) else pa.memory_map(path)
 
+    def in_background(self, task: Callable[[], object]) -> None:
+        """Run `task` on the lane's one background thread (warming the next shards); its errors
+        are dropped: the read that needs the bytes meets them again and reports them."""
+        if self._background is None:
+            self._background = ThreadPoolExecutor(1, thread_name_prefix="omniload-warm")
+        self._background.submit(_quietly, task)
+
     def close(self) -> None:
+        if self._background is not None:
+            self._background.shutdown(wait=True, cancel_futures=True)
+            self._background = None
         self.blocks.close()
         self._objects.clear()
+
+
+def _quietly(task: Callable[[], object]) -> None:
+    try:
+        task()
+    except Exception:  # noqa: BLE001  (see Files.in_background)
+        pass

@@ -1,0 +1,157 @@
+"""A real S3 endpoint on loopback for the tests: moto's server mode in its own process, and a
+TCP proxy in front of it that adds latency and resets connections part-way through a response.
+
+The store is real HTTP on a real socket (pyarrow's C++ client talks to it as to AWS); only
+the objects' bodies live in memory. Objects are put with boto3, as a user would upload them.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+# Fixed test credentials; a test that checks redaction sets its own secret.
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "omniload-test-key", "AWS_SECRET_ACCESS_KEY": "omniload-test-secret",
+               "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MotoServer:
+    """`moto_server` on a free loopback port; `endpoint` is its http URL."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1).read()
+                return
+            except OSError:
+                if self.process.poll() is not None:
+                    raise RuntimeError("moto_server exited at start; is moto[server] installed?") from None
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("moto_server did not answer in 30 s")
+
+    def client(self):  # noqa: ANN201  (boto3 is a test dependency only)
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+
+    def reset(self) -> None:
+        """Forget every bucket (moto's reset API): each test starts from an empty store."""
+        request = urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")
+        urllib.request.urlopen(request, timeout=10).read()
+
+    def upload(self, bucket: str, root: Path, prefix: str = "") -> None:
+        """Put every file under `root` at `prefix` + its path relative to root."""
+        client = self.client()
+        client.create_bucket(Bucket=bucket)
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                client.put_object(Bucket=bucket, Key=prefix + path.relative_to(root).as_posix(), Body=path.read_bytes())
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class FaultyProxy:
+    """A TCP proxy to `target` that holds each request `delay_s` (a round trip) and, with `reset_every` = N, resets every Nth connection after some of the response
+    body has passed: the reset in the middle of a body that S3 clients do not retry by
+    themselves. `resets` counts the resets made. Runs in threads of the test process."""
+
+    def __init__(self, target_port: int, delay_s: float = 0.0, reset_every: int = 0, cut_after: int = 600) -> None:
+        self.target_port, self.delay_s, self.reset_every, self.cut_after = target_port, delay_s, reset_every, cut_after
+        self.resets = self.connections = 0
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._closed = False
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+                cut = self.reset_every and self.connections % self.reset_every == 0
+            threading.Thread(target=self._serve, args=(client, cut), daemon=True).start()
+
+    def _serve(self, client: socket.socket, cut: bool) -> None:
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+        except OSError:
+            client.close()
+            return
+        threading.Thread(target=self._pipe, args=(client, upstream, True, False), daemon=True).start()
+        self._pipe(upstream, client, False, cut)
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, request: bool, cut: bool) -> None:
+        sent = 0
+        try:
+            while data := source.recv(65536):
+                if request and self.delay_s:  # each request waits a round trip before the store sees it
+                    time.sleep(self.delay_s)
+                if cut and sent + len(data) > self.cut_after:
+                    sink.sendall(data[: max(0, self.cut_after - sent)])
+                    with self._lock:
+                        self.resets += 1
+                    sink.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                    break  # closing with linger 0 sends RST: the client sees a reset mid-body
+                sink.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._closed = True
+        self._server.close()
+
+
+def store_env(endpoint: str) -> dict[str, str]:
+    """The environment a job reading the store needs: the standard AWS variables."""
+    return {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}
+
+
+def set_env(env: dict[str, str]) -> dict[str, str | None]:
+    """Put `env` into os.environ (jobs inherit it); returns what to restore."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    return old
+
+
+def restore_env(old: dict[str, str | None]) -> None:
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
