@@ -105,6 +105,8 @@ class Figures:
         cpu = sum(rate.get(("cpu", w.pid), 0.0) for w in workers if w is not None)
         per_epoch = groups_per_epoch(len(intake.catalog.shards), intake.interleave)
         cost = self._pool.scaling.get("costs", [None] * (index + 1))[index]
+        store = [r.store() for r in rings]
+        retries, fetched, held = (sum(f[i] for f in store) for i in range(3))
         return {"name": name, "docs": intake.docs, "tokens": intake.tokens,
                 "docs_per_s": round(rate.get(("docs", name), 0.0), 1),
                 "tokens_per_s": round(rate.get(("tokens", name), 0.0)),
@@ -112,7 +114,11 @@ class Figures:
                 "workers": len(workers), "worker_cpu_percent": round(100 * cpu, 1),
                 "cpu_us_per_ktoken": None if cost is None else round(cost * 1e9, 1),  # measured (autoscale only)
                 "restarts": self._pool.restarts_of_source(index),
-                "epoch": intake.group // per_epoch, "cursor": list(intake.cursor)}
+                "epoch": intake.group // per_epoch, "cursor": list(intake.cursor),
+                # reads from a store (0 for local files): retried requests, bytes fetched, bytes its
+                # lanes' block caches hold now (each lane at most --read-ahead)
+                "store_retries": retries, "store_fetched_mb": round(fetched / 2**20, 1),
+                "read_ahead_mb": round(held / 2**20, 1)}
 
     def _memory(self) -> dict[str, float]:
         """Resident memory of the coordinator and its workers (RSS: cheap to read; the workers'

@@ -37,6 +37,12 @@ _SOURCE = [
     ("omniload_source_worker_cpu_percent", "gauge", "CPU of the workers serving the source.", "worker_cpu_percent"),
     ("omniload_source_restarts_total", "counter", "Restarts of the source's workers.", "restarts"),
     ("omniload_source_epoch", "gauge", "The epoch the source's cursor is in.", "epoch"),
+    ("omniload_source_store_retries_total", "counter", "Requests to the source's store retried after a transient "
+     "error.", "store_retries"),
+    ("omniload_source_store_fetched_bytes_total", "counter", "Bytes fetched from the source's store.",
+     lambda s: int(s["store_fetched_mb"] * 2**20)),
+    ("omniload_source_read_ahead_bytes", "gauge", "Bytes of the source's objects its lanes hold now.",
+     lambda s: int(s["read_ahead_mb"] * 2**20)),
 ]
 _RANK = [
     ("omniload_rank_steps_consumed", "gauge", "Steps the rank has acknowledged.", "step"),

@@ -22,6 +22,12 @@ def render(status: dict[str, Any]) -> str:
         lines.append(f"{s['name'][:15]:<16}{s['docs_per_s']:>12.1f}{_si(s['tokens_per_s']):>11}"
                      f"{s['ring_fill']:>6.0%}{s['workers']:>8}{s['worker_cpu_percent']:>7.1f}{s['restarts']:>9}"
                      f"{s['epoch']:>6}  {s['cursor'][0]}:{s['cursor'][1]}")
+    remote = [s for s in status["sources"] if s.get("store_fetched_mb") or s.get("store_retries")]
+    if remote:
+        lines += ["", f"{'store reads':<16}{'fetched MB':>12}{'held MB':>9}{'retries':>9}"]
+        for s in remote:
+            lines.append(f"{s['name'][:15]:<16}{s['store_fetched_mb']:>12.1f}{s['read_ahead_mb']:>9.1f}"
+                         f"{s['store_retries']:>9}")
     ranks = sorted(status["ranks"], key=lambda r: (r["step"], r["rank"]))
     if ranks:
         lines += ["", f"{'rank':>6}{'step':>8}{'lag':>6}{'wait%':>7}{'credits':>8}  connection"]

@@ -1,0 +1,189 @@
+"""Sources in object storage: a real S3 endpoint on loopback (moto's server mode), read by the
+whole path — catalog, workers, planner, ranks — exactly as local files are.
+
+A proxy in front of the store adds round trips and resets connections in the middle of a
+response body, so retries and read-ahead are tested against real failures, not a mocked client.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import omniload
+from tests.corpus import documents, make_mixed_corpus, mixed_sources, write_parquet
+from tests.jobs import collect, omniload_cli, run_ranks, start_ranks, wait_for_checkpoint
+from tests.s3_store import FaultyProxy, restore_env, set_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+SPEC = {"seq_len": 64, "rows": 2, "workers": 2, "seed": 3, "epochs": 1}
+REMOTE = {"web": "s3://corpus/data/web/*.parquet", "code": "s3://corpus/data/code/*.jsonl*",
+          "books": "s3://corpus/data/books/*.arrow"}
+
+
+@pytest.fixture
+def uploaded(s3, tmp_path):
+    """The mixed corpus on local disk and in the bucket `corpus` under data/: (local globs, store)."""
+    local = make_mixed_corpus(tmp_path / "data")
+    s3.upload("corpus", tmp_path / "data", "data/")
+    return local, s3
+
+
+def test_a_bucket_gives_the_batches_its_local_copy_gives(uploaded, tmp_path):
+    local, _ = uploaded
+    on_disk = run_ranks({**SPEC, "sources": mixed_sources(local)}, 2, tmp_path)
+    in_bucket = run_ranks({**SPEC, "sources": mixed_sources(REMOTE)}, 2, tmp_path)
+    for rank in range(2):
+        assert in_bucket[rank]["hashes"] == on_disk[rank]["hashes"], f"rank {rank} differs"
+
+
+def test_resets_mid_body_and_round_trips_are_retried_and_change_nothing(uploaded, tmp_path):
+    _, s3 = uploaded
+    reference = run_ranks({**SPEC, "sources": mixed_sources(REMOTE)}, 2, tmp_path)
+    proxy = FaultyProxy(s3.port, delay_s=0.01, reset_every=3, cut_after=3000)
+    old = set_env({"AWS_ENDPOINT_URL": proxy.endpoint})
+    try:
+        with omniload.Job({**SPEC, "sources": mixed_sources(REMOTE), "read_ahead": 2 << 20}) as job:
+            ranks = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.01"})
+            status = job.status()
+            while any(process.poll() is None for process, _ in ranks):  # the job ends with its ranks
+                try:
+                    status = job.status()
+                except omniload.OmniloadError:
+                    break
+                time.sleep(0.2)
+            results = collect(ranks)
+    finally:
+        restore_env(old)
+        proxy.close()
+    assert proxy.resets > 0
+    for rank in range(2):
+        assert results[rank]["hashes"] == reference[rank]["hashes"]
+    sources = {s["name"]: s for s in status["sources"]}
+    assert sum(s["store_retries"] for s in sources.values()) > 0, "the workers' retries show in status"
+    assert all(s["store_fetched_mb"] > 0 for s in sources.values())
+    assert all(s["read_ahead_mb"] <= 2 * 2 * len(sources) for s in sources.values()), "read-ahead within its limit"
+
+
+def test_launch_with_torchrun_reads_the_bucket(uploaded, tmp_path):
+    out = tmp_path / "rank{rank}.json"
+    result = omniload_cli("launch", "--source", f"web={REMOTE['web']},weight=0.7",
+                          "--source", f"books={REMOTE['books']},weight=0.3", "--seq-len", "64", "--rows", "2",
+                          "--workers", "2", "--", sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                          "--master_port", "0", str(Path(__file__).parent.parent / "rank_probe.py"), str(out),
+                          timeout=200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert seen[0]["steps"] and seen[0]["steps"] == seen[1]["steps"]
+    assert not set(seen[0]["sample_ids"]) & set(seen[1]["sample_ids"]) or seen[0]["hashes"] != seen[1]["hashes"]
+
+
+def test_kill_9_then_resume_reads_the_kept_catalog_and_repeats_the_uninterrupted_run(uploaded, tmp_path):
+    spec = {**SPEC, "sources": mixed_sources(REMOTE), "epochs": 0, "steps": 90}
+    reference = run_ranks(spec, 2, tmp_path)
+    folder = tmp_path / "ckpt"
+    job = omniload.Job({**spec, "checkpoint_dir": str(folder), "snapshot_every": 20}).start()
+    ranks = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.03"})
+    wait_for_checkpoint(folder, 40)
+    for victim in [psutil.Process(job._process.pid), *(psutil.Process(p.pid) for p, _ in ranks)]:
+        victim.send_signal(signal.SIGKILL)
+    for process, _ in ranks:
+        process.wait()
+    job.wait(10)
+    job.stop()
+    assert list(folder.glob("catalog-*.json")), "the catalog is kept beside the checkpoint"
+    with omniload.Job({**spec, "resume": str(folder)}) as resumed_job:
+        resumed = collect(start_ranks(resumed_job, 2, tmp_path))
+        log = "\n".join(resumed_job.log_tail())
+    assert "read the sources' catalog from" in log, "a resume does not list the bucket again"
+    start = resumed[0]["steps"][0]
+    for rank in range(2):
+        assert resumed[rank]["hashes"] == reference[rank]["hashes"][start:]
+
+
+def test_an_object_changed_before_a_resume_stops_the_job_naming_it(uploaded, tmp_path):
+    _, s3 = uploaded
+    spec = {**SPEC, "sources": mixed_sources(REMOTE)}
+    folder = tmp_path / "ckpt"
+    with omniload.Job({**spec, "checkpoint_dir": str(folder)}) as job:
+        collect(start_ranks(job, 2, tmp_path, max_steps=10))
+        wait_for_checkpoint(folder, 10)
+    path = tmp_path / "changed.parquet"
+    write_parquet(path, documents(300, 99))
+    s3.client().put_object(Bucket="corpus", Key="data/web/a.parquet", Body=path.read_bytes())
+    for catalog in folder.glob("catalog-*.json"):  # as a fresh listing finds it
+        catalog.unlink()
+    with pytest.raises(omniload.OmniloadError) as failed:
+        with omniload.Job({**spec, "resume": str(folder)}) as job:
+            pass
+    assert "s3://corpus/data/web/a.parquet changed" in str(failed.value)
+
+
+def test_a_cached_run_reads_nothing_from_the_store(uploaded, tmp_path):
+    """With --cache-dir, a second run of the same sources reads its catalog and every block from
+    the cache: it gives the same batches with the store unreachable."""
+    _, s3 = uploaded
+    spec = {**SPEC, "sources": mixed_sources(REMOTE), "cache_dir": str(tmp_path / "cache")}
+    first = run_ranks(spec, 2, tmp_path)
+    assert any((tmp_path / "cache" / "blocks").rglob("*-*"))
+    old = set_env({"AWS_ENDPOINT_URL": "http://127.0.0.1:9"})  # nothing listens there
+    try:
+        second = run_ranks(spec, 2, tmp_path)
+    finally:
+        restore_env(old)
+    assert [r["hashes"] for r in second] == [r["hashes"] for r in first]
+
+
+def _launch_fails(*sources: str, env: dict[str, str] | None = None, timeout: float = 90):
+    started = time.monotonic()
+    result = omniload_cli("launch", *(f for s in sources for f in ("--source", s)), "--", sys.executable, "-c", "pass",
+                          env=env, timeout=timeout)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    return result.stderr, time.monotonic() - started
+
+
+def test_store_errors_name_the_url_and_the_fix(uploaded):
+    message, _ = _launch_fails("web=s3://no-such-bucket/data/*.parquet")
+    assert "bucket 'no-such-bucket' does not exist" in message
+    message, _ = _launch_fails("web=s3://corpus/nothing-here/*.parquet")
+    assert "nothing under s3://corpus/nothing-here/ (no such prefix)" in message
+    message, _ = _launch_fails("web=s3://corpus/data/web/*.csv")
+    assert "s3://corpus/data/web/*.csv: no objects match" in message
+    message, _ = _launch_fails("web=s3://corpus/data/web")
+    assert "is a folder of 2 objects; name the files with a glob" in message
+
+
+def test_missing_credentials_and_an_unreachable_endpoint_end_the_job_in_bounded_time(uploaded, tmp_path):
+    env = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+           "AWS_CONFIG_FILE": str(tmp_path / "none")}
+    message, _ = _launch_fails(f"web={REMOTE['web']}", env=env)
+    assert "access denied" in message and "no AWS credentials found" in message
+    message, took = _launch_fails(f"web={REMOTE['web']}", env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
+    assert "cannot reach the endpoint http://127.0.0.1:9" in message
+    assert took < 75, f"an unreachable endpoint took {took:.0f}s to end the job"
+
+
+def test_secrets_never_reach_logs_status_metrics_errors_or_the_checkpoint(uploaded, tmp_path):
+    secret = "s3cr3t-" + os.urandom(6).hex()
+    old = set_env({"AWS_SECRET_ACCESS_KEY": secret})  # moto accepts any key: the job runs
+    try:
+        folder = tmp_path / "ckpt"
+        with omniload.Job({**SPEC, "sources": mixed_sources(REMOTE), "checkpoint_dir": str(folder)}) as job:
+            collect(start_ranks(job, 2, tmp_path))
+            said = ["\n".join(job.log_tail()), json.dumps(job.status())]
+        said.append(omniload_cli("trace", "--checkpoint-dir", str(folder), "--step", "3").stdout)
+        said += [p.read_text(errors="replace") for p in folder.iterdir() if p.is_file()]
+        message, _ = _launch_fails(f"web=s3://AKIAEXAMPLE:{secret}@corpus/data/web/*.parquet")
+        said.append(message)
+    finally:
+        restore_env(old)
+    assert "credentials or signed parameters in a URL" in message
+    assert not [text for text in said if secret in text]
