@@ -17,7 +17,7 @@ import sys
 # before any import that pulls pyarrow in; the workers' forkserver inherits it.
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
-from omniload.coordinator.logs import setup_logging  # noqa: E402
+from omniload.coordinator.observe.logs import setup_logging  # noqa: E402
 from omniload.coordinator.server import Coordinator  # noqa: E402
 from omniload.errors import ConfigError  # noqa: E402
 from omniload.spec import Spec  # noqa: E402

@@ -33,29 +33,29 @@ from omniload.layout import Layout
 from omniload.protocol import Hello, Kind, Message, encode
 from omniload.spec import Spec
 from omniload.state import check_state
-from omniload.wire import expand, narrow
-from omniload.workers.ring import remove_stale_segments, segment_path
+from omniload.batch_arrays import expand, narrow
+from omniload.formats.ring import remove_stale_segments, segment_path
 
-from omniload.coordinator.batches import encode_batch, step_fields
-from omniload.coordinator.catalog import build_catalog, fingerprint, job_identity
-from omniload.coordinator.checkpoint import CheckpointWriter, Recovery, explain_mismatch, last_position, log_after
-from omniload.coordinator.delivery import Delivery, Frame, Frames, RankState, Variant
-from omniload.coordinator.figures import Figures
-from omniload.coordinator.intake import SourceIntake
-from omniload.coordinator.arena import StepArena
-from omniload.coordinator.autoscale import initial_plan
+from omniload.coordinator.serve.batch_frames import encode_batch, step_fields
+from omniload.coordinator.pool.catalog import build_catalog, fingerprint, job_identity
+from omniload.coordinator.ha.checkpoint import CheckpointWriter, Recovery, explain_mismatch, last_position, log_after
+from omniload.coordinator.serve.delivery import Delivery, Frame, Frames, RankState, Variant
+from omniload.coordinator.observe.figures import Figures
+from omniload.coordinator.pool.intake import SourceIntake
+from omniload.coordinator.serve.arena import StepArena
+from omniload.coordinator.pool.autoscale import initial_plan
 from omniload.coordinator.loop import run_loop
-from omniload.coordinator.metrics import serve_metrics
-from omniload.coordinator.parallel import cp_slice
-from omniload.coordinator.planning import Planner
-from omniload.coordinator.pool import WorkerPool, available_cpus
-from omniload.coordinator.relayed import Writer
-from omniload.coordinator.senders import Senders
-from omniload.coordinator.sessions import Refused, Sessions
-from omniload.coordinator.standby import Follower, LeaseKeeper, follow, take_first_lease, warm_forkserver
-from omniload.coordinator.lease import job_digest
-from omniload.coordinator.stepper import Cancelled, Step, Stepper
-from omniload.coordinator.supervision import Supervisor
+from omniload.coordinator.observe.metrics import serve_metrics
+from omniload.coordinator.plan.parallel import cp_slice
+from omniload.coordinator.plan.plan_loop import Planner
+from omniload.coordinator.pool.worker_pool import WorkerPool, available_cpus
+from omniload.coordinator.serve.routed_sessions import Writer
+from omniload.coordinator.serve.senders import Senders
+from omniload.coordinator.serve.sessions import Refused, Sessions
+from omniload.coordinator.ha.standby import Follower, LeaseKeeper, follow, take_first_lease, warm_forkserver
+from omniload.coordinator.ha.lease import job_digest
+from omniload.coordinator.plan.stepper import Cancelled, Step, Stepper
+from omniload.coordinator.pool.supervision import Supervisor
 
 log = logging.getLogger("omniload")
 _TICK_S = 0.5

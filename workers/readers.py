@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from omniload.workers.shards import BadFile, Shard, gzipped, part_name
+from omniload.formats.shards import BadFile, Shard, gzipped, part_name
 
 JSONL_SHARD_ROWS = 4096
 TAR_SHARD_ROWS = 1024

@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from omniload.coordinator import lease as leases
-from omniload.coordinator.checkpoint import snapshot_steps
+from omniload.coordinator.ha import lease as leases
+from omniload.coordinator.ha.checkpoint import snapshot_steps
 
 log = logging.getLogger("omniload")
 _POLL_S = 0.05  # how often a standby looks at the lease
@@ -113,7 +113,7 @@ def warm_forkserver() -> None:
     (about 0.8 s). Call before any thread starts; the server leaves when this process does."""
     from multiprocessing import forkserver
 
-    from omniload.workers.lane import forkserver_context
+    from omniload.coordinator.pool.forkserver import forkserver_context
 
     forkserver_context()
     forkserver.ensure_running()

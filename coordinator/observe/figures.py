@@ -17,10 +17,10 @@ import psutil
 
 from omniload.order import groups_per_epoch
 
-from omniload.coordinator.delivery import Delivery
-from omniload.coordinator.intake import SourceIntake
-from omniload.coordinator.planning import Planner
-from omniload.coordinator.pool import WorkerPool
+from omniload.coordinator.serve.delivery import Delivery
+from omniload.coordinator.pool.intake import SourceIntake
+from omniload.coordinator.plan.plan_loop import Planner
+from omniload.coordinator.pool.worker_pool import WorkerPool
 
 SAMPLE_S = 1.0  # rates are measured over at least this long
 

@@ -30,14 +30,14 @@ from omniload.errors import ConfigError, OmniloadError
 from omniload.layout import Layout
 from omniload.order import split_sample_id
 from omniload.spec import Spec
-from omniload.workers.shards import part_name
+from omniload.formats.shards import part_name
 
-from omniload.coordinator.catalog import SourceCatalog, build_catalog, fingerprint, job_identity
-from omniload.coordinator.checkpoint import explain_mismatch, last_position, log_after, read_snapshot, snapshot_steps
-from omniload.coordinator.intake import SourceIntake
-from omniload.coordinator.lanes import assign_lanes
-from omniload.coordinator.pool import WorkerPool, describe_exit, stop_helpers
-from omniload.coordinator.stepper import Cancelled, Step, Stepper
+from omniload.coordinator.pool.catalog import SourceCatalog, build_catalog, fingerprint, job_identity
+from omniload.coordinator.ha.checkpoint import explain_mismatch, last_position, log_after, read_snapshot, snapshot_steps
+from omniload.coordinator.pool.intake import SourceIntake
+from omniload.coordinator.pool.lane_split import assign_lanes
+from omniload.coordinator.pool.worker_pool import WorkerPool, describe_exit, stop_helpers
+from omniload.coordinator.plan.stepper import Cancelled, Step, Stepper
 
 _WATCH_S = 0.1  # how often the trace looks for a dead worker
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omniload.wire import IGNORE_INDEX, PAD_ID, expand  # noqa: F401  (IGNORE_INDEX: the packer's too)
+from omniload.batch_arrays import IGNORE_INDEX, PAD_ID, expand  # noqa: F401  (IGNORE_INDEX: the packer's too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ def chunk_bounds(length: int, seq_len: int) -> list[tuple[int, int]]:
 
 def compact_batch(rows: Sequence[Sequence[Segment]], seq_len: int,
                   image_hw: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
-    """A rank's batch as it travels (omniload.wire): token ids, segment bounds and ids; with
+    """A rank's batch as it travels (omniload.batch_arrays): token ids, segment bounds and ids; with
     `image_hw` (a job with image sources) also its images, in the order of their placeholder
     tokens in input_ids read row by row, and the segment each belongs to."""
     input_ids = np.full((len(rows), seq_len), PAD_ID, dtype=np.int32)

@@ -22,7 +22,7 @@ from typing import Any
 
 from omniload.errors import OmniloadError
 
-from omniload.coordinator.stepper import Compute, Requests, Step, Stepper
+from omniload.coordinator.plan.stepper import Compute, Requests, Step, Stepper
 
 _INLINE_MAX_S = 0.003  # computations of a kind that take longer than this (on average) go to a thread
 

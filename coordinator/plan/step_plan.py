@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from omniload.coordinator.balance import assign
-from omniload.coordinator.cost import CostFn
-from omniload.coordinator.packer import Segment, doc_key
+from omniload.coordinator.plan.balance import assign
+from omniload.coordinator.plan.cost import CostFn
+from omniload.coordinator.plan.packer import Segment, doc_key
 
 
 @dataclass(frozen=True, slots=True)

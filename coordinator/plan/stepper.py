@@ -27,13 +27,13 @@ from omniload.errors import SourceFailed
 from omniload.spec import Spec
 from omniload.state import STATE_VERSION
 
-from omniload.coordinator.cost import cost_function
-from omniload.coordinator.intake import Doc, SourceIntake
-from omniload.coordinator.mixture import advance, join, next_source
-from omniload.coordinator.packer import Segment, compact_batch, doc_key
-from omniload.coordinator.planner import plan_step
-from omniload.coordinator.schedule import in_force, weights_at
-from omniload.coordinator.window import Block, DocKey, Unit, block_tokens_for, make_block, restore_block, units_of
+from omniload.coordinator.plan.cost import cost_function
+from omniload.coordinator.pool.intake import Doc, SourceIntake
+from omniload.coordinator.plan.mixture import advance, join, next_source
+from omniload.coordinator.plan.packer import Segment, compact_batch, doc_key
+from omniload.coordinator.plan.step_plan import plan_step
+from omniload.coordinator.plan.schedule import in_force, weights_at
+from omniload.coordinator.plan.window import Block, DocKey, Unit, block_tokens_for, make_block, restore_block, units_of
 
 _POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
 _BREATHE_S = 0.002  # the longest a step computes between two chances for others to run
@@ -72,7 +72,7 @@ def drive(requests: Requests, cancel: threading.Event) -> Any:
 @dataclass(frozen=True, slots=True)
 class Step:
     number: int  # 0-based
-    batches: list[dict[str, np.ndarray]]  # one per data-parallel rank, as on the wire (omniload.wire)
+    batches: list[dict[str, np.ndarray]]  # one per data-parallel rank, as on the wire (omniload.batch_arrays)
     tokens: list[int]  # real (non-padding) tokens per data-parallel rank
     figures: dict  # the planner's: rank costs, max/mean, lower bound, carried
     weights: list[float]

@@ -29,8 +29,8 @@ import numpy as np
 
 from omniload.order import MAX_CHUNKS, sample_id
 
-from omniload.coordinator.intake import Doc
-from omniload.coordinator.packer import Segment, chunk_bounds, doc_key
+from omniload.coordinator.pool.intake import Doc
+from omniload.coordinator.plan.packer import Segment, chunk_bounds, doc_key
 
 Unit = tuple[Segment, ...]
 DocKey = tuple[int, int, int]  # see packer.doc_key

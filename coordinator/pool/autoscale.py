@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from omniload.coordinator.lanes import assign_lanes
+from omniload.coordinator.pool.lane_split import assign_lanes
 
 Plan = list[list[tuple[int, int]]]  # workers, each the (source, lane) pairs it produces
 

@@ -14,9 +14,10 @@ import orjson
 from omniload.errors import ConfigError
 from omniload.order import MAX_ORDINAL
 from omniload.spec import IMAGE_FIELDS, RUNTIME_FIELDS, Source, Spec
-from omniload.workers.images import ImageConfig, load_image_transform, require_pillow
-from omniload.workers.lane import forkserver_context
-from omniload.workers.shards import BadFile, Shard, detect_format
+from omniload.formats.lane_config import ImageConfig
+from omniload.workers.images import load_image_transform, require_pillow
+from omniload.coordinator.pool.forkserver import forkserver_context
+from omniload.formats.shards import BadFile, Shard, detect_format
 from omniload.workers.transforms import load_transform
 
 log = logging.getLogger("omniload")

@@ -14,10 +14,10 @@ import numpy as np
 
 from omniload.errors import SourceFailed
 from omniload.order import group_members, groups_per_epoch, lane_of, shard_permutation
-from omniload.workers.records import RecordKind, decode, images_of, tokens_of
-from omniload.workers.ring import Ring
+from omniload.formats.records import RecordKind, decode, images_of, tokens_of
+from omniload.formats.ring import Ring
 
-from omniload.coordinator.catalog import SourceCatalog
+from omniload.coordinator.pool.catalog import SourceCatalog
 
 log = logging.getLogger("omniload")
 

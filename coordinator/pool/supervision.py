@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 from omniload.errors import SourceFailed
 
-from omniload.coordinator.autoscale import MARGIN, Window, changed_workers, demands, resplit, update_costs, \
+from omniload.coordinator.pool.autoscale import MARGIN, Window, changed_workers, demands, resplit, update_costs, \
     update_taken, workers_per_source
-from omniload.coordinator.intake import SourceIntake
-from omniload.coordinator.pool import WorkerPool, describe_exit
+from omniload.coordinator.pool.intake import SourceIntake
+from omniload.coordinator.pool.worker_pool import WorkerPool, describe_exit
 
 log = logging.getLogger("omniload")
 _JOIN_DEAD_S = 1.0  # a worker whose sentinel fired has exited: its join only reaps it

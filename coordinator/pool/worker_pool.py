@@ -24,10 +24,11 @@ from collections.abc import Callable
 
 from omniload.errors import ConfigError
 from omniload.spec import Spec
-from omniload.workers.ring import SHM_DIR, Ring, segment_path
-from omniload.workers.lane import LaneConfig, WorkerConfig, forkserver_context, run
+from omniload.formats.ring import SHM_DIR, Ring, segment_path
+from omniload.formats.lane_config import LaneConfig, WorkerConfig
+from omniload.coordinator.pool.forkserver import forkserver_context, run
 
-from omniload.coordinator.catalog import SourceCatalog
+from omniload.coordinator.pool.catalog import SourceCatalog
 
 log = logging.getLogger("omniload")
 _WORKER_JOIN_S = 5.0

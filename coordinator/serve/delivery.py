@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from omniload.errors import ProtocolError
 from omniload.protocol import Kind, Message, encode
 
-from omniload.coordinator.progress import Progress, Stall, find_stall
-from omniload.coordinator.relayed import Writer, send_frame
+from omniload.coordinator.plan.progress import Progress, Stall, find_stall
+from omniload.coordinator.serve.routed_sessions import Writer, send_frame
 
 Variant = tuple[int, int, bool]  # (dp rank, cp rank, receives data): which frame of each step
 # a frame's head, its payload and, where the payload sits in the step arena, (offset, length) there

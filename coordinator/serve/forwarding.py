@@ -11,7 +11,7 @@ import asyncio
 from omniload.errors import ProtocolError
 from omniload.route import CLOSE, EOF, OPEN, RouteReader, route_head
 
-from omniload.coordinator.relayed import READ_CHUNK, ROUTE_PIECE
+from omniload.coordinator.serve.routed_sessions import READ_CHUNK, ROUTE_PIECE
 
 _PIECE_FROM_COORDINATOR = 1 << 40  # pieces are the coordinator's own writes: bounded there
 

@@ -23,7 +23,7 @@ import tempfile
 from omniload.errors import OmniloadError, ProtocolError
 from omniload.protocol import FrameDecoder, Kind, Message, encode
 
-from omniload.coordinator.forwarding import Forwarder
+from omniload.coordinator.serve.forwarding import Forwarder
 
 log = logging.getLogger("omniload")
 _CONNECT_S = 30.0

@@ -1,4 +1,4 @@
-"""`python -m omniload.coordinator.sender`: writes batches to a share of the ranks' sockets.
+"""`python -m omniload.coordinator.serve.sender_process`: writes batches to a share of the ranks' sockets.
 
 The coordinator starts it (coordinator/senders.py) with two Unix sockets. On `--fds-fd` the
 coordinator hands over each rank connection it accepted (SCM_RIGHTS, with its number for
@@ -17,8 +17,8 @@ import signal
 import socket
 import sys
 
-from omniload.coordinator.arena import open_arena
-from omniload.coordinator.forwarding import Forwarder
+from omniload.coordinator.serve.arena import open_arena
+from omniload.coordinator.serve.forwarding import Forwarder
 from omniload.coordinator.loop import run_loop
 
 HANDOFF = 8  # bytes of a handoff message: the connection's number, little-endian
@@ -63,7 +63,7 @@ async def serve(routes_fd: int, fds_fd: int, arena_path: str) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m omniload.coordinator.sender")
+    parser = argparse.ArgumentParser(prog="python -m omniload.coordinator.serve.sender_process")
     parser.add_argument("--routes-fd", type=int, required=True)
     parser.add_argument("--fds-fd", type=int, required=True)
     parser.add_argument("--arena", required=True)

@@ -24,10 +24,10 @@ from pathlib import Path
 from omniload.errors import OmniloadError, ProtocolError
 from omniload.protocol import MAX_CONTROL_HEADER, PREFIX, FrameDecoder, Kind, Message, encode, parse_prefix, read_hello
 
-from omniload.coordinator.pool import describe_exit
-from omniload.coordinator.relayed import ROUTE_PIECE, RoutedSessions, RouteOut, Session, read_routes
-from omniload.coordinator.sender import HANDOFF
-from omniload.coordinator.sessions import HANDSHAKE_S, MAX_HANDSHAKES, StreamInbox, peer_name
+from omniload.coordinator.pool.worker_pool import describe_exit
+from omniload.coordinator.serve.routed_sessions import ROUTE_PIECE, RoutedSessions, RouteOut, Session, read_routes
+from omniload.coordinator.serve.sender_process import HANDOFF
+from omniload.coordinator.serve.sessions import HANDSHAKE_S, MAX_HANDSHAKES, StreamInbox, peer_name
 
 log = logging.getLogger("omniload")
 
@@ -75,7 +75,7 @@ class Senders:
             routes, routes_far = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             handoffs, handoffs_far = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             far = (routes_far.fileno(), handoffs_far.fileno())
-            process = subprocess.Popen([sys.executable, "-m", "omniload.coordinator.sender", "--routes-fd", str(far[0]),
+            process = subprocess.Popen([sys.executable, "-m", "omniload.coordinator.serve.sender_process", "--routes-fd", str(far[0]),
                                         "--fds-fd", str(far[1]), "--arena", str(self._arena_path)], pass_fds=far)
             routes_far.close()
             handoffs_far.close()

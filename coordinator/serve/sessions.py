@@ -26,8 +26,8 @@ import orjson
 from omniload.errors import OmniloadError, ProtocolError
 from omniload.protocol import FrameDecoder, Hello, Kind, Message, encode, read_hello, read_step, read_wait
 
-from omniload.coordinator.delivery import RankState
-from omniload.coordinator.relayed import Inbox, Writer, serve_relay
+from omniload.coordinator.serve.delivery import RankState
+from omniload.coordinator.serve.routed_sessions import Inbox, Writer, serve_relay
 
 log = logging.getLogger("omniload")
 HANDSHAKE_S = 10.0

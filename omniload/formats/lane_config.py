@@ -1,18 +1,30 @@
-"""What a worker process is told at start (its lanes), and how the coordinator starts one.
+"""What a worker process is told at start: its lanes, and how a source's images are decoded.
 
-The coordinator imports this module, never worker.py: the worker's readers import pyarrow,
-which costs a process some 30 MB. Workers come from a forkserver that imports worker.py once
-(FORKSERVER_PRELOAD), so each worker shares those pages instead of importing it again.
+The coordinator builds these and the worker reads them (workers/worker.py), so they live here,
+owned by neither side. Starting the worker process is the pool's:
+coordinator/pool/forkserver.py.
 """
 from __future__ import annotations
 
-import multiprocessing
 from dataclasses import dataclass
 
-from omniload.workers.images import ImageConfig
-from omniload.workers.shards import Shard
+from omniload.formats.shards import Shard
 
-FORKSERVER_PRELOAD = ["omniload.workers.worker"]
+
+@dataclass(frozen=True, slots=True)
+class ImageConfig:
+    """How a source's images are decoded and where their placeholders go; one per job."""
+
+    height: int
+    width: int
+    token: int  # the placeholder token id
+    tokens_per_image: int
+    transform: str | None = None  # module:function, instead of resize-and-crop
+
+    @property
+    def pixels(self) -> int:
+        """Bytes of one decoded image."""
+        return 3 * self.height * self.width
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,17 +53,3 @@ class WorkerConfig:
     coordinator_pid: int
     lanes: tuple[LaneConfig, ...]
 
-
-def forkserver_context() -> multiprocessing.context.BaseContext:
-    """The context workers (and the indexing child) are forked from; call before the forkserver
-    starts, i.e. before any process of it is."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
-    return ctx
-
-
-def run(config: WorkerConfig) -> None:
-    """A worker process's entry: imports the worker there (the forkserver already has)."""
-    from omniload.workers.worker import run_worker
-
-    run_worker(config)

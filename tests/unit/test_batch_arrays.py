@@ -5,8 +5,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload.coordinator.packer import Segment, compact_batch
-from omniload.wire import IGNORE_INDEX, PAD_ID, expand, narrow, widen
+from omniload.coordinator.plan.packer import Segment, compact_batch
+from omniload.batch_arrays import IGNORE_INDEX, PAD_ID, expand, narrow, widen
 
 SEQ = 32
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 import socket
 
-from omniload.coordinator import lease as leases
-from omniload.coordinator.lease import ENDED, FOLLOW, TAKE_OVER, WAIT, Lease, Watch, judge, must_fence
+from omniload.coordinator.ha import lease as leases
+from omniload.coordinator.ha.lease import ENDED, FOLLOW, TAKE_OVER, WAIT, Lease, Watch, judge, must_fence
 
 _JOB = "j0b"
 

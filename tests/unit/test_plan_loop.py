@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from omniload.coordinator.planning import Offloader, Planner
+from omniload.coordinator.plan.plan_loop import Offloader, Planner
 from omniload.errors import OmniloadError
 from tests.unit.test_stepper import ListIntake, _spec, _stepper, heavy_tailed
 

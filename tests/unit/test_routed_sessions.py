@@ -6,7 +6,7 @@ import asyncio
 from omniload.protocol import Kind, Message, encode
 from omniload.route import CLOSE, OPEN, Piece
 
-from omniload.coordinator.relayed import RouteOut, RoutedSessions
+from omniload.coordinator.serve.routed_sessions import RouteOut, RoutedSessions
 
 
 class _Wire:
