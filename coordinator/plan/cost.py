@@ -18,8 +18,6 @@ import numpy as np
 
 from omniload.errors import ConfigError
 
-DEFAULT_COEFFS = (1.0, 24576.0, 0.0)
-
 
 @dataclass(frozen=True, slots=True)
 class SampleMeta:
@@ -52,6 +50,3 @@ def cost_function(balance: str, coeffs: tuple[float, ...], sources: list[str]) -
                          for n, s, k in zip(lengths, source_idx, images)])
 
     return user_cost
-
-
-BALANCERS = ("tokens", "attention")

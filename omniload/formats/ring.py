@@ -90,9 +90,6 @@ class Ring:
         return cls(path, mm)
 
     # -- producer ---------------------------------------------------------------------------
-    def max_record(self) -> int:
-        return self.capacity - 8
-
     def try_write(self, *parts: bytes | memoryview) -> bool:
         """Append one record made of `parts`; False if there is no room yet."""
         parts = tuple(memoryview(p).cast("B") for p in parts)
