@@ -4,14 +4,14 @@ It reads top to bottom: index sources and fork the worker pool (before the loop)
 --resume folder (off the loop) -> bind and announce -> serve ranks while the planner plans
 ahead of the slowest rank and a tick watches the job -> shut down (stop the planner,
 close connections, stop workers, unlink rings). A second Ctrl-C forces the exit. A standby
-(standby.py) announces first, follows the primary's lease, and once there is a snapshot
+(ha/standby.py) announces first, follows the primary's lease, and once there is a snapshot
 replays it and plans along the primary's delta log (`_follow_hot`) until it takes over and
 binds; a primary that loses its lease is fenced (`_fence`) and exits with FENCED_EXIT.
 
-Who does what: sessions.py speaks the wire, delivery.py sends frames and counts ACKs
-(progress.py), planning.py plans (a costly step's computation on a thread), supervision.py
+Who does what: serve/sessions.py speaks the wire, serve/delivery.py sends frames and counts ACKs
+(plan/progress.py), plan/plan_loop.py plans (a costly step's computation on a thread), pool/supervision.py
 replaces dead workers, and
-checkpoint.py writes on a thread. The loop only waits: nothing here blocks on a disk, a join
+ha/checkpoint.py writes on a thread. The loop only waits: nothing here blocks on a disk, a join
 or a long computation. Every unexpected error, in any task, thread or callback, ends in
 `fail`, which names where it happened and tells every rank.
 """
@@ -80,7 +80,7 @@ class Coordinator:
                  announce: Callable[[str, str | None], None] = lambda addr, metrics: print(addr),
                  job_id: str | None = None, exit_with_parent: bool = False, standby: bool = False) -> None:
         """`announce(addr, metrics_addr)` is called once ranks can connect (metrics_addr: None
-        without --metrics-port); a standby (coordinator/standby.py) announces the address it
+        without --metrics-port); a standby (coordinator/ha/standby.py) announces the address it
         will listen on once it takes over, as soon as it follows the primary."""
         self.spec = spec
         self.token = token.encode()

@@ -108,7 +108,7 @@ def follow(follower: Follower, parent: int | None, until_snapshot: bool = False)
 
 
 def warm_forkserver() -> None:
-    """Start now the forkserver the worker pool forks from (pool.py), with its preload: a
+    """Start now the forkserver the worker pool forks from (pool/worker_pool.py), with its preload: a
     takeover then forks workers at once instead of first starting Python and importing pyarrow
     (about 0.8 s). Call before any thread starts; the server leaves when this process does."""
     from multiprocessing import forkserver

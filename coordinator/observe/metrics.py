@@ -1,6 +1,6 @@
 """`--metrics-port`: the job's figures in the Prometheus text format at /metrics.
 
-`exposition` is pure: the status snapshot (coordinator/figures.py) in, the text out, so the
+`exposition` is pure: the status snapshot (coordinator/observe/figures.py) in, the text out, so the
 endpoint and `omniload status` can never disagree. The HTTP side answers one GET per
 connection, as Prometheus scrapes, and nothing else.
 """

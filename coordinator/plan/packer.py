@@ -1,7 +1,7 @@
 """Segments (documents or chunks of them) and a rank's batch arrays built from its rows; pure.
 
 A document longer than a row is split into row-sized chunks, each its own segment. Where the
-segments go is the planner's decision (planner.py, balance.py); this module turns one rank's
+segments go is the planner's decision (step_plan.py, balance.py); this module turns one rank's
 rows of segments into the arrays of the batch schema.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The planner: plans and encodes steps as far as the ranks allow, without holding the loop.
 
-It is a task on the event loop that drives the stepper's requests (coordinator/stepper.py):
+It is a task on the event loop that drives the stepper's requests (coordinator/plan/stepper.py):
 a wait for records becomes an `await`, and a pure computation (balancing and building a
 step, encoding its frames) runs in place while it is quick and on a thread once it is not
 (`Offloader`). At a small data-parallel size a step costs a millisecond or two and the loop

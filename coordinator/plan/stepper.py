@@ -1,14 +1,14 @@
 """Assemble each global step: draw segments by the mixture, plan, build every rank's arrays.
 
 The only waiting here is for a source's next record; every decision is made by the pure
-functions in schedule.py, mixture.py, window.py and planner.py, so the steps are a function of spec,
+functions in schedule.py, mixture.py, window.py and step_plan.py, so the steps are a function of spec,
 seed, files and the recorded live mixture changes.
 
 The stepper is sans-I/O in how it waits: a step is a generator (`step_requests`) that yields
 requests, a float (wait that many seconds for records; 0: let others run) or a `Compute`
 (a pure function to evaluate, such as balancing and building the step), and is sent back the
 result. `next_step` drives it on the calling thread, sleeping and computing in place (replay,
-trace, tests); the coordinator drives it on its event loop (coordinator/planning.py), where
+trace, tests); the coordinator drives it on its event loop (coordinator/plan/plan_loop.py), where
 it awaits instead of sleeping and moves a costly `Compute` to a thread.
 """
 from __future__ import annotations

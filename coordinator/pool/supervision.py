@@ -9,7 +9,7 @@ the two never meet; only joining and forking happen on an executor thread.
 With `--workers auto` the supervisor also runs the autoscaler: every `--autoscale-every`
 seconds it reads each source's counters (its lanes' CPU time and tokens written, the tokens
 the planner took, how often the planner found its rings empty), and when a packing of the
-lanes by measured cost promises enough more throughput (coordinator/autoscale.py) it stops
+lanes by measured cost promises enough more throughput (coordinator/pool/autoscale.py) it stops
 the workers whose lanes change and starts them at the cursors, as for a crash: the data
 cannot tell.
 """

@@ -104,7 +104,7 @@ class WorkerPool:
         self._ctx = forkserver_context()
         self.workers: list[WorkerProcess | None] = [None] * len(plan)
         self.restarts = [0] * len(plan)
-        self.scaling: dict = {}  # the autoscaler's figures, for status (coordinator/supervision.py)
+        self.scaling: dict = {}  # the autoscaler's figures, for status (coordinator/pool/supervision.py)
 
     @property
     def plan(self) -> list[list[tuple[int, int]]]:
@@ -197,7 +197,7 @@ def available_cpus() -> int:
 
 
 def ring_span(ring_mb: int, lanes: int, source_lanes: int = 1) -> int:
-    """Bytes of read-ahead one lane's ring holds (workers/ring.py). A source's only lane needs
+    """Bytes of read-ahead one lane's ring holds (omniload/formats/ring.py). A source's only lane needs
     just enough to cover the planner's bursts: its share of the job's RING_BUDGET_MB, at least
     MIN_SPAN_MB, at most --ring-mb (which bounds one record); with many lanes the sum is what
     counts. A source with several lanes gets --ring-mb in full: its lanes take turns

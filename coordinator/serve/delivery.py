@@ -39,7 +39,7 @@ class RankState:
     heard: float = 0.0  # monotonic time of its last ACK, connect or disconnect
     seen: bool = False  # it has connected at least once
     wait_s: float = 0.0  # the rank's own count of seconds it waited for batches (sent in ACKs)
-    via: str = ""  # what carries its connection: "" direct, else a relay or a sender (relayed.py)
+    via: str = ""  # what carries its connection: "" direct, else a relay or a sender (routed_sessions.py)
 
     @property
     def connection(self) -> str:

@@ -1,7 +1,7 @@
 """The coordinator's sender processes (`--senders N`) and its end of their connections.
 
 With senders, the coordinator accepts every connection itself and reads its HELLO. A rank's
-connection is then handed to the sender serving the fewest (coordinator/sender.py); its
+connection is then handed to the sender serving the fewest (coordinator/serve/sender_process.py); its
 session runs here as before (RoutedSessions), so credits, ACKs, exactly-once and resume are
 unchanged, but the batch bytes go from the step arena to the socket in the sender's process.
 Control and relay connections stay with the coordinator.

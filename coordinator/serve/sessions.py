@@ -8,7 +8,7 @@ A connection says HELLO with the job's token within `HANDSHAKE_S`, then either
 
 A peer that breaks the protocol (bad bytes, wrong token, an ACK for a step it was never sent)
 is answered with ERROR and its connection closed; nothing else is disturbed. A relay's
-connection carries many such sessions, one per rank behind it (relayed.py). Everything else
+connection carries many such sessions, one per rank behind it (routed_sessions.py). Everything else
 that goes wrong here is a bug, handed to the coordinator's one failure path (`Hub.fail`).
 The coordinator (`Hub`) decides what a HELLO, an ACK or a MIX means.
 """
