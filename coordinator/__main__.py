@@ -3,7 +3,7 @@
 Reads the spec as JSON on stdin and the token from OMNILOAD_TOKEN; prints one JSON line
 `{"addr": "HOST:PORT", "metrics": "HOST:PORT" or null}` on stdout when ranks can connect;
 exits with the job's code. With --standby, the line comes at once with the address it will
-listen on if it takes over (coordinator/standby.py).
+listen on if it takes over (coordinator/ha/standby.py).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import sys
 # before any import that pulls pyarrow in; the workers' forkserver inherits it.
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
-from omniload.coordinator.logs import setup_logging  # noqa: E402
+from omniload.coordinator.observe.logs import setup_logging  # noqa: E402
 from omniload.coordinator.server import Coordinator  # noqa: E402
 from omniload.errors import ConfigError  # noqa: E402
 from omniload.spec import Spec  # noqa: E402

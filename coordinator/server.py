@@ -4,14 +4,14 @@ It reads top to bottom: index sources and fork the worker pool (before the loop)
 --resume folder (off the loop) -> bind and announce -> serve ranks while the planner plans
 ahead of the slowest rank and a tick watches the job -> shut down (stop the planner,
 close connections, stop workers, unlink rings). A second Ctrl-C forces the exit. A standby
-(standby.py) announces first, follows the primary's lease, and once there is a snapshot
+(ha/standby.py) announces first, follows the primary's lease, and once there is a snapshot
 replays it and plans along the primary's delta log (`_follow_hot`) until it takes over and
 binds; a primary that loses its lease is fenced (`_fence`) and exits with FENCED_EXIT.
 
-Who does what: sessions.py speaks the wire, delivery.py sends frames and counts ACKs
-(progress.py), planning.py plans (a costly step's computation on a thread), supervision.py
+Who does what: serve/sessions.py speaks the wire, serve/delivery.py sends frames and counts ACKs
+(plan/progress.py), plan/plan_loop.py plans (a costly step's computation on a thread), pool/supervision.py
 replaces dead workers, and
-checkpoint.py writes on a thread. The loop only waits: nothing here blocks on a disk, a join
+ha/checkpoint.py writes on a thread. The loop only waits: nothing here blocks on a disk, a join
 or a long computation. Every unexpected error, in any task, thread or callback, ends in
 `fail`, which names where it happened and tells every rank.
 """
@@ -33,29 +33,29 @@ from omniload.layout import Layout
 from omniload.protocol import Hello, Kind, Message, encode
 from omniload.spec import Spec
 from omniload.state import check_state
-from omniload.wire import expand, narrow
-from omniload.workers.ring import remove_stale_segments, segment_path
+from omniload.batch_arrays import expand, narrow
+from omniload.formats.ring import remove_stale_segments, segment_path
 
-from omniload.coordinator.batches import encode_batch, step_fields
-from omniload.coordinator.catalog import build_catalog, fingerprint, job_identity
-from omniload.coordinator.checkpoint import CheckpointWriter, Recovery, explain_mismatch, last_position, log_after
-from omniload.coordinator.delivery import Delivery, Frame, Frames, RankState, Variant
-from omniload.coordinator.figures import Figures
-from omniload.coordinator.intake import SourceIntake
-from omniload.coordinator.arena import StepArena
-from omniload.coordinator.autoscale import initial_plan
+from omniload.coordinator.serve.batch_frames import encode_batch, step_fields
+from omniload.coordinator.pool.catalog import build_catalog, fingerprint, job_identity
+from omniload.coordinator.ha.checkpoint import CheckpointWriter, Recovery, explain_mismatch, last_position, log_after
+from omniload.coordinator.serve.delivery import Delivery, Frame, Frames, RankState, Variant
+from omniload.coordinator.observe.figures import Figures
+from omniload.coordinator.pool.intake import SourceIntake
+from omniload.coordinator.serve.arena import StepArena
+from omniload.coordinator.pool.autoscale import initial_plan
 from omniload.coordinator.loop import run_loop
-from omniload.coordinator.metrics import serve_metrics
-from omniload.coordinator.parallel import cp_slice
-from omniload.coordinator.planning import Planner
-from omniload.coordinator.pool import WorkerPool, available_cpus
-from omniload.coordinator.relayed import Writer
-from omniload.coordinator.senders import Senders
-from omniload.coordinator.sessions import Refused, Sessions
-from omniload.coordinator.standby import Follower, LeaseKeeper, follow, take_first_lease, warm_forkserver
-from omniload.coordinator.lease import job_digest
-from omniload.coordinator.stepper import Cancelled, Step, Stepper
-from omniload.coordinator.supervision import Supervisor
+from omniload.coordinator.observe.metrics import serve_metrics
+from omniload.coordinator.plan.parallel import cp_slice
+from omniload.coordinator.plan.plan_loop import Planner
+from omniload.coordinator.pool.worker_pool import WorkerPool, available_cpus
+from omniload.coordinator.serve.routed_sessions import Writer
+from omniload.coordinator.serve.senders import Senders
+from omniload.coordinator.serve.sessions import Refused, Sessions
+from omniload.coordinator.ha.standby import Follower, LeaseKeeper, follow, take_first_lease, warm_forkserver
+from omniload.coordinator.ha.lease import job_digest
+from omniload.coordinator.plan.stepper import Cancelled, Step, Stepper
+from omniload.coordinator.pool.supervision import Supervisor
 
 log = logging.getLogger("omniload")
 _TICK_S = 0.5
@@ -80,7 +80,7 @@ class Coordinator:
                  announce: Callable[[str, str | None], None] = lambda addr, metrics: print(addr),
                  job_id: str | None = None, exit_with_parent: bool = False, standby: bool = False) -> None:
         """`announce(addr, metrics_addr)` is called once ranks can connect (metrics_addr: None
-        without --metrics-port); a standby (coordinator/standby.py) announces the address it
+        without --metrics-port); a standby (coordinator/ha/standby.py) announces the address it
         will listen on once it takes over, as soon as it follows the primary."""
         self.spec = spec
         self.token = token.encode()

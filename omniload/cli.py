@@ -146,7 +146,7 @@ def launch(config: str | None, sources: tuple[str, ...], host: str, port: int, p
 def serve(config: str | None, sources: tuple[str, ...], host: str, port: int, as_standby: bool, primary: str | None,
           **options: Any) -> None:
     """Run the coordinator alone (multi-node jobs); prints OMNILOAD_ADDR and OMNILOAD_TOKEN for the ranks."""
-    from omniload.coordinator.logs import setup_logging
+    from omniload.coordinator.observe.logs import setup_logging
     from omniload.coordinator.server import Coordinator
 
     spec = _or_exit(lambda: build_spec(config, sources, options))
@@ -178,8 +178,8 @@ def relay(addr: str, token: str, path: str | None, cmd: tuple[str, ...]) -> None
     With CMD (e.g. torchrun ...), CMD runs with OMNILOAD_ADDR=unix:SOCKET and the relay stops
     when it exits (the exit code is CMD's); without, the relay runs until the coordinator ends
     and the ranks need OMNILOAD_ADDR=unix:SOCKET themselves."""
-    from omniload.coordinator.logs import setup_logging
-    from omniload.coordinator.relay import default_socket_path, run_relay
+    from omniload.coordinator.observe.logs import setup_logging
+    from omniload.coordinator.serve.relay_process import default_socket_path, run_relay
     from omniload.coordinator.loop import run_loop
 
     setup_logging()
@@ -330,8 +330,8 @@ def trace(checkpoint_dir: str, step: int, rank: int | None, dp_rank: int | None,
     """Which documents trained STEP on each data-parallel rank, recomputed from the checkpoint folder."""
     import orjson
 
-    from omniload.coordinator.logs import setup_logging
-    from omniload.coordinator.trace import format_trace, trace_step, trace_to_dict
+    from omniload.coordinator.observe.logs import setup_logging
+    from omniload.coordinator.observe.trace import format_trace, trace_step, trace_to_dict
 
     if rank is not None and dp_rank is not None:
         raise click.UsageError("give --rank or --dp-rank, not both")

@@ -308,12 +308,12 @@ class Loader:
         return batch
 
     def _schema(self, received: dict[str, torch.Tensor], compact: bool) -> dict[str, torch.Tensor]:
-        """The batch schema from what the frame holds (omniload.wire): labels and positions
+        """The batch schema from what the frame holds (omniload.batch_arrays): labels and positions
         derived from compact frames, narrowed arrays widened. Derived arrays are page-locked
         with pin_memory, like the received ones."""
         import numpy as np
 
-        from omniload.wire import expand, widen
+        from omniload.batch_arrays import expand, widen
 
         def empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:  # the schema's arrays are int64
             if not self.pin_memory:

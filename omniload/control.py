@@ -22,7 +22,7 @@ def set_weights(addr: str, token: str, weights: dict[str, float]) -> int:
 
 
 def job_status(addr: str, token: str, timeout: float = _CONTROL_S) -> dict[str, Any]:
-    """The job's figures (see coordinator/figures.py for what they hold)."""
+    """The job's figures (see coordinator/observe/figures.py for what they hold)."""
     return orjson.loads(_ask(addr, token, Message(Kind.STATUS), timeout).payload)
 
 

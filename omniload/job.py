@@ -104,7 +104,7 @@ class Job:
         return None
 
     def _primary_addr(self) -> str | None:
-        from omniload.coordinator.lease import read_lease  # not a rank's import
+        from omniload.coordinator.ha.lease import read_lease  # not a rank's import
 
         held = read_lease(self.spec.checkpoint_dir)
         return held.addr if held is not None and held.addr in self.addrs else None
@@ -147,7 +147,7 @@ class Job:
         for other in self.coordinators[1:]:  # the others (standbys, or a promoted one) too: all end with the job
             stop_process(other, _STOP_S)
         stop_process(process, _STOP_S)
-        from omniload.workers.ring import job_segments  # not a rank's import: keeps psutil off ranks
+        from omniload.formats.ring import job_segments  # not a rank's import: keeps psutil off ranks
 
         for job_id in self._job_ids or [self.job_id]:
             for path in job_segments(job_id):

@@ -24,7 +24,6 @@ import numpy as np
 
 # sample_id = source << 52 | ordinal << 12 | chunk: stable across runs, unique within an epoch.
 SOURCE_BITS, ORDINAL_BITS, CHUNK_BITS = 11, 40, 12
-MAX_SOURCES = 1 << SOURCE_BITS
 MAX_ORDINAL = 1 << ORDINAL_BITS
 MAX_CHUNKS = 1 << CHUNK_BITS
 

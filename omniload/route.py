@@ -9,7 +9,7 @@ in), and `"eof"` or `"close"` says that side half-closed or closed. Pieces are c
 bounds, so neither end parses the ranks' frames to route them, and a batch through a relay
 is the same bytes as a batch sent directly. Between the coordinator and its own sender
 processes, `{"c": CONN, "r": [OFFSET, LENGTH]}` with no payload stands for that many bytes of
-the shared step arena (coordinator/arena.py), so a batch's bytes never cross that socket.
+the shared step arena (coordinator/serve/arena.py), so a batch's bytes never cross that socket.
 """
 from __future__ import annotations
 

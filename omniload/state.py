@@ -8,7 +8,7 @@ from. Everything else (ring contents, worker state, token arrays) is recomputed 
     step         steps completed: the next step to deliver
     cursors      per source [group, pos]: the next sample to read in its deterministic order
     windows      per source [group, pos, head, [taken]] of its open shuffle window, or null
-                 (see omniload.coordinator.window)
+                 (see omniload.coordinator.plan.window)
     passes       per source float: the mixture's stride passes
     weights      per source float: the weights of the last step
     tokens       tokens drawn so far (for schedules over tokens)

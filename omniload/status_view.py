@@ -1,6 +1,6 @@
 """How a job's figures read for people: `omniload status`'s table and launch's progress line.
 
-Pure: a status snapshot (coordinator/figures.py, also `job.status()` and `status --json`) in,
+Pure: a status snapshot (coordinator/observe/figures.py, also `job.status()` and `status --json`) in,
 text out.
 """
 from __future__ import annotations

@@ -21,9 +21,9 @@ import time
 
 import numpy as np
 
-from omniload.coordinator.cost import cost_function
-from omniload.coordinator.packer import Segment, chunk_bounds
-from omniload.coordinator.planner import plan_step
+from omniload.coordinator.plan.cost import cost_function
+from omniload.coordinator.plan.packer import Segment, chunk_bounds
+from omniload.coordinator.plan.step_plan import plan_step
 from omniload.spec import DEFAULT_COST_COEFFS
 
 _NO_TOKENS = np.zeros(0, dtype=np.int32)

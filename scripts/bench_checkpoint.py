@@ -20,9 +20,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from omniload.coordinator.checkpoint import CheckpointWriter, last_position
-from omniload.coordinator.intake import Doc
-from omniload.coordinator.stepper import Stepper
+from omniload.coordinator.ha.checkpoint import CheckpointWriter, last_position
+from omniload.coordinator.pool.intake import Doc
+from omniload.coordinator.plan.stepper import Stepper
 from omniload.spec import Spec
 
 _TOKENS = np.zeros(1 << 22, dtype=np.int32)  # every document's tokens are a view of this

@@ -122,7 +122,7 @@ def _serve_ranks(job, world: int, procs: int, relay_ranks: int, relays: list, ad
 
     ctx = multiprocessing.get_context("spawn")
     coordinator = psutil.Process(job._process.pid)
-    senders = [p for p in coordinator.children() if "omniload.coordinator.sender" in " ".join(p.cmdline())]
+    senders = [p for p in coordinator.children() if "omniload.coordinator.serve.sender_process" in " ".join(p.cmdline())]
     start = time.time()
     pipes, children = [], []
     for p in range(procs):

@@ -124,7 +124,8 @@ class CaptionStream(IterableDataset):
         import torch
         from torch.utils.data import get_worker_info
 
-        from omniload.workers.images import ImageConfig, load_image_transform, place_images, text_pieces
+        from omniload.formats.lane_config import ImageConfig
+        from omniload.workers.images import load_image_transform, place_images, text_pieces
 
         config = ImageConfig(SIZE, SIZE, IMAGE_TOKEN, PER_IMAGE)
         decode = load_image_transform(config)
@@ -193,9 +194,9 @@ def _rates(results: list[tuple[int, int, float, float]]) -> tuple[float, float, 
 
 # -- balance --------------------------------------------------------------------------------
 def balance(dp: int, rows: int, seq_len: int, steps: int, seed: int = 0) -> dict[str, float]:
-    from omniload.coordinator.cost import cost_function
-    from omniload.coordinator.packer import Segment
-    from omniload.coordinator.planner import plan_step
+    from omniload.coordinator.plan.cost import cost_function
+    from omniload.coordinator.plan.packer import Segment
+    from omniload.coordinator.plan.step_plan import plan_step
     from omniload.spec import DEFAULT_COST_COEFFS
 
     rng = np.random.default_rng(seed)

@@ -155,7 +155,7 @@ def omniload_steps(root: Path, steps: int, seed: int, figures: dict | None = Non
 def reference_steps(root: Path, steps: int, seed: int) -> list[list[RankBatch]]:
     """Seeded random windows of each source's token stream; rows to sources by the weights."""
     from omniload.workers.readers import index_file, read_shard
-    from omniload.workers.shards import detect_format
+    from omniload.formats.shards import detect_format
 
     streams, offsets, windows = [], [], []
     for s, name in enumerate(WEIGHTS):

@@ -57,8 +57,8 @@ def measure(world: int, steps: int, kill_at: int, step_s: float, root: Path) -> 
     import psutil
 
     import omniload
-    from omniload.coordinator.checkpoint import last_position
-    from omniload.coordinator.lease import read_lease
+    from omniload.coordinator.ha.checkpoint import last_position
+    from omniload.coordinator.ha.lease import read_lease
     from bench_data import make_sources
 
     folder = root / f"ckpt{world}"

@@ -18,13 +18,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from omniload.coordinator.catalog import SourceCatalog, build_catalog
-from omniload.coordinator.intake import Doc
-from omniload.coordinator.cost import cost_function
-from omniload.coordinator.mixture import advance, next_source
-from omniload.coordinator.packer import build_batch
-from omniload.coordinator.planner import plan_step
-from omniload.coordinator.window import units_of
+from omniload.coordinator.pool.catalog import SourceCatalog, build_catalog
+from omniload.coordinator.pool.intake import Doc
+from omniload.coordinator.plan.cost import cost_function
+from omniload.coordinator.plan.mixture import advance, next_source
+from omniload.coordinator.plan.packer import build_batch
+from omniload.coordinator.plan.step_plan import plan_step
+from omniload.coordinator.plan.window import units_of
 from omniload.order import row_permutation, shard_permutation
 from omniload.spec import Spec
 from omniload.workers.readers import read_shard

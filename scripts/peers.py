@@ -59,7 +59,7 @@ _stub_torchvision()  # here too: a DataLoader worker that is not forked imports 
 
 def source_texts(spec_dict: dict) -> list[list[str]]:
     """Every source's values in file order, read with omniload's readers (the same files)."""
-    from omniload.coordinator.catalog import build_catalog
+    from omniload.coordinator.pool.catalog import build_catalog
     from omniload.spec import Spec
     from omniload.workers.readers import read_shard
 

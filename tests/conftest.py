@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from omniload.workers.ring import PREFIX, SHM_DIR
+from omniload.formats.ring import PREFIX, SHM_DIR
 from tests import rank_forkserver
 
 _GRACE_S = 10.0

@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 
 import omniload
-from omniload.coordinator.checkpoint import last_position
+from omniload.coordinator.ha.checkpoint import last_position
 from tests.rank_forkserver import ForkedRank, spawn
 
 PROBE = Path(__file__).parent / "rank_probe.py"
@@ -78,7 +78,7 @@ def wait_connected(job: omniload.Job, count: int, timeout: float = 60) -> None:
 def senders_of(job: omniload.Job) -> list[psutil.Process]:
     """The coordinator's sender processes (--senders)."""
     return [p for p in psutil.Process(job._process.pid).children()
-            if "omniload.coordinator.sender" in " ".join(p.cmdline())]
+            if "omniload.coordinator.serve.sender_process" in " ".join(p.cmdline())]
 
 
 def workers_of(job: omniload.Job) -> list[psutil.Process]:

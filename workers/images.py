@@ -16,11 +16,11 @@ import importlib
 import io
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from omniload.errors import ConfigError
+from omniload.formats.lane_config import ImageConfig
 
 IMAGE_MARKER = "<image>"
 
@@ -28,22 +28,6 @@ ImageTransform = Callable[[bytes], np.ndarray]  # encoded image -> uint8 [3, H, 
 # What decoding raises when the image's bytes are at fault (truncated, not an image, a bomb):
 # that sample is bad (--on-bad-file), the worker is fine.
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error)
-
-
-@dataclass(frozen=True, slots=True)
-class ImageConfig:
-    """How a source's images are decoded and where their placeholders go; one per job."""
-
-    height: int
-    width: int
-    token: int  # the placeholder token id
-    tokens_per_image: int
-    transform: str | None = None  # module:function, instead of resize-and-crop
-
-    @property
-    def pixels(self) -> int:
-        """Bytes of one decoded image."""
-        return 3 * self.height * self.width
 
 
 def require_pillow(source: str) -> None:

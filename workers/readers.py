@@ -28,10 +28,10 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from omniload.formats.shards import BadFile, Shard, gzipped, part_name
 from omniload.storage.files import Files
 from omniload.storage.objects import BLOCK, StoreError
 from omniload.storage.urls import is_remote
-from omniload.workers.shards import BadFile, Shard, gzipped, part_name
 
 LOCAL = Files()  # local paths need no state: one for every caller that reads local files only
 JSONL_SHARD_ROWS = 4096

@@ -23,16 +23,17 @@ import numpy as np
 
 from omniload.errors import ConfigError
 from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at, turns_of_lane
-from omniload.workers.images import DECODE_ERRORS, ImageConfig, ImageTransform, load_image_transform, place_images, text_pieces
-from omniload.workers.lane import LaneConfig, WorkerConfig
+from omniload.formats.lane_config import ImageConfig
+from omniload.workers.images import DECODE_ERRORS, ImageTransform, load_image_transform, place_images, text_pieces
+from omniload.formats.lane_config import LaneConfig, WorkerConfig
 from omniload.storage.disk_cache import DiskCache
 from omniload.storage.files import Files
 from omniload.storage.objects import StoreError
 from omniload.storage.urls import is_remote
 from omniload.workers.readers import DATA_ERRORS, LOCAL, iter_slices, use_system_allocator, warm
-from omniload.workers.shards import BadFile, Shard, part_name
-from omniload.workers.records import doc_record, error_record, skip_record
-from omniload.workers.ring import RecordTooLarge, Ring
+from omniload.formats.shards import BadFile, Shard, part_name
+from omniload.formats.records import doc_record, error_record, skip_record
+from omniload.formats.ring import RecordTooLarge, Ring
 from omniload.workers.transforms import Transform, load_transform
 
 _BURST = 64  # records per lane before the worker looks at its other lanes

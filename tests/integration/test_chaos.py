@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import omniload
-from omniload.coordinator.checkpoint import last_position
+from omniload.coordinator.ha.checkpoint import last_position
 from omniload.protocol import PREFIX, VERSION, Kind, Message, encode
 from tests.corpus import mixed_sources
 from tests.jobs import ROOT, collect, run_ranks, start_ranks, wait_connected, workers_of

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from omniload.client import Loader
-from omniload.coordinator.batches import encode_batch
+from omniload.coordinator.serve.batch_frames import encode_batch
 from omniload.protocol import FrameDecoder, Kind, Message, encode
 from omniload.state import RANK_KEY
 

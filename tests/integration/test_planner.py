@@ -77,7 +77,7 @@ def test_a_mixture_change_before_the_first_step_keeps_the_other_weights(corpus, 
 def test_context_parallel_slices_reassemble_into_the_full_rows(corpus):
     """cp ranks get int32 slices on the wire (a slice's labels need the whole row) and widen
     them: put back together they are the batch one rank gets without context parallelism."""
-    from omniload.coordinator.parallel import cp_unslice
+    from omniload.coordinator.plan.parallel import cp_unslice
 
     spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "steps": 6}
     with omniload.Job(spec) as job, omniload.connect(job.addr, job.token, rank=0, world_size=1) as whole:

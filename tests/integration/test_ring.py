@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from omniload.workers.ring import RecordTooLarge, Ring, segment_path
+from omniload.formats.ring import RecordTooLarge, Ring, segment_path
 
 pytestmark = pytest.mark.timeout(60)
 _CAPACITY = 4096
@@ -115,7 +115,7 @@ def test_a_span_keeps_small_records_in_its_first_bytes_and_long_ones_still_fit()
 
 
 def test_many_lanes_share_a_read_ahead_budget_and_a_source_of_several_lanes_keeps_its_ring():
-    from omniload.coordinator.pool import MIN_SPAN_MB, RING_BUDGET_MB, ring_span
+    from omniload.coordinator.pool.worker_pool import MIN_SPAN_MB, RING_BUDGET_MB, ring_span
 
     mb = 1 << 20
     assert ring_span(4, 4) == 4 * mb  # few lanes: --ring-mb in full, as before

@@ -7,7 +7,7 @@ import pytest
 
 from omniload.order import sample_id
 from omniload.workers.readers import index_file, read_shard
-from omniload.workers.shards import detect_format
+from omniload.formats.shards import detect_format
 from tests.corpus import mixed_sources
 from tests.jobs import run_ranks
 

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 import omniload
-from omniload.workers.ring import job_segments
+from omniload.formats.ring import job_segments
 from tests.corpus import mixed_sources
 from tests.jobs import PROBE, ROOT, workers_of
 

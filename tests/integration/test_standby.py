@@ -16,7 +16,7 @@ import pytest
 
 import omniload
 from omniload.control import job_status
-from omniload.coordinator.lease import read_lease
+from omniload.coordinator.ha.lease import read_lease
 from omniload.job import FENCED_EXIT
 from tests.corpus import make_mixed_corpus, mixed_sources
 from tests.jobs import PROBE, ROOT, checkpointed_step, collect, run_ranks, start_ranks

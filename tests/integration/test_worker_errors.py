@@ -81,7 +81,7 @@ def test_tokenizer_that_fails_to_load_in_the_worker_stops_the_job_naming_it(corp
 def test_worker_that_fails_outside_any_shard_says_why_before_exiting(tmp_path):
     ring = tmp_path / "no-such-ring"  # attaching to it fails before any shard is read
     script = f"""
-from omniload.workers.lane import LaneConfig, WorkerConfig
+from omniload.formats.lane_config import LaneConfig, WorkerConfig
 from omniload.workers.worker import run_worker
 lane = LaneConfig(source_index=0, source_name="web", column="text", tokenizer="bytes", lane=0, num_lanes=1,
                   ring_path={str(ring)!r}, shards=(), seed=0, epochs=1, interleave=1, start_group=0,

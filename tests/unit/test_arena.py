@@ -4,7 +4,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from omniload.coordinator.arena import FifoSpace
+from omniload.coordinator.serve.arena import FifoSpace
 
 
 def test_steps_take_in_order_and_wrap_without_splitting_a_payload():

@@ -1,7 +1,7 @@
 """The autoscaler's pure parts: budget, lanes, packing by cost, hysteresis, starvation."""
 from __future__ import annotations
 
-from omniload.coordinator.autoscale import (
+from omniload.coordinator.pool.autoscale import (
     MARGIN,
     STARVED_BOOST,
     TAKEN_MEMORY,

@@ -2,10 +2,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload.coordinator.balance import assign
-from omniload.coordinator.cost import cost_function
-from omniload.coordinator.packer import Segment
-from omniload.coordinator.planner import plan_step
+from omniload.coordinator.plan.balance import assign
+from omniload.coordinator.plan.cost import cost_function
+from omniload.coordinator.plan.packer import Segment
+from omniload.coordinator.plan.step_plan import plan_step
 
 attention = cost_function("attention", (1.0, 100.0, 0.0), ["a"])
 
@@ -91,7 +91,7 @@ def test_plan_counts_the_delay_of_what_it_carries():
 
 def _rounds_of_one(order, lengths, costs, rank_of, row_of, free, rank_cost, limit, may_wait):
     """_greedy's vectorized rounds at dp=1, as they ran before _fill_rows took that case."""
-    from omniload.coordinator import balance
+    from omniload.coordinator.plan import balance
 
     for i in order:
         items = np.array([i])
@@ -108,7 +108,7 @@ def _rounds_of_one(order, lengths, costs, rank_of, row_of, free, rank_cost, limi
 def test_one_rank_fills_its_rows_as_the_rounds_did(lengths, rows, limit_share, waits, used):
     """dp=1 skips the vectorized rounds (a third of the coordinator's CPU with one rank); the
     batches must stay what the rounds made."""
-    from omniload.coordinator import balance
+    from omniload.coordinator.plan import balance
 
     lengths = np.array(lengths, dtype=np.int64)
     costs = lengths.astype(float) ** 2 + 3 * lengths

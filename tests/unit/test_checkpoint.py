@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from omniload.coordinator.checkpoint import CheckpointWriter, explain_mismatch, last_position
+from omniload.coordinator.ha.checkpoint import CheckpointWriter, explain_mismatch, last_position
 from omniload.state import STATE_VERSION
 
 JOB = {"spec": {"seq_len": 64, "seed": 1}, "files": {"web": [["a.parquet", 100, 10]]}}
@@ -76,7 +76,7 @@ def test_a_stalled_disk_holds_at_most_one_snapshot_and_two_records(tmp_path, mon
     import threading
     import time
 
-    from omniload.coordinator import checkpoint
+    from omniload.coordinator.ha import checkpoint
 
     gate = threading.Event()
     real_append = checkpoint.CheckpointWriter._append
@@ -107,7 +107,7 @@ def test_any_error_of_the_writer_reaches_the_job_once(tmp_path, monkeypatch):
     """Not only a full disk: a bug in the writer must stop the job too, never leave it
     training on without checkpoints. Writes after it are dropped: the job is stopping, and a
     second error there would hide the first."""
-    from omniload.coordinator import checkpoint
+    from omniload.coordinator.ha import checkpoint
 
     def broken(self, *args):
         raise ValueError("a bug in a snapshot")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from omniload import client
-from omniload.coordinator.batches import encode_batch
+from omniload.coordinator.serve.batch_frames import encode_batch
 from omniload.errors import ConfigError, OmniloadError
 from omniload.protocol import FrameDecoder, Kind
 

@@ -10,18 +10,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from omniload.coordinator.cost import cost_function
-from omniload.coordinator.intake import Doc
-from omniload.coordinator.packer import Segment, compact_batch
-from omniload.coordinator.window import units_of
+from omniload.coordinator.plan.cost import cost_function
+from omniload.coordinator.pool.intake import Doc
+from omniload.coordinator.plan.packer import Segment, compact_batch
+from omniload.coordinator.plan.window import units_of
 from omniload.errors import ConfigError
 from omniload.spec import Spec
-from omniload.wire import expand
+from omniload.batch_arrays import expand
 from omniload.workers import readers
-from omniload.workers.images import ImageConfig, load_image_transform, place_images, text_pieces
+from omniload.formats.lane_config import ImageConfig
+from omniload.workers.images import load_image_transform, place_images, text_pieces
 from omniload.workers.readers import index_file, iter_slices
-from omniload.workers.shards import BadFile
-from omniload.workers.records import decode, doc_record, images_of, tokens_of
+from omniload.formats.shards import BadFile
+from omniload.formats.records import decode, doc_record, images_of, tokens_of
 from tests.corpus import encoded_image, image_samples, write_image_tar
 
 PIL = pytest.importorskip("PIL.Image")

@@ -1,6 +1,6 @@
 import pytest
 
-from omniload.coordinator.lanes import assign_lanes, lanes_per_source
+from omniload.coordinator.pool.lane_split import assign_lanes, lanes_per_source
 from omniload.errors import ConfigError
 from omniload.layout import Layout
 from omniload.order import TURN, group_members, groups_per_epoch, interleave_rows, lane_of, row_permutation, sample_id, shard_at, shard_permutation, \

@@ -1,11 +1,11 @@
-"""The lease rules (coordinator/lease.py): when a standby takes over, when a primary fences itself."""
+"""The lease rules (coordinator/ha/lease.py): when a standby takes over, when a primary fences itself."""
 from __future__ import annotations
 
 import os
 import socket
 
-from omniload.coordinator import lease as leases
-from omniload.coordinator.lease import ENDED, FOLLOW, TAKE_OVER, WAIT, Lease, Watch, judge, must_fence
+from omniload.coordinator.ha import lease as leases
+from omniload.coordinator.ha.lease import ENDED, FOLLOW, TAKE_OVER, WAIT, Lease, Watch, judge, must_fence
 
 _JOB = "j0b"
 

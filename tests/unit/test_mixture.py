@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from omniload.coordinator.mixture import advance, join, next_source
+from omniload.coordinator.plan.mixture import advance, join, next_source
 
 
 def shares(tokens):

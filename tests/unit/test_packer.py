@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload.coordinator.packer import IGNORE_INDEX, Segment, build_batch, chunk_bounds
+from omniload.coordinator.plan.packer import IGNORE_INDEX, Segment, build_batch, chunk_bounds
 
 
 def _segments(lengths, source=0):

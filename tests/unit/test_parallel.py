@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from omniload.coordinator.packer import Segment, build_batch
-from omniload.coordinator.parallel import SLICED, cp_slice, cp_unslice
+from omniload.coordinator.plan.packer import Segment, build_batch
+from omniload.coordinator.plan.parallel import SLICED, cp_slice, cp_unslice
 from omniload.layout import Layout
 
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from omniload.coordinator.progress import Progress, find_stall
+from omniload.coordinator.plan.progress import Progress, find_stall
 
 
 @given(st.integers(1, 12), st.lists(st.tuples(st.integers(0, 11), st.integers(0, 3)), max_size=200))

@@ -1,6 +1,6 @@
 import pytest
 
-from omniload.coordinator.schedule import in_force, weights_at
+from omniload.coordinator.plan.schedule import in_force, weights_at
 from omniload.errors import ConfigError
 from omniload.spec import Phase, Spec
 

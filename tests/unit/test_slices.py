@@ -11,7 +11,7 @@ import pytest
 from omniload.order import Slicing, row_permutation
 from omniload.workers import readers
 from omniload.workers.readers import MAX_SLICES, SLICE_BYTES, index_file, iter_slices, read_shard, slice_rows_for
-from omniload.workers.shards import BadFile, detect_format
+from omniload.formats.shards import BadFile, detect_format
 from tests.corpus import documents, write_arrow, write_jsonl, write_parquet
 
 

@@ -34,7 +34,7 @@ def test_round_trip_through_a_dict():
 
 
 def test_fingerprint_follows_data_not_runtime_knobs():
-    from omniload.coordinator.catalog import fingerprint, job_identity
+    from omniload.coordinator.pool.catalog import fingerprint, job_identity
 
     base = {"sources": ["a=x"], "seq_len": 64}
     a = fingerprint(job_identity(Spec.from_dict(base), []))

@@ -9,8 +9,8 @@ import numpy as np
 import orjson
 import pytest
 
-from omniload.coordinator.intake import Doc
-from omniload.coordinator.stepper import Stepper
+from omniload.coordinator.pool.intake import Doc
+from omniload.coordinator.plan.stepper import Stepper
 from omniload.spec import Spec
 
 SEQ, ROWS, DP = 64, 4, 2
@@ -195,9 +195,9 @@ def test_the_position_holds_no_tokens_and_stays_small():
 
 
 def test_the_planner_keeps_a_documents_share_of_each_rank():
-    from omniload.coordinator.cost import cost_function
-    from omniload.coordinator.packer import Segment
-    from omniload.coordinator.planner import plan_step
+    from omniload.coordinator.plan.cost import cost_function
+    from omniload.coordinator.plan.packer import Segment
+    from omniload.coordinator.plan.step_plan import plan_step
 
     chunks = [Segment(0, k, SEQ, np.zeros(SEQ, np.int32), origin=(0, 5)) for k in range(3)]
     others = [Segment(1, 100 + k, 10, np.zeros(10, np.int32), origin=(0, k)) for k in range(4)]

@@ -5,8 +5,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload.coordinator.intake import Doc
-from omniload.coordinator.window import doc_key, make_block, restore_block, units_of
+from omniload.coordinator.pool.intake import Doc
+from omniload.coordinator.plan.window import doc_key, make_block, restore_block, units_of
 
 SEQ = 16
 

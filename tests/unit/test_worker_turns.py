@@ -10,7 +10,7 @@ import pytest
 from omniload.order import TURN
 from omniload.workers import worker
 from omniload.workers.readers import index_file
-from omniload.workers.records import decode
+from omniload.formats.records import decode
 from tests import transforms_for_tests
 from tests.corpus import write_jsonl, write_parquet
 

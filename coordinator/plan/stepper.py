@@ -1,0 +1,351 @@
+"""Assemble each global step: draw segments by the mixture, plan, build every rank's arrays.
+
+The only waiting here is for a source's next record; every decision is made by the pure
+functions in schedule.py, mixture.py, window.py and step_plan.py, so the steps are a function of spec,
+seed, files and the recorded live mixture changes.
+
+The stepper is sans-I/O in how it waits: a step is a generator (`step_requests`) that yields
+requests, a float (wait that many seconds for records; 0: let others run) or a `Compute`
+(a pure function to evaluate, such as balancing and building the step), and is sent back the
+result. `next_step` drives it on the calling thread, sleeping and computing in place (replay,
+trace, tests); the coordinator drives it on its event loop (coordinator/plan/plan_loop.py), where
+it awaits instead of sleeping and moves a costly `Compute` to a thread.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from omniload.errors import SourceFailed
+from omniload.spec import Spec
+from omniload.state import STATE_VERSION
+
+from omniload.coordinator.plan.cost import cost_function
+from omniload.coordinator.pool.intake import Doc, SourceIntake
+from omniload.coordinator.plan.mixture import advance, join, next_source
+from omniload.coordinator.plan.packer import Segment, compact_batch, doc_key
+from omniload.coordinator.plan.step_plan import plan_step
+from omniload.coordinator.plan.schedule import in_force, weights_at
+from omniload.coordinator.plan.window import Block, DocKey, Unit, block_tokens_for, make_block, restore_block, units_of
+
+_POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
+_BREATHE_S = 0.002  # the longest a step computes between two chances for others to run
+_WINDOW_PIXELS = 128 << 20  # pixel bytes the shuffle windows hold at most, split by weight (as much again read ahead)
+
+
+class Cancelled(Exception):
+    """The stepper was cancelled while it waited for a record (the job is stopping)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """A request of a step: evaluate `fn()` (pure: it touches no stepper state) and send back the result."""
+
+    fn: Callable[[], Any]
+
+
+Requests = Generator[float | Compute, Any, Any]  # what a step yields, is sent, and returns
+
+
+def drive(requests: Requests, cancel: threading.Event) -> Any:
+    """Run a step's requests on this thread: sleep where it waits, compute in place."""
+    try:
+        request = next(requests)
+        while True:
+            if isinstance(request, Compute):
+                request = requests.send(request.fn())
+                continue
+            if cancel.wait(request) if request else cancel.is_set():
+                raise Cancelled()
+            request = requests.send(None)
+    except StopIteration as done:
+        return done.value
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    number: int  # 0-based
+    batches: list[dict[str, np.ndarray]]  # one per data-parallel rank, as on the wire (omniload.batch_arrays)
+    tokens: list[int]  # real (non-padding) tokens per data-parallel rank
+    figures: dict  # the planner's: rank costs, max/mean, lower bound, carried
+    weights: list[float]
+
+
+class Stepper:
+    def __init__(self, spec: Spec, intakes: list[SourceIntake],
+                 live_changes: list[tuple[int, dict[str, float]]] | None = None) -> None:
+        self._spec = spec
+        self._intakes = intakes
+        self.dp = 0  # data-parallel size: known once the first rank connects
+        self._names = [s.name for s in spec.sources]
+        self._base_weights = spec.weights()
+        self._cost = cost_function(spec.balance, spec.cost_coeffs, self._names)
+        self._bucket_rows = spec.rows if spec.long_docs == "bucket" else 0
+        self._rank_cap = int(spec.max_doc_share * spec.rows * spec.seq_len)  # one document's tokens on a rank
+        self._image_hw = spec.image_hw if spec.has_images else None
+        self.live_changes = live_changes if live_changes is not None else []
+        self.passes = [0.0] * len(intakes)
+        self.weights = [0.0] * len(intakes)  # those of the last step planned
+        self.tokens_drawn = 0
+        self.dropped = 0
+        self.carry: list[Segment] = []
+        self.windows: list[Block | None] = [None] * len(intakes)
+        # Documents of image sources taken from the rings before their window needs them: a
+        # window is filled at once and then drawn for many steps, and without this the
+        # source's workers would idle (rings full) for those steps, then decode a whole
+        # window while the ranks wait. Text keeps up without it.
+        self._ahead: list[deque[Doc]] = [deque() for _ in intakes]
+        self._ahead_pixels = [0] * len(intakes)
+        # Right after the last document taken: where a window starts and what a checkpoint
+        # says, the same whatever the read-ahead has taken (SKIP records past it included).
+        self._next: list[tuple[int, int]] = [i.cursor for i in intakes]
+        self.step = 0
+        self.cancel = threading.Event()  # set from another thread to end a wait for records
+        self._breathed = time.monotonic()
+        self._saved: dict | None = None  # set by restore until the carry and windows are rebuilt
+
+    def export_state(self, fingerprint: str) -> dict:
+        """The position after the last step planned (see omniload.state for the keys)."""
+        return {
+            "version": STATE_VERSION, "fingerprint": fingerprint, "step": self.step,
+            "cursors": {i.catalog.name: list(self._next[i.catalog.index]) for i in self._intakes},
+            "windows": {i.catalog.name: w.position() if w is not None and not w.exhausted else None
+                        for i, w in zip(self._intakes, self.windows)},
+            "passes": list(self.passes), "weights": list(self.weights), "tokens": self.tokens_drawn,
+            "dropped": self.dropped,
+            "carry": [[s.source, s.sample_id, s.length, s.position_start, s.group, s.delay, *s.origin]
+                      for s in self.carry],
+            "live": [[at, weights] for at, weights in in_force(self.live_changes, self.step)],
+        }
+
+    def restore(self, state: dict) -> None:
+        """Continue from a position. Each source's intake is moved back to the earliest of its
+        window's start and its carried documents; the first step re-reads from there to the
+        saved cursor to rebuild the window and the carry."""
+        self.step, self.tokens_drawn, self.dropped = state["step"], state["tokens"], state["dropped"]
+        self.passes, self.weights = list(state["passes"]), list(state["weights"])
+        self.live_changes[:] = [(at, weights) for at, weights in state["live"]]
+        self.carry, self.windows = [], [None] * len(self._intakes)
+        self._ahead, self._ahead_pixels = [deque() for _ in self._intakes], [0] * len(self._intakes)
+        self._saved = {"carry": [tuple(entry) for entry in state["carry"]], "windows": {}, "resume_at": {}}
+        for intake in self._intakes:
+            index, name = intake.catalog.index, intake.catalog.name
+            cursor = tuple(state["cursors"][name])
+            window = state["windows"][name]
+            starts = [(e[6], e[7]) for e in self._saved["carry"] if e[0] == index]
+            if window is not None:
+                self._saved["windows"][index] = window
+                starts.append((window[0], window[1]))
+            intake.seek(*min([cursor, *starts]))
+            self._next[index] = intake.cursor
+            self._saved["resume_at"][index] = cursor
+
+    def rehydrate(self) -> None:
+        """Rebuild the carried segments and the windows by re-reading their documents; the
+        first step does it too. Until then export_state does not hold the restored position."""
+        drive(self._rehydrate(), self.cancel)
+
+    def _rehydrate(self) -> Requests:
+        if self._saved is None:
+            return
+        saved = self._saved
+        wanted = {(e[0], e[6], e[7]) for e in saved["carry"]}
+        chunks: dict[int, Segment] = {}  # sample_id -> segment, of the carried documents
+        for intake in self._intakes:
+            index = intake.catalog.index
+            window = saved["windows"].get(index)
+            start = (window[0], window[1]) if window is not None else None
+            units: list[Unit] = []
+            while intake.cursor < saved["resume_at"][index]:
+                doc = yield from self._next_doc(intake)
+                if doc is None:
+                    break
+                carried = (doc.source, *doc.origin) in wanted
+                in_window = start is not None and doc.origin >= start
+                doc_units = (self._units(doc) or []) if carried or in_window else []
+                if carried:
+                    chunks.update((s.sample_id, s) for unit in doc_units for s in unit)
+                if in_window:
+                    units.extend(doc_units)
+            if window is not None:
+                self.windows[index] = restore_block(window, units, self._spec.seed, index)
+        self.carry = [dataclasses.replace(chunks[entry[1]], delay=entry[5]) for entry in saved["carry"]]
+        self._saved = None
+
+    def upcoming_weights(self) -> list[float]:
+        """The weights the next step will draw with (schedule, then live changes)."""
+        return weights_at(self._spec.mixture, self._base_weights, self._names, self.step, self.tokens_drawn,
+                          self.live_changes)
+
+    def change_weights(self, weights: dict[str, float]) -> int:
+        """Set the weights of the named sources from the next step on (the others keep theirs);
+        returns that step. Call between steps: the change is recorded at that step boundary."""
+        current = dict(zip(self._names, self.upcoming_weights()))
+        self.live_changes.append((self.step, {**current, **weights}))
+        return self.step
+
+    def next_step(self, build: bool = True) -> Step | None:
+        """The next step, or None when the data (or --steps) has ended; waits on this thread.
+        With build=False the rank arrays are not made (a replay needs only the position)."""
+        return drive(self.step_requests(build), self.cancel)
+
+    def step_requests(self, build: bool = True) -> Requests:
+        """The next step as requests (see the module's doc); returns the Step, or None.
+
+        The mixture picks a source for each unit (a segment), so every step's token shares
+        track the weights within about one segment; the unit comes from that source's shuffle
+        window, within the per-document cap of the step."""
+        yield from self._rehydrate()
+        spec = self._spec
+        if spec.steps and self.step >= spec.steps:
+            return None
+        weights = self.upcoming_weights()
+        join(self.passes, self.weights, weights)
+        self.weights = weights
+        self._read_ahead()
+        need = self.dp * spec.rows * spec.seq_len - sum(s.length for s in self.carry)
+        in_step: dict[DocKey, int] = {}
+        for segment in self.carry:
+            in_step[doc_key(segment)] = in_step.get(doc_key(segment), 0) + segment.length
+            if weights[segment.source] > 0:  # the mixture counts what a step delivers (see below)
+                advance(self.passes, segment.source, segment.length, weights)
+        fresh: list[Segment] = []
+        live = [not (self._dry(i) and (w is None or w.exhausted)) for i, w in enumerate(self.windows)]
+        while need > 0:
+            source = next_source(self.passes, weights, live)
+            if source is None:
+                break
+            unit = yield from self._draw(source, in_step)
+            if unit is None:
+                live[source] = False
+                continue
+            tokens = sum(s.length for s in unit)
+            advance(self.passes, source, tokens, weights)
+            self.tokens_drawn += tokens
+            key = doc_key(unit[0])
+            in_step[key] = in_step.get(key, 0) + tokens
+            fresh.extend(unit)
+            need -= tokens
+            yield from self._breathe()  # a step at dp=1024 draws thousands of units
+        if not fresh and not self.carry:
+            return None
+        carry, dp, image_hw = list(self.carry), self.dp, self._image_hw
+
+        def balance_and_build():  # pure: the costly part of a step at a large dp
+            plan = plan_step(carry, fresh, dp, spec.rows, spec.seq_len, self._cost, spec.balance_window,
+                             self._rank_cap)
+            return plan, [compact_batch(rows, spec.seq_len, image_hw) for rows in plan.rows] if build else []
+
+        plan, batches = yield Compute(balance_and_build)
+        self.carry = plan.carry
+        for segment in self.carry:  # not delivered: the next step counts it, and draws around it
+            if weights[segment.source] > 0:
+                advance(self.passes, segment.source, -segment.length, weights)
+        step = Step(self.step, batches, [sum(s.length for row in rows for s in row) for rows in plan.rows],
+                    {**plan.figures, "dropped": self.dropped}, weights)
+        self.step += 1
+        self.live_changes[:] = in_force(self.live_changes, self.step)  # what replay needs, no history
+        return step
+
+    def _draw(self, source: int, in_step: dict[DocKey, int]) -> Requests:
+        """The source's next unit from its window, opening a new window when it is used up;
+        None when the source has ended (a window may come back empty at an epoch's end, when
+        the epoch's last documents were empty or dropped: the next epoch's window follows)."""
+        block = self.windows[source]
+        while block is None or block.exhausted:
+            if self._dry(source):
+                return None
+            block = self.windows[source] = yield from self._fill(source)
+        return block.draw(in_step, self._rank_cap * self.dp)
+
+    def _fill(self, source: int) -> Requests:
+        """The next window: documents from the cursor until it holds the window's size in units
+        and enough tokens to spread its longest document (window.block_tokens_for), or until
+        the epoch ends (a window holding two epochs would repeat documents within it), or
+        until it holds the source's share of _WINDOW_PIXELS (images are 100s of KB each)."""
+        intake = self._intakes[source]
+        share = self.weights[source] / (sum(self.weights) or 1.0)
+        start = self._next[source]
+        end, units, size = intake.epoch_end(start[0]), [], self._spec.window_segments(self.dp, share)
+        tokens, needed, pixels = 0, 0, 0
+        while (len(units) < size or tokens < needed) and (not pixels or pixels < share * _WINDOW_PIXELS):
+            doc = yield from self._next_doc(intake, until_group=end)  # a window never spans epochs
+            if doc is None:
+                break
+            doc_units = self._units(doc)
+            if doc_units is None:
+                self.dropped += 1
+                continue
+            units.extend(doc_units)
+            tokens += len(doc.tokens)
+            pixels += 0 if doc.pixels is None else doc.pixels.nbytes
+            needed = max(needed, block_tokens_for(len(doc.tokens), self._spec.max_doc_share))
+        return make_block(start, units, self._spec.seed, source) if units else None  # None: the epoch ended
+
+    def _units(self, doc: Doc) -> list[Unit] | None:
+        """The document's units; None when long_docs=drop drops it."""
+        if self._spec.long_docs == "drop" and len(doc.tokens) > self._spec.seq_len:
+            return None
+        try:
+            return units_of(doc, self._spec.seq_len, self._bucket_rows, self._spec.rows)
+        except ValueError as exc:
+            raise SourceFailed(self._names[doc.source], str(exc)) from None
+
+    def _breathe(self) -> Requests:
+        """Every _BREATHE_S of work, a chance for others to run (a window is millions of
+        tokens, a restore re-reads it: the ranks' sessions must not wait for that)."""
+        now = time.monotonic()
+        if now - self._breathed > _BREATHE_S:
+            self._breathed = now
+            yield 0.0
+
+    def _dry(self, source: int) -> bool:
+        return self._intakes[source].dry and not self._ahead[source]
+
+    def _read_ahead(self) -> None:
+        """Take what image sources' rings hold, up to one window's worth (see __init__)."""
+        total = sum(self.weights) or 1.0
+        for source, intake in enumerate(self._intakes):
+            if intake.catalog.images is None:
+                continue
+            share = self.weights[source] / total
+            ahead, limit = self._ahead[source], self._spec.window_segments(self.dp, share)
+            while len(ahead) < limit and self._ahead_pixels[source] < share * _WINDOW_PIXELS:
+                doc = intake.poll(waiting=False)
+                if doc is None:
+                    break
+                ahead.append(doc)
+                self._ahead_pixels[source] += 0 if doc.pixels is None else doc.pixels.nbytes
+
+    def _next_doc(self, intake: SourceIntake, until_group: int | None = None) -> Requests:
+        """Wait for the source's next document; None if the source ran dry or its cursor
+        reached `until_group`."""
+        yield from self._breathe()
+        ahead = self._ahead[intake.catalog.index]
+        if ahead:
+            if until_group is not None and ahead[0].group >= until_group:
+                return None
+            doc = ahead.popleft()
+            self._ahead_pixels[intake.catalog.index] -= 0 if doc.pixels is None else doc.pixels.nbytes
+            self._next[intake.catalog.index] = doc.after
+            return doc
+        delay, since = _POLL_MIN_S, time.monotonic()
+        while (doc := intake.poll(until_group)) is None:
+            if intake.dry or (until_group is not None and intake.group >= until_group):
+                return None
+            waited = time.monotonic() - since
+            if waited > self._spec.worker_timeout:
+                raise SourceFailed(intake.catalog.name, f"no sample arrived for {waited:.0f}s (worker timeout "
+                                   f"{self._spec.worker_timeout:.0f}s): is a transform stuck? "
+                                   "Raise --worker-timeout for very slow transforms")
+            yield delay
+            delay = min(delay * 2, _POLL_MAX_S)
+        self._next[intake.catalog.index] = doc.after
+        return doc

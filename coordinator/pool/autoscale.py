@@ -1,0 +1,150 @@
+"""Split the worker budget among sources by what each costs to produce; pure.
+
+Lanes are fixed for the whole job (omniload.order.lane_of: a source's lanes take turns), so which
+worker serves a lane never changes the data: only the packing of lanes onto workers moves.
+A source's demand is the CPU its consumption needs: the tokens the planner took from it over
+the last window times its measured cost per token (its workers' CPU time / tokens they wrote,
+smoothed). Lanes are packed onto the budget's workers longest-processing-time first, so the
+busiest worker carries as little demand as it can; a costly source's lanes then spread over
+several workers while cheap sources share one.
+
+A new packing replaces the one in place only when it promises at least `margin` more
+throughput (the busiest worker's demand falls by that factor): hysteresis, so the split
+settles instead of chasing noise. A source whose rings ran empty while the planner waited on
+it (starved) counts its demand STARVED_BOOST times: it gets workers first, and keeps gaining
+them window after window while it stays starved.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from omniload.coordinator.pool.lane_split import assign_lanes
+
+Plan = list[list[tuple[int, int]]]  # workers, each the (source, lane) pairs it produces
+
+MAX_AUTO_LANES = 4  # lanes per source under autoscaling: each is a ring and a reader's state
+STARVED_BOOST = 2.0
+MARGIN = 0.25  # a re-split must promise this much more throughput
+COST_SMOOTHING = 0.5  # weight of the newest window in a source's cost per token
+TAKEN_MEMORY = 0.8  # what a window's tokens taken still count one window later (the planner reads in bursts)
+MIN_TOKENS = 20_000  # a window with fewer tokens written says little about the cost (mostly idle polling)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Window:
+    """What one source did over the last window (deltas of the lane and intake counters)."""
+
+    cpu_s: float  # CPU seconds its lanes' producers spent
+    produced: int  # tokens its lanes wrote into their rings
+    taken: int  # tokens the planner took from its rings
+    starved: bool  # the planner found its rings empty while it waited on it
+
+
+def auto_budget(cpus: int, reserve: int) -> int:
+    """Worker processes for `--workers auto`: the CPUs left after the ranks' reserve, at least one."""
+    return max(1, cpus - reserve)
+
+
+def auto_lanes(num_sources: int, budget: int) -> list[int]:
+    """Lanes per source under autoscaling: enough that a source can spread over several workers,
+    but about 4 lanes per worker in all at most (each lane is a ring and a reader's state):
+    min(MAX_AUTO_LANES, budget, ceil(4 * budget / sources)), at least one."""
+    per_source = -(-4 * budget // max(1, num_sources))
+    return [max(1, min(MAX_AUTO_LANES, budget, per_source))] * num_sources
+
+
+def initial_plan(weights: Sequence[float], workers: int, reserve: int, cpus: int) -> Plan:
+    """The plan a job starts with. `workers` > 0: that many, split by weight once
+    (coordinator.lanes); 0 (auto): the CPUs less `reserve`, packed by weight until the
+    sources' costs are measured."""
+    if workers:
+        return assign_lanes(weights, workers)
+    budget = auto_budget(cpus, reserve)
+    return pack(auto_lanes(len(weights), budget), list(weights), budget)
+
+
+def pack(lanes: Sequence[int], demand: Sequence[float], budget: int) -> Plan:
+    """At most `budget` workers, every lane on exactly one, packed longest-processing-time first
+    by each lane's share of its source's demand. Deterministic: ties go to the lower index."""
+    items = sorted(((demand[s] / lanes[s], s, j) for s in range(len(lanes)) for j in range(lanes[s])),
+                   key=lambda item: (-item[0], item[1], item[2]))
+    n = min(budget, len(items))
+    workers: Plan = [[] for _ in range(n)]
+    load = [0.0] * n
+    for share, s, j in items:
+        w = min(range(n), key=lambda i: (load[i], len(workers[i]), i))
+        workers[w].append((s, j))
+        load[w] += share
+    return [sorted(w) for w in workers]
+
+
+def busiest(plan: Plan, lanes: Sequence[int], demand: Sequence[float]) -> float:
+    """The largest demand one worker of `plan` carries: what bounds the job's token rate."""
+    return max((sum(demand[s] / lanes[s] for s, _ in worker) for worker in plan), default=0.0)
+
+
+def update_costs(costs: Sequence[float | None], windows: Sequence[Window]) -> list[float | None]:
+    """Each source's CPU seconds per token, smoothed; unchanged where it wrote fewer than
+    MIN_TOKENS (its rings full, its workers only looked at them)."""
+    updated: list[float | None] = []
+    for cost, window in zip(costs, windows):
+        if window.produced < MIN_TOKENS:
+            updated.append(cost)
+            continue
+        fresh = window.cpu_s / window.produced
+        updated.append(fresh if cost is None else (1 - COST_SMOOTHING) * cost + COST_SMOOTHING * fresh)
+    return updated
+
+
+def update_taken(taken: Sequence[float], windows: Sequence[Window]) -> list[float]:
+    """Tokens taken per source, recent windows counting most: the planner reads a source's
+    shuffle window in bursts, so one window alone says little about the mixture."""
+    return [TAKEN_MEMORY * t + w.taken for t, w in zip(taken, windows)]
+
+
+def demands(costs: Sequence[float | None], taken: Sequence[float], windows: Sequence[Window]) -> list[float] | None:
+    """CPU each source's consumption needs (recent tokens taken x cost per token); None until
+    every source that was consumed has a measured cost (a guess would move workers for nothing)."""
+    out = []
+    for cost, tokens, window in zip(costs, taken, windows):
+        if tokens and cost is None:
+            return None
+        need = tokens * (cost or 0.0)
+        out.append(need * STARVED_BOOST if window.starved else need)
+    return out if any(out) else None
+
+
+def resplit(plan: Plan, lanes: Sequence[int], demand: Sequence[float], budget: int, margin: float) -> Plan | None:
+    """A better packing for `demand`, laid out so that workers whose lanes do not change keep
+    their place (they are not restarted); None when it would not gain `margin`."""
+    proposal = pack(lanes, demand, budget)
+    if busiest(plan, lanes, demand) <= (1 + margin) * busiest(proposal, lanes, demand):
+        return None
+    return keep_in_place(plan, proposal)
+
+
+def keep_in_place(old: Plan, new: Plan) -> Plan:
+    """`new`'s workers ordered so that one identical to a worker of `old` sits at its index."""
+    placed: list[list[tuple[int, int]] | None] = [None] * len(new)
+    rest = []
+    old_index = {tuple(sorted(w)): i for i, w in enumerate(old) if i < len(new)}
+    for worker in new:
+        i = old_index.pop(tuple(sorted(worker)), None)
+        if i is None:
+            rest.append(worker)
+        else:
+            placed[i] = worker
+    free = iter(rest)
+    return [w if w is not None else next(free) for w in placed]
+
+
+def changed_workers(old: Plan, new: Plan) -> list[int]:
+    """Indexes whose lanes differ: the workers a move must stop and start."""
+    return [i for i in range(max(len(old), len(new)))
+            if i >= len(old) or i >= len(new) or sorted(old[i]) != sorted(new[i])]
+
+
+def workers_per_source(plan: Plan, num_sources: int) -> list[int]:
+    """How many workers serve each source: the split as status shows it."""
+    return [sum(1 for worker in plan if any(s == source for s, _ in worker)) for source in range(num_sources)]

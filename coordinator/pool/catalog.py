@@ -1,0 +1,280 @@
+"""Find and index every source's files at startup, so bad input fails before any worker runs.
+
+Local globs are matched here; a source's URLs (s3://, gs://, az://, hf://) are listed and
+their objects indexed in the indexing child, which has pyarrow (omniload.storage), many
+objects at once. A job that reads a store keeps its catalog (CATALOG_FILE) in its checkpoint
+folder and, with --cache-dir, in the cache: a restart, a standby or the next run of the same
+sources reads it instead of listing and indexing again; workers still check each object's
+size and version when they read it, so a changed object stops the job instead of changing a batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import logging
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from omniload.errors import ConfigError
+from omniload.order import MAX_ORDINAL
+from omniload.spec import IMAGE_FIELDS, RUNTIME_FIELDS, STORE_FIELDS, Source, Spec
+from omniload.storage.urls import StoreOptions, is_remote, redact
+from omniload.formats.lane_config import ImageConfig
+from omniload.workers.images import load_image_transform, require_pillow
+from omniload.coordinator.pool.forkserver import forkserver_context
+from omniload.formats.shards import BadFile, Shard, detect_format
+from omniload.workers.transforms import load_transform
+
+log = logging.getLogger("omniload")
+CATALOG_FILE = "catalog-{key}.json"
+_INDEX_THREADS = 16  # objects of a store indexed at once: each is a few round trips
+
+
+@dataclass(frozen=True, slots=True)
+class SourceCatalog:
+    index: int
+    name: str
+    column: str
+    tokenizer: str
+    shards: tuple[Shard, ...]
+    rows: int
+    epochs: int  # passes over this source; 0: forever
+    image_column: str | None = None
+    images: ImageConfig | None = None  # set when its samples carry images
+    store: StoreOptions = StoreOptions()  # how to reach its store, if its files are URLs
+
+
+def image_config(spec: Spec) -> ImageConfig | None:
+    """How the job decodes images; None for a text-only job."""
+    if not spec.has_images:
+        return None
+    height, width = spec.image_hw
+    return ImageConfig(height, width, spec.image_token, spec.tokens_per_image, spec.image_transform)
+
+
+def build_catalog(spec: Spec) -> list[SourceCatalog]:
+    """Every source's shards. The files are indexed in a child forked from the workers'
+    forkserver, which has pyarrow imported already: the coordinator itself never imports it
+    (some 30 MB; workers/lane.py). The caller stops the forkserver (pool.stop_helpers)."""
+    found = [_find_files(source, spec) for source in spec.sources]
+    remote = any(is_remote(p) for source in spec.sources for p in source.path)
+    cached = _cached_catalog(spec) if remote else None
+    if cached is not None:
+        path, indexed = cached
+        log.info("read the sources' catalog from %s (remove it to list the store again)", path)
+    else:
+        requests = [IndexRequest(source.name, tuple(files), tuple(p for p in source.path if is_remote(p)), source.format,
+                                 source.column, source.image, source.store_options())
+                    for source, files in zip(spec.sources, found)]
+        with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
+            indexed = child.submit(index_files, requests, spec.on_bad_file == "stop").result()
+        if remote:
+            _keep_catalog(spec, indexed)
+    return [_catalog_of(i, source, spec, files) for i, (source, files) in enumerate(zip(spec.sources, indexed))]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRequest:
+    """One source's files for the indexing child: local files found, URLs still to list."""
+
+    name: str
+    files: tuple[tuple[str, str], ...]  # (path, format)
+    urls: tuple[str, ...]  # globs in a store
+    format: str
+    column: str
+    image: str | None
+    store: StoreOptions
+
+
+def index_files(sources: list[IndexRequest], stop_at_bad: bool) -> list[list[tuple[str, str, list[Shard] | str]]]:
+    """Runs in the indexing child: per source, each file's (path, format, shards or why it
+    cannot be read), its ordinals following on from the file before (a bad file counts no
+    rows); a source's files end at its first bad one when the job stops on one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from omniload.storage.files import Files
+    from omniload.workers.readers import index_file
+
+    out = []
+    for request in sources:
+        files = sorted(set(request.files) | set(_listed(request)))
+        access = Files(request.store)
+        remote = [path for path, _ in files if is_remote(path)]
+
+        def index(item: tuple[str, str], rows: int = 0) -> list[Shard] | str:
+            path, fmt = item
+            try:
+                return index_file(path, fmt, request.column, rows, request.image, access)
+            except BadFile as exc:
+                return redact(str(exc))
+            except OSError as exc:  # the store failed past its retries: never a file to skip
+                raise ConfigError(f"source '{request.name}': {exc}") from None
+
+        ahead: dict[str, list[Shard] | str] = {}
+        if remote:  # objects are a few round trips each: index them at once, number their rows after
+            with ThreadPoolExecutor(_INDEX_THREADS) as pool:
+                ahead = dict(zip(remote, pool.map(index, [(p, f) for p, f in files if is_remote(p)])))
+        rows, done = 0, []
+        for path, fmt in files:
+            shards = ahead[path] if path in ahead else index((path, fmt), rows)
+            if isinstance(shards, str):
+                done.append((path, fmt, shards))
+                if stop_at_bad:
+                    break
+                continue
+            if path in ahead:
+                shards = [dataclasses.replace(s, first_ordinal=s.first_ordinal + rows) for s in shards]
+            done.append((path, fmt, shards))
+            rows += sum(s.rows for s in shards)
+        access.close()
+        out.append(done)
+    return out
+
+
+def _listed(request: IndexRequest) -> list[tuple[str, str]]:
+    """(url, format) of the objects the source's URLs name."""
+    from omniload.storage.objects import list_matching
+
+    found = []
+    for pattern in request.urls:
+        try:
+            objects = list_matching(pattern, request.store)
+        except ConfigError as exc:
+            raise ConfigError(f"source '{request.name}': {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"source '{request.name}': {exc}") from None
+        for obj in objects:
+            fmt = request.format if request.format != "auto" else detect_format(obj.url)
+            if fmt is None:
+                raise ConfigError(f"source '{request.name}': cannot tell the format of {redact(obj.url)!r} from its "
+                                  "name; add format=parquet|jsonl|arrow|tar to the source")
+            found.append((obj.url, fmt))
+    return found
+
+
+def _catalog_key(spec: Spec) -> str:
+    sources = [{k: v for k, v in s.items() if k not in ("weight", "epochs", "tokenizer")}
+               for s in spec.to_dict()["sources"]]
+    return hashlib.blake2b(orjson.dumps([sources, spec.on_bad_file], option=orjson.OPT_SORT_KEYS),
+                           digest_size=8).hexdigest()
+
+
+def _catalog_paths(spec: Spec) -> list[Path]:
+    name = CATALOG_FILE.format(key=_catalog_key(spec))
+    folders = [spec.resume, spec.checkpoint_dir, os.path.join(spec.cache_dir, "catalogs") if spec.cache_dir else None]
+    return [Path(folder) / name for folder in folders if folder]
+
+
+def _cached_catalog(spec: Spec) -> tuple[Path, list[list[tuple[str, str, list[Shard] | str]]]] | None:
+    for path in _catalog_paths(spec):
+        try:
+            data = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            continue
+        fields = data["fields"]
+        return path, [[(f, fmt, shards if isinstance(shards, str) else [Shard(**dict(zip(fields, s))) for s in shards])
+                       for f, fmt, shards in source] for source in data["sources"]]
+    return None
+
+
+def _keep_catalog(spec: Spec, indexed: list[list[tuple[str, str, list[Shard] | str]]]) -> None:
+    fields = [f.name for f in dataclasses.fields(Shard)]
+    data = orjson.dumps({"fields": fields, "sources": [
+        [[f, fmt, shards if isinstance(shards, str) else [dataclasses.astuple(s) for s in shards]]
+         for f, fmt, shards in source] for source in indexed]})
+    for path in _catalog_paths(spec)[1:]:  # the checkpoint folder and the cache, not the one resumed from
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_suffix(f".{os.getpid()}.tmp")
+            temporary.write_bytes(data)
+            os.replace(temporary, path)
+        except OSError as exc:
+            log.warning("could not keep the catalog at %s: %s", path, exc)
+
+
+def _find_files(source: Source, spec: Spec) -> list[tuple[str, str]]:
+    """The source's files and their formats; its tokenizer (and image transform) loaded once
+    here, so a bad one fails before any worker runs."""
+    tokenizer = source.tokenizer or spec.tokenizer
+    try:
+        load_transform(tokenizer)
+    except ConfigError as exc:
+        raise ConfigError(f"source '{source.name}': {exc}") from None
+    if source.has_images:
+        require_pillow(source.name)
+        load_image_transform(image_config(spec))  # a bad --image-transform fails here, not in every worker
+    files = []
+    for path in _match_files(source) if any(not is_remote(p) for p in source.path) else []:
+        fmt = source.format if source.format != "auto" else detect_format(path)
+        if fmt is None:
+            raise ConfigError(f"source '{source.name}': cannot tell the format of {path!r} from its name; "
+                              "add format=parquet|jsonl|arrow|tar to the source")
+        files.append((path, fmt))
+    return files
+
+
+def _catalog_of(index: int, source: Source, spec: Spec,
+                files: list[tuple[str, str, list[Shard] | str]]) -> SourceCatalog:
+    images = image_config(spec) if source.has_images else None
+    shards: list[Shard] = []
+    for path, fmt, file_shards in files:
+        if isinstance(file_shards, str):  # why the file cannot be read
+            if spec.on_bad_file == "stop":
+                raise ConfigError(f"source '{source.name}': {path}: {file_shards} (the job stops on a bad file; "
+                                  "--on-bad-file skip skips it instead)")
+            log.warning("source '%s': skipping %s: %s", source.name, path, file_shards)
+            continue
+        if fmt == "tar" and images is None:  # the glob did not say .tar, the files do
+            raise ConfigError(f"source '{source.name}': {path} is a tar file: give format=tar to the source "
+                              "(and --image-token) so that its images are decoded")
+        shards.extend(file_shards)
+    rows = sum(s.rows for s in shards)
+    if rows == 0:
+        raise ConfigError(f"source '{source.name}': its files hold no rows")
+    if rows >= MAX_ORDINAL:
+        raise ConfigError(f"source '{source.name}': {rows} rows exceed the limit of {MAX_ORDINAL}; split the source")
+    epochs = spec.epochs if source.epochs is None else source.epochs
+    return SourceCatalog(index, source.name, source.column, source.tokenizer or spec.tokenizer, tuple(shards), rows,
+                         epochs, source.image, images, source.store_options())
+
+
+def _match_files(source: Source) -> list[str]:
+    files: set[str] = set()
+    for pattern in source.path:
+        if is_remote(pattern):
+            continue
+        matched = [p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p)]
+        if not matched:
+            raise ConfigError(f"source '{source.name}': no files match '{pattern}'")
+        files.update(matched)
+    return sorted(files)
+
+
+def job_identity(spec: Spec, catalog: list[SourceCatalog]) -> dict[str, Any]:
+    """What decides the data: the spec's data fields and each source's files (size, rows)."""
+    files = {}
+    for src in catalog:
+        rows: dict[str, int] = {}
+        for shard in src.shards:
+            rows[shard.file] = rows.get(shard.file, 0) + shard.rows
+        versions = {s.file: (s.size, s.version) for s in src.shards if is_remote(s.file)}
+        files[src.name] = [[path, versions[path][0], n, versions[path][1]] if path in versions
+                           else [path, os.path.getsize(path), n] for path, n in sorted(rows.items())]
+    data_spec = {k: v for k, v in spec.to_dict().items() if k not in RUNTIME_FIELDS}
+    if not spec.has_images:  # a text-only job keeps the identity it had before images existed
+        data_spec = {k: v for k, v in data_spec.items() if k not in IMAGE_FIELDS}
+        data_spec["cost_coeffs"] = data_spec["cost_coeffs"][:3]
+        data_spec["sources"] = [{k: v for k, v in s.items() if k != "image"} for s in data_spec["sources"]]
+    # where a store is and how to reach it decides no batch (the objects' versions do)
+    data_spec["sources"] = [{k: v for k, v in s.items() if k not in STORE_FIELDS} for s in data_spec["sources"]]
+    return orjson.loads(orjson.dumps({"spec": data_spec, "files": files}))  # as it reads back from a file
+
+
+def fingerprint(identity: dict[str, Any]) -> str:
+    return hashlib.blake2b(orjson.dumps(identity, option=orjson.OPT_SORT_KEYS), digest_size=8).hexdigest()

@@ -1,0 +1,125 @@
+"""Take each source's documents from the rings in the source's deterministic order.
+
+The cursor `(group, pos)` is the next sample to consume: position `pos` of group `group` (see
+omniload.order). Each position belongs to one lane (order.lane_of), whose worker writes its
+positions in order, so the next record of that lane's ring is always the one wanted: no
+reordering, and no buffer beyond the rings.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from omniload.errors import SourceFailed
+from omniload.order import group_members, groups_per_epoch, lane_of, shard_permutation
+from omniload.formats.records import RecordKind, decode, images_of, tokens_of
+from omniload.formats.ring import Ring
+
+from omniload.coordinator.pool.catalog import SourceCatalog
+
+log = logging.getLogger("omniload")
+
+
+@dataclass(frozen=True, slots=True)
+class Doc:
+    source: int
+    ordinal: int
+    tokens: np.ndarray
+    group: int = 0  # where the document sits in its source's order
+    pos: int = 0
+    image_at: np.ndarray | None = None  # where each image's placeholder tokens start
+    pixels: np.ndarray | None = None  # uint8 [images, 3, H, W]
+    after: tuple[int, int] = (0, 0)  # the intake's cursor right after this document (before any SKIP past it)
+
+    @property
+    def origin(self) -> tuple[int, int]:
+        return self.group, self.pos
+
+
+class SourceIntake:
+    def __init__(self, catalog: SourceCatalog, rings: list[Ring], seed: int, interleave: int) -> None:
+        self.catalog = catalog
+        self.rings = rings
+        self._seed = seed
+        self.interleave = interleave
+        self.docs = self.tokens = self.images = 0  # taken so far (figures.py makes rates of them)
+        self.empty_polls = 0  # polls that found the due ring empty: the planner waited on this source
+        self._end = catalog.epochs * groups_per_epoch(len(catalog.shards), interleave) if catalog.epochs else None
+        self._rows_by_epoch: tuple[int, np.ndarray] | None = None
+        self._group_rows: tuple[int, int] = (-1, 0)
+        self.group, self.pos = 0, 0
+        self._advance(0)
+
+    @property
+    def cursor(self) -> tuple[int, int]:
+        return self.group, self.pos
+
+    def seek(self, group: int, pos: int) -> None:
+        """Move the cursor; only while this source's workers are stopped and its rings empty."""
+        self.group, self.pos = group, pos
+        self._advance(0)
+
+    def epoch_end(self, group: int) -> int:
+        """The first group of the epoch after `group`'s."""
+        per_epoch = groups_per_epoch(len(self.catalog.shards), self.interleave)
+        return (group // per_epoch + 1) * per_epoch
+
+    @property
+    def dry(self) -> bool:
+        return self._end is not None and self.group >= self._end
+
+    def poll(self, until_group: int | None = None, waiting: bool = True) -> Doc | None:
+        """The next document if its record has arrived, else None (also when dry, or when the
+        cursor has reached `until_group`). `waiting`: the planner waits on this source, so an
+        empty ring counts in empty_polls (the autoscaler's sign of a starved source); a
+        read-ahead's poll does not."""
+        while not self.dry and (until_group is None or self.group < until_group):
+            data = self.rings[lane_of(self.group, self.pos, len(self.rings))].read()
+            if data is None:
+                self.empty_polls += waiting
+                return None
+            record = decode(data)
+            if record.kind is RecordKind.ERROR:
+                raise SourceFailed(self.catalog.name, bytes(record.payload).decode(errors="replace"))
+            if (record.group, record.pos) != self.cursor:
+                raise SourceFailed(self.catalog.name, f"record {record.group}:{record.pos} arrived where "
+                                   f"{self.group}:{self.pos} was due (a bug in omniload; please report it)")
+            self._advance(1)
+            if record.kind is RecordKind.SKIP:
+                if record.payload:  # said once per unreadable file
+                    log.warning("source '%s': %s", self.catalog.name, bytes(record.payload).decode(errors="replace"))
+                continue
+            tokens = tokens_of(record)
+            self.docs += 1
+            self.tokens += len(tokens)
+            if record.images:
+                config = self.catalog.images
+                at, pixels = images_of(record, config.height, config.width)
+                self.images += record.images
+                return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos, at, pixels,
+                           self.cursor)
+            return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos, after=self.cursor)
+        return None
+
+    def _shard_rows(self, g: int) -> int:
+        n = len(self.catalog.shards)
+        epoch, position = divmod(g, n)
+        if self._rows_by_epoch is None or self._rows_by_epoch[0] != epoch:
+            order = shard_permutation(n, self._seed, self.catalog.index, epoch)
+            rows = np.array([s.rows for s in self.catalog.shards])[order]
+            self._rows_by_epoch = (epoch, rows)
+        return int(self._rows_by_epoch[1][position])
+
+    def _rows_of_group(self, k: int) -> int:
+        if self._group_rows[0] != k:
+            members = group_members(k, len(self.catalog.shards), self.interleave)
+            self._group_rows = (k, sum(self._shard_rows(g) for g in members))
+        return self._group_rows[1]
+
+    def _advance(self, count: int) -> None:
+        self.pos += count
+        while not self.dry and self.pos >= self._rows_of_group(self.group):
+            self.pos -= self._rows_of_group(self.group)
+            self.group += 1

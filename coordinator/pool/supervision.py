@@ -1,0 +1,186 @@
+"""Worker supervision on the event loop: notice an exit at once, replace the worker off the loop.
+
+The loop watches every worker's sentinel. A worker that exits 0 has finished its lanes; one
+that dies is replaced at its sources' cursors, its unread records dropped, up to
+`--max-restarts` times, then the job fails naming the source and the exit. The rings are
+reset and the cursors read on the loop, which is also where the planner reads the rings, so
+the two never meet; only joining and forking happen on an executor thread.
+
+With `--workers auto` the supervisor also runs the autoscaler: every `--autoscale-every`
+seconds it reads each source's counters (its lanes' CPU time and tokens written, the tokens
+the planner took, how often the planner found its rings empty), and when a packing of the
+lanes by measured cost promises enough more throughput (coordinator/pool/autoscale.py) it stops
+the workers whose lanes change and starts them at the cursors, as for a crash: the data
+cannot tell.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from omniload.errors import SourceFailed
+
+from omniload.coordinator.pool.autoscale import MARGIN, Window, changed_workers, demands, resplit, update_costs, \
+    update_taken, workers_per_source
+from omniload.coordinator.pool.intake import SourceIntake
+from omniload.coordinator.pool.worker_pool import WorkerPool, describe_exit
+
+log = logging.getLogger("omniload")
+_JOIN_DEAD_S = 1.0  # a worker whose sentinel fired has exited: its join only reaps it
+_STARVED_POLLS = 20  # empty polls in a window (about 0.2 s of the planner waiting) that make a source starved
+
+
+class Supervisor:
+    def __init__(self, pool: WorkerPool, intakes: list[SourceIntake], max_restarts: int,
+                 fail: Callable[[str, BaseException], None]) -> None:
+        self._pool, self._intakes, self._max_restarts = pool, intakes, max_restarts
+        self._fail = fail
+        self._tasks: set[asyncio.Task] = set()
+        self._moving = asyncio.Lock()  # a re-split and a restart of all never interleave
+        self._scaler: asyncio.Task | None = None
+
+    def watch_all(self) -> None:
+        for worker_id in range(len(self._pool.workers)):
+            self._watch(worker_id)
+        spec = self._pool.spec
+        if spec.workers == 0 and spec.autoscale_every > 0 and len(self._pool.plan) > 1 \
+                and sum(self._pool.lane_counts) > len(self._pool.plan):  # else no packing differs
+            self._scaler = asyncio.get_running_loop().create_task(self._autoscale(spec.autoscale_every))
+            self._scaler.add_done_callback(self._scaler_done)
+
+    def unwatch_all(self) -> None:
+        loop = asyncio.get_running_loop()
+        for worker in self._pool.workers:
+            if worker is not None:
+                loop.remove_reader(worker.sentinel)
+
+    async def restart_all(self, before_start: Callable[[], None]) -> None:
+        """Stop every worker, run `before_start` (e.g. move the cursors), start them all again."""
+        async with self._moving:
+            await self._restart_all(before_start)
+
+    async def _restart_all(self, before_start: Callable[[], None]) -> None:
+        self.unwatch_all()
+        if self._tasks:  # a replacement under way finishes first, or two workers would share its rings
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self.unwatch_all()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._pool.stop_workers)
+        before_start()
+        for worker_id in range(len(self._pool.workers)):
+            await self._start(worker_id)
+
+    def _watch(self, worker_id: int) -> None:
+        worker = self._pool.workers[worker_id]
+        asyncio.get_running_loop().add_reader(worker.sentinel, self._on_exit, worker_id)
+
+    def _on_exit(self, worker_id: int) -> None:
+        asyncio.get_running_loop().remove_reader(self._pool.workers[worker_id].sentinel)
+        task = asyncio.get_running_loop().create_task(self._replace(worker_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._fail("worker supervision", task.exception())
+
+    async def _replace(self, worker_id: int) -> None:
+        loop = asyncio.get_running_loop()
+        worker = self._pool.workers[worker_id]
+        code = await loop.run_in_executor(None, worker.join, _JOIN_DEAD_S)  # the exit code, off the loop
+        if code == 0 or self._pool.workers[worker_id] is not worker:
+            return  # its lanes are done, or it was replaced meanwhile (restart_all)
+        sources = ", ".join(f"'{s}'" for s in self._pool.sources_of(worker_id))
+        cause = f"worker {worker.pid} for source {sources} {describe_exit(code)}"
+        if self._pool.restarts[worker_id] >= self._max_restarts:
+            raise SourceFailed(sources.strip("'"), f"{cause}; gave up after {self._max_restarts} restarts "
+                               "(--max-restarts)")
+        self._pool.restarts[worker_id] += 1
+        log.warning("%s; restarting it at the source cursor (restart %d of %d)", cause,
+                    self._pool.restarts[worker_id], self._max_restarts)
+        await self._start(worker_id)
+
+    async def _start(self, worker_id: int) -> None:
+        """A fresh worker at its sources' cursors; the dead one's unread records are dropped.
+        Its rings stay empty until it starts, so the cursors cannot move meanwhile."""
+        self._pool.reset_rings(worker_id)
+        cursors = {source: self._intakes[source].cursor for source in self._pool.source_indexes_of(worker_id)}
+        await asyncio.get_running_loop().run_in_executor(None, self._pool.start, worker_id, cursors.__getitem__)
+        self._watch(worker_id)
+
+    async def close(self) -> None:
+        """Stop watching and scaling; wait for a replacement under way (it is quick) so none
+        starts after."""
+        if self._scaler is not None:
+            self._scaler.cancel()
+            await asyncio.gather(self._scaler, return_exceptions=True)
+        self.unwatch_all()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- the autoscaler ----------------------------------------------------------------------
+    async def replan(self, plan: list[list[tuple[int, int]]]) -> None:
+        """Serve the lanes with packing `plan`: stop the workers whose lanes change, then start
+        each at its sources' cursors (its rings emptied, as after a crash)."""
+        async with self._moving:
+            if self._tasks:  # a replacement under way finishes first
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            moved = changed_workers(self._pool.plan, plan)
+            loop = asyncio.get_running_loop()
+            for worker_id in moved:  # not a crash: its exit must not restart it
+                worker = self._pool.workers[worker_id]
+                if worker is not None:
+                    loop.remove_reader(worker.sentinel)
+            await loop.run_in_executor(None, self._pool.stop_workers, moved)
+            self._pool.set_plan(plan)
+            for worker_id in moved:
+                await self._start(worker_id)
+
+    def _counters(self) -> list[tuple[float, int, int, int]]:
+        """Per source: (CPU s, tokens written) of its lanes, tokens taken, empty polls; all only grow."""
+        out = []
+        for intake in self._intakes:
+            work = [ring.work() for ring in intake.rings]
+            out.append((sum(w[0] for w in work), sum(w[1] for w in work), intake.tokens, intake.empty_polls))
+        return out
+
+    async def _autoscale(self, every: float) -> None:
+        pool, names = self._pool, [intake.catalog.name for intake in self._intakes]
+        costs: list[float | None] = [None] * len(self._intakes)
+        taken = [0.0] * len(self._intakes)
+        last = self._counters()
+        pool.scaling = {"autoscale": True, "every_s": every, "moves": 0, "costs": costs}
+        while True:
+            await asyncio.sleep(every)
+            now = self._counters()
+            windows = _windows(last, now)
+            last = now
+            costs, taken = update_costs(costs, windows), update_taken(taken, windows)
+            pool.scaling["costs"] = costs
+            need = demands(costs, taken, windows)
+            plan = need and resplit(pool.plan, pool.lane_counts, need, len(pool.plan), MARGIN)
+            if not plan:
+                continue
+            before = workers_per_source(pool.plan, len(names))
+            after = workers_per_source(plan, len(names))
+            log.info("autoscale: workers per source %s (cost in CPU us per 1000 tokens: %s)",
+                     ", ".join(f"{n} {b}->{a}" for n, b, a in zip(names, before, after)),
+                     ", ".join(f"{n} {c * 1e9:.0f}" for n, c in zip(names, costs) if c is not None))
+            await self.replan(plan)
+            pool.scaling["moves"] += 1
+            last = self._counters()  # the restart's refill is not the sources' steady cost
+
+    def _scaler_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._fail("the autoscaler", task.exception())
+
+
+def _windows(last: list[tuple[float, int, int, int]], now: list[tuple[float, int, int, int]]) -> list[Window]:
+    """Each source's window from two readings of _counters. Starved: the planner found its rings
+    empty at least _STARVED_POLLS times, and at least half as often as for the most starved."""
+    polls = [b[3] - a[3] for a, b in zip(last, now)]
+    threshold = max(_STARVED_POLLS, max(polls, default=0) / 2)
+    return [Window(cpu_s=max(0.0, b[0] - a[0]), produced=max(0, b[1] - a[1]), taken=b[2] - a[2],
+                   starved=p >= threshold) for a, b, p in zip(last, now, polls)]

@@ -1,0 +1,279 @@
+"""The worker pool: rings, forked worker processes, and restarting a worker at the cursor.
+
+Workers come from a forkserver started before the event loop, so no fork ever happens from
+the running loop and a replacement starts as clean as the first worker.
+Lifecycle of a worker: STARTED -> (EXITED 0: done | EXITED != 0: restarted or job fails |
+STOPPED by a re-split, its lanes started again by other workers at the cursors).
+
+The lanes (one ring each) are fixed for the job; the plan, which worker produces which
+lanes, may change (`set_plan`, for the autoscaler), and never changes the data.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+from omniload.errors import ConfigError
+from omniload.spec import Spec
+from omniload.formats.ring import SHM_DIR, Ring, segment_path
+from omniload.formats.lane_config import LaneConfig, WorkerConfig
+from omniload.coordinator.pool.forkserver import forkserver_context, run
+
+from omniload.coordinator.pool.catalog import SourceCatalog
+
+log = logging.getLogger("omniload")
+_WORKER_JOIN_S = 5.0
+_HELPER_STOP_S = 5.0
+RING_BUDGET_MB = 16  # the read-ahead of all a job's rings together, split over its lanes
+MIN_SPAN_MB = 1  # a lane's read-ahead at least (what the throughput benchmark runs with)
+
+
+# A forkserver child's exit code is read once from its sentinel pipe. Two threads reading it
+# at once (the restart of one dead worker runs Process.start(), which polls every child, while
+# another dead worker is joined on a thread) leave one with EOF, and multiprocessing then
+# reports exit code 255 instead of the signal. Every poll of a worker goes through this lock.
+_REAP_LOCK = threading.Lock()
+
+
+class WorkerProcess:
+    """One worker process with the supervision verbs."""
+
+    def __init__(self, ctx: multiprocessing.context.BaseContext, config: WorkerConfig) -> None:
+        self.config = config
+        self._process = ctx.Process(target=run, args=(config,), name=f"omniload-worker-{config.worker_id}",
+                                    daemon=True)
+
+    def start(self) -> None:
+        with _REAP_LOCK:
+            self._process.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    @property
+    def sentinel(self) -> int:
+        return self._process.sentinel
+
+    @property
+    def exitcode(self) -> int | None:
+        with _REAP_LOCK:
+            return self._process.exitcode
+
+    def is_alive(self) -> bool:
+        with _REAP_LOCK:
+            return self._process.is_alive()
+
+    def terminate(self) -> None:
+        if self.is_alive():
+            self._process.terminate()
+
+    def kill(self) -> None:
+        if self.is_alive():
+            self._process.kill()
+
+    def join(self, timeout: float) -> int | None:
+        """Wait up to `timeout` for the worker to end; its exit code (None while it runs). Call
+        off the event loop: the lock may be held across another worker's start."""
+        multiprocessing.connection.wait([self._process.sentinel], timeout)  # unlocked: it may take `timeout`
+        with _REAP_LOCK:
+            self._process.join(0)
+            return self._process.exitcode
+
+
+class WorkerPool:
+    """Owns every ring (creates and unlinks them) and every worker process."""
+
+    def __init__(self, spec: Spec, catalog: list[SourceCatalog], plan: list[list[tuple[int, int]]],
+                 job_id: str, coordinator_pid: int) -> None:
+        self.spec = self._spec = spec
+        self._catalog = catalog
+        self._plan = plan
+        self._coordinator_pid = coordinator_pid
+        self.lane_counts = [sum(1 for w in plan for s, _ in w if s == src.index) for src in catalog]
+        self.rings = _create_rings(spec, plan, job_id, coordinator_pid)
+        self._ctx = forkserver_context()
+        self.workers: list[WorkerProcess | None] = [None] * len(plan)
+        self.restarts = [0] * len(plan)
+        self.scaling: dict = {}  # the autoscaler's figures, for status (coordinator/pool/supervision.py)
+
+    @property
+    def plan(self) -> list[list[tuple[int, int]]]:
+        return self._plan
+
+    def set_plan(self, plan: list[list[tuple[int, int]]]) -> None:
+        """Serve the same lanes with another packing; the workers whose lanes change must be
+        stopped before and started after (Supervisor.replan)."""
+        if sorted(key for worker in plan for key in worker) != sorted(self.rings):
+            raise ValueError("a new plan must serve exactly the job's lanes")  # a bug, not the user's
+        if len(plan) != len(self._plan):
+            raise ValueError(f"a new plan must keep the job's {len(self._plan)} workers, got {len(plan)}")
+        self._plan = [list(worker) for worker in plan]
+
+    def source_rings(self, source: int) -> list[Ring]:
+        return [self.rings[(source, lane)] for lane in range(self.lane_counts[source])]
+
+    def start(self, worker_id: int, cursor_of: Callable[[int], tuple[int, int]]) -> WorkerProcess:
+        """Start (or restart) a worker at the cursors of its sources; its rings must be empty."""
+        lanes = []
+        for source, lane in self._plan[worker_id]:
+            src = self._catalog[source]
+            k, pos = cursor_of(source)
+            num_lanes = self.lane_counts[source]
+            lanes.append(LaneConfig(
+                source_index=source, source_name=src.name, column=src.column, tokenizer=src.tokenizer,
+                lane=lane, num_lanes=num_lanes, ring_path=str(self.rings[(source, lane)].path),
+                shards=src.shards, seed=self._spec.seed, epochs=src.epochs, interleave=self._spec.shard_interleave,
+                start_group=k, start_pos=pos,
+                skip_bad_files=self._spec.on_bad_file == "skip", image_column=src.image_column, images=src.images,
+                store=src.store, read_ahead=self._spec.read_ahead, cache_dir=self._spec.cache_dir,
+                cache_limit=self._spec.cache_limit))
+        process = WorkerProcess(self._ctx, WorkerConfig(worker_id=worker_id, coordinator_pid=self._coordinator_pid,
+                                                         lanes=tuple(lanes)))
+        process.start()
+        self.workers[worker_id] = process
+        return process
+
+    def reset_rings(self, worker_id: int) -> None:
+        for key in self._plan[worker_id]:
+            self.rings[key].reset()
+
+    def sources_of(self, worker_id: int) -> list[str]:
+        return sorted({self._catalog[s].name for s, _ in self._plan[worker_id]})
+
+    def source_indexes_of(self, worker_id: int) -> list[int]:
+        return sorted({s for s, _ in self._plan[worker_id]})
+
+    def workers_of_source(self, source: int) -> list[WorkerProcess]:
+        return [w for i, w in enumerate(self.workers) if w is not None and source in self.source_indexes_of(i)]
+
+    def restarts_of_source(self, source: int) -> int:
+        return sum(n for i, n in enumerate(self.restarts) if source in self.source_indexes_of(i))
+
+    def stop(self) -> None:
+        """Terminate and join every worker (kill what does not exit in time), unlink every ring,
+        and stop the forkserver and resource tracker: when the coordinator exits, no process of
+        the job is left."""
+        self.stop_workers()
+        for ring in self.rings.values():
+            ring.close()
+            ring.unlink()
+        stop_helpers()
+
+    def stop_workers(self, worker_ids: list[int] | None = None) -> None:
+        """Terminate and join these workers (all by default), killing what does not exit in time."""
+        ids = range(len(self.workers)) if worker_ids is None else worker_ids
+        alive = [self.workers[i] for i in ids if self.workers[i] is not None]
+        for worker in alive:
+            worker.terminate()
+        for worker in alive:
+            worker.join(_WORKER_JOIN_S)
+            if worker.is_alive():
+                log.warning("worker %s did not exit in %.0fs; killing it", worker.pid, _WORKER_JOIN_S)
+                worker.kill()
+                worker.join(_WORKER_JOIN_S)
+
+
+def describe_exit(code: int | None) -> str:
+    """How a child process ended, from its exit code (negative: the signal that killed it)."""
+    if code is not None and code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity, e.g. a container's cpuset), else the count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def ring_span(ring_mb: int, lanes: int, source_lanes: int = 1) -> int:
+    """Bytes of read-ahead one lane's ring holds (omniload/formats/ring.py). A source's only lane needs
+    just enough to cover the planner's bursts: its share of the job's RING_BUDGET_MB, at least
+    MIN_SPAN_MB, at most --ring-mb (which bounds one record); with many lanes the sum is what
+    counts. A source with several lanes gets --ring-mb in full: its lanes take turns
+    (omniload.order), and a lane works ahead through the other lanes' turns only as far as its
+    ring holds."""
+    if source_lanes > 1:
+        return ring_mb << 20
+    share = (RING_BUDGET_MB << 20) // max(1, lanes)
+    return min(ring_mb << 20, max(MIN_SPAN_MB << 20, share))
+
+
+def _create_rings(spec: Spec, plan: list[list[tuple[int, int]]], job_id: str,
+                  coordinator_pid: int) -> dict[tuple[int, int], Ring]:
+    """One ring per lane, for records up to --ring-mb, its span (ring_span) allocated; raises
+    ConfigError (and leaves no ring) when the shared-memory directory cannot hold them all."""
+    rings: dict[tuple[int, int], Ring] = {}
+    keys = [key for worker in plan for key in worker]
+    lanes_of = Counter(source for source, _ in keys)
+    try:
+        for source, lane in keys:
+            path = segment_path(coordinator_pid, job_id, f"s{source}-l{lane}")
+            span = ring_span(spec.ring_mb, len(keys), lanes_of[source])
+            rings[(source, lane)] = Ring.create(path, spec.ring_mb << 20, span)
+    except OSError as exc:
+        for ring in rings.values():
+            ring.close()
+            ring.unlink()
+        raise _shm_error(exc, spec, plan) from None
+    return rings
+
+
+def _shm_error(exc: OSError, spec: Spec, plan: list[list[tuple[int, int]]]) -> ConfigError:
+    lanes = sum(len(worker) for worker in plan)
+    if exc.errno != errno.ENOSPC:
+        return ConfigError(f"cannot create a shared-memory ring in {SHM_DIR}: {exc}")
+    usage = shutil.disk_usage(SHM_DIR)
+    fewer = " / --workers" if lanes > len(spec.sources) else ""  # below one lane per source it cannot go
+    lanes_of = Counter(source for worker in plan for source, _ in worker)
+    need = sum(ring_span(spec.ring_mb, lanes, n) * n for n in lanes_of.values())
+    each = f"--ring-mb {spec.ring_mb}" if need == lanes * (spec.ring_mb << 20) else "their read-ahead"
+    return ConfigError(
+        f"{SHM_DIR} is too small for this job's rings: it holds {_mb(usage.total)} with {_mb(usage.free)} free, "
+        f"the job needs {_mb(need)} ({lanes} lanes x {each}); "
+        f"enlarge {SHM_DIR} (docker run --shm-size=...) or lower --ring-mb{fewer}")
+
+
+def _mb(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MB"
+
+
+def stop_helpers() -> None:
+    """Stop the forkserver, then the resource tracker, and reap them.
+
+    Both exit by themselves only once every holder of their pipe has exited, the coordinator
+    included, so without this they outlive the coordinator (by tens of ms, seconds on a busy
+    machine). Python has no public call for it; `_stop()` is what its own tests use. Each waits
+    for every worker's copy of the pipe to close, so a stray descendant holding one is killed
+    after _HELPER_STOP_S rather than hanging the shutdown."""
+    from multiprocessing import forkserver, resource_tracker
+
+    for helper, pid_field in ((forkserver._forkserver, "_forkserver_pid"),
+                              (resource_tracker._resource_tracker, "_pid")):
+        pid = getattr(helper, pid_field, None)
+        if pid is None or not hasattr(helper, "_stop"):
+            continue
+        deadline = threading.Timer(_HELPER_STOP_S, _kill_late, args=(pid,))
+        deadline.start()
+        try:
+            helper._stop()
+        finally:
+            deadline.cancel()
+
+
+def _kill_late(pid: int) -> None:
+    log.warning("multiprocessing helper %d did not exit in %.0fs; killing it", pid, _HELPER_STOP_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)

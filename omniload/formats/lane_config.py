@@ -1,0 +1,60 @@
+"""What a worker process is told at start: its lanes, and how a source's images are decoded.
+
+The coordinator builds these and the worker reads them (workers/worker.py), so they live here,
+owned by neither side. Starting the worker process is the pool's:
+coordinator/pool/forkserver.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omniload.formats.shards import Shard
+from omniload.storage.urls import StoreOptions
+
+
+@dataclass(frozen=True, slots=True)
+class ImageConfig:
+    """How a source's images are decoded and where their placeholders go; one per job."""
+
+    height: int
+    width: int
+    token: int  # the placeholder token id
+    tokens_per_image: int
+    transform: str | None = None  # module:function, instead of resize-and-crop
+
+    @property
+    def pixels(self) -> int:
+        """Bytes of one decoded image."""
+        return 3 * self.height * self.width
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaneConfig:
+    source_index: int
+    source_name: str
+    column: str
+    tokenizer: str
+    lane: int
+    num_lanes: int
+    ring_path: str
+    shards: tuple[Shard, ...]
+    seed: int
+    epochs: int  # 0: forever
+    interleave: int  # shards read together, their rows in turn (omniload.order)
+    start_group: int  # the source's cursor when the lane starts: it produces its turns from there
+    start_pos: int  # (a restart's cursor may be part-way into a turn, even another lane's)
+    skip_bad_files: bool
+    image_column: str | None = None  # parquet/Arrow: the column of encoded images
+    images: ImageConfig | None = None  # set when the source's samples carry images
+    store: StoreOptions = StoreOptions()  # how to reach the source's store, if its files are URLs
+    read_ahead: int = 64 << 20  # bytes of store objects the lane holds (omniload.storage.objects.Blocks)
+    cache_dir: str | None = None  # --cache-dir
+    cache_limit: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerConfig:
+    worker_id: int
+    coordinator_pid: int
+    lanes: tuple[LaneConfig, ...]
+
