@@ -173,8 +173,10 @@ class Job:
             if process.poll() is not None:
                 process.wait()
                 time.sleep(0.1)  # let the relay thread take the last lines
+                last = [line.removeprefix("omniload: ") for line in self._stderr_tail if line.startswith("omniload: ")]
                 reason = self._last_error() or \
-                    f"the coordinator exited with code {process.returncode} before it was ready"
+                    f"the coordinator exited with code {process.returncode} before it was ready" + \
+                    (f": {last[-1]}" if last else "")
                 error = ConfigError if process.returncode == 2 else OmniloadError
                 raise error(reason)
         self.stop()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -119,8 +120,15 @@ class FaultyProxy:
                     sink.sendall(data[: max(0, self.cut_after - sent)])
                     with self._lock:
                         self.resets += 1
-                    sink.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-                    break  # closing with linger 0 sends RST: the client sees a reset mid-body
+                    # linger 0: the close sends RST, the client sees a reset mid-body; the shutdown
+                    # first wakes the thread reading the other way, which would keep the socket open
+                    sink.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    for s in (sink, source):
+                        try:
+                            s.shutdown(socket.SHUT_RD)
+                        except OSError:
+                            pass
+                    break
                 sink.sendall(data)
                 sent += len(data)
         except OSError:

@@ -67,7 +67,7 @@ def build_catalog(spec: Spec) -> list[SourceCatalog]:
     cached = _cached_catalog(spec) if remote else None
     if cached is not None:
         path, indexed = cached
-        log.info("read the sources' catalog from %s (remove it to list the store again)", path)
+        log.warning("read the sources' catalog from %s (remove it to list the store again)", path)
     else:
         requests = [IndexRequest(source.name, tuple(files), tuple(p for p in source.path if is_remote(p)), source.format,
                                  source.column, source.image, source.store_options())
@@ -165,9 +165,11 @@ def _catalog_key(spec: Spec) -> str:
                            digest_size=8).hexdigest()
 
 
-def _catalog_paths(spec: Spec) -> list[Path]:
+def _catalog_paths(spec: Spec, kept_only: bool = False) -> list[Path]:
+    """Where the catalog is looked for (the folder resumed from first), or only where it is kept."""
     name = CATALOG_FILE.format(key=_catalog_key(spec))
-    folders = [spec.resume, spec.checkpoint_dir, os.path.join(spec.cache_dir, "catalogs") if spec.cache_dir else None]
+    folders = [None if kept_only else spec.resume, spec.checkpoint_dir,
+               os.path.join(spec.cache_dir, "catalogs") if spec.cache_dir else None]
     return [Path(folder) / name for folder in folders if folder]
 
 
@@ -188,7 +190,7 @@ def _keep_catalog(spec: Spec, indexed: list[list[tuple[str, str, list[Shard] | s
     data = orjson.dumps({"fields": fields, "sources": [
         [[f, fmt, shards if isinstance(shards, str) else [dataclasses.astuple(s) for s in shards]]
          for f, fmt, shards in source] for source in indexed]})
-    for path in _catalog_paths(spec)[1:]:  # the checkpoint folder and the cache, not the one resumed from
+    for path in _catalog_paths(spec, kept_only=True):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             temporary = path.with_suffix(f".{os.getpid()}.tmp")

@@ -29,11 +29,12 @@ import pyarrow.fs as pafs
 
 from omniload.errors import ConfigError
 from omniload.storage.disk_cache import DiskCache
-from omniload.storage.stores import endpoint_of, explain, filesystem, is_transient
+from omniload.storage.stores import endpoint_of, explain, filesystem, is_transient, is_unreachable
 from omniload.storage.urls import ObjectUrl, StoreOptions, glob_regex, glob_root, has_glob, parse, redact
 
 BLOCK = 1 << 20
-RETRY_S = 45.0  # a store down this long ends the job (an unreachable endpoint within about a minute)
+RETRY_S = 60.0  # transient errors (resets, 5xx, throttling) this long end the job
+UNREACHABLE_S = 20.0  # an endpoint that refuses connections (or has no address) this long ends the job
 _BACKOFF_S, _BACKOFF_MAX_S = 0.1, 8.0
 _FETCHERS = 8  # block requests in flight per process
 _LIST_THREADS = 16
@@ -63,7 +64,7 @@ class Counters:
 def retrying(action: Callable[[], T], where: str, url: ObjectUrl, options: StoreOptions,
              counters: Counters | None = None, budget_s: float = RETRY_S) -> T:
     """`action()`, retried while its errors are transient and the budget lasts; StoreError else."""
-    deadline = time.monotonic() + budget_s
+    started = time.monotonic()
     delay = _BACKOFF_S
     while True:
         try:
@@ -73,8 +74,9 @@ def retrying(action: Callable[[], T], where: str, url: ObjectUrl, options: Store
         except (OSError, ValueError) as exc:  # pyarrow raises OSError (ArrowIOError); fsspec a few others
             if isinstance(exc, StoreError):
                 raise
-            if not is_transient(exc) or time.monotonic() + delay > deadline:
-                suffix = f" (gave up after {budget_s:.0f}s of retries)" if is_transient(exc) else ""
+            budget = min(budget_s, UNREACHABLE_S) if is_unreachable(exc) else budget_s
+            if not is_transient(exc) or time.monotonic() + delay > started + budget:
+                suffix = f" (gave up after {budget:.0f}s of retries)" if is_transient(exc) else ""
                 raise StoreError(explain(exc, where, url, options) + suffix) from None
             if counters is not None:
                 counters.retries += 1
@@ -142,9 +144,10 @@ def _no_match(fs: pafs.FileSystem, url: ObjectUrl, options: StoreOptions, patter
 
 def version_of(metadata: dict) -> str:
     """The object's version as its store reports it on open: ETag, else generation, else ''."""
-    for key in (b"ETag", b"etag", b"generation", b"Generation", b"x-goog-generation"):
-        if metadata.get(key):
-            return metadata[key].decode(errors="replace").strip('"')
+    for key in ("ETag", "etag", "generation", "Generation", "x-goog-generation"):
+        value = metadata.get(key) or metadata.get(key.encode())
+        if value:
+            return (value.decode(errors="replace") if isinstance(value, bytes) else str(value)).strip('"')
     return ""
 
 
@@ -231,11 +234,12 @@ class RemoteObject:
         self.parsed = parse(url)
         self.size = size
         self.version = version
-        self.key = hashlib.blake2b(f"{url}\0{version}\0{size}".encode(), digest_size=12).hexdigest()
         self._file: pafs.NativeFile | None = None
         self._lock = threading.Lock()
         if size is None:
             self._open(None)
+        # blocks are cached under the object's URL, version and size: a changed object is never found
+        self.key = hashlib.blake2b(f"{url}\0{self.version}\0{self.size}".encode(), digest_size=12).hexdigest()
 
     @property
     def blocks(self) -> int:

@@ -23,7 +23,7 @@ from omniload.errors import ConfigError
 from omniload.storage.urls import ObjectUrl, StoreOptions, redact
 
 CONNECT_S, REQUEST_S = 5.0, 30.0  # a dead endpoint fails a request fast; our retries (objects.py) bound the rest
-_SDK_ATTEMPTS = 2  # the AWS SDK's own retries under ours
+_SDK_ATTEMPTS = 1  # no retries inside the AWS SDK: ours (objects.retrying) are counted, bounded and jittered
 
 
 _made: dict[tuple[str, str | None, StoreOptions], pafs.FileSystem] = {}
