@@ -108,6 +108,23 @@ def test_kill_9_then_resume_reads_the_kept_catalog_and_repeats_the_uninterrupted
         assert resumed[rank]["hashes"] == reference[rank]["hashes"][start:]
 
 
+def test_a_standby_takes_over_a_job_reading_the_bucket(uploaded, tmp_path):
+    from omniload.coordinator.ha.lease import read_lease
+
+    spec = {**SPEC, "sources": mixed_sources(REMOTE), "epochs": 0, "steps": 60}
+    reference = run_ranks(spec, 2, tmp_path)
+    folder = tmp_path / "ckpt"
+    with omniload.Job({**spec, "checkpoint_dir": str(folder), "snapshot_every": 20}, standby=1) as job:
+        ranks = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.03"})
+        wait_for_checkpoint(folder, 20)
+        killed = read_lease(folder)
+        psutil.Process(killed.pid).send_signal(signal.SIGKILL)
+        got = collect(ranks)
+    assert read_lease(folder).epoch == killed.epoch + 1, "the standby took over"
+    for rank in range(2):
+        assert got[rank]["hashes"] == reference[rank]["hashes"]
+
+
 def test_an_object_changed_before_a_resume_stops_the_job_naming_it(uploaded, tmp_path):
     _, s3 = uploaded
     spec = {**SPEC, "sources": mixed_sources(REMOTE)}

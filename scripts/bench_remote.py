@@ -1,0 +1,290 @@
+"""Delivered tokens/s and time to first batch reading the bench corpus from an S3 endpoint on
+loopback at several round trips, against the same files on local disk, in the same run.
+
+The store is moto's server (tests/s3_store.MotoServer); in front of it, one FaultyProxy per
+round trip holds each request `rtt` ms before the store sees it (0 ms still goes through the
+proxy). The corpus is bench_throughput's (bench_data.make_sources), uploaded once per run.
+Each run is bench_throughput.run: 2 ranks consuming as fast as they can, after 50 warm-up
+steps. The sides alternate: every remote run is bracketed by local runs (L R0 L R20 L R50 L
+R100 L per round), and each ratio is the remote run over the mean of the two local runs
+beside it, so the machine's drift cancels. The tokenizer is a real byte-level BPE (32k
+vocabulary, trained once on the Python standard library's sources with the `tokenizers`
+library), its measured cost per token printed; `--tokenizer bytes` uses the byte tokenizer.
+
+Peers (MosaicML streaming, LitData) read their own copy of the same documents (peers.convert)
+uploaded to the same store, through the proxy at `--peer-rtts`, tokenizing with the same BPE
+in their DataLoader workers. Each is skipped with a message where it cannot be imported
+(they are benchmark-only: pip install mosaicml-streaming litdata, e.g. in a separate venv).
+
+    python scripts/bench_remote.py [--rtts 0,20,50,100] [--rounds 3] [--steps 200] [--peer-rtts 50]
+
+Not shown: a real network (the store and the proxy share the 2 cores with the loader, and
+moto serves from memory); memory of the read-ahead and the cache.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # the bench helpers, and tests/s3_store
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH")]))
+
+from bench_data import CACHE, documents, make_sources  # noqa: E402
+from bench_throughput import _WARMUP_STEPS, run  # noqa: E402
+
+BUCKET = "bench"
+_BPE_VOCAB = 32000
+
+
+def bpe_tokenizer() -> str:
+    """A byte-level BPE tokenizer.json (32k vocabulary), trained once on the standard library's
+    Python sources (text unlike the corpus, so its words split into sub-words as real text does)."""
+    path = CACHE / f"bpe-{_BPE_VOCAB}.json"
+    if not path.exists():
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=_BPE_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        stdlib = sorted(Path(os.__file__).parent.glob("*.py"))
+        tokenizer.train_from_iterator((p.read_text(errors="replace") for p in stdlib), trainer)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(str(path))
+    return str(path)
+
+
+def us_per_token(tokenizer: str) -> float:
+    """What the tokenizer costs on this corpus's documents, in one process, one document at a time
+    (as omniload's workers call it on a slice's values)."""
+    from omniload.workers.transforms import load_transform
+
+    transform = load_transform(tokenizer)
+    texts = documents(2000, 99, 600)
+    transform(texts[:100])
+    started = time.perf_counter()
+    tokens = sum(len(t) for t in transform(texts))
+    return (time.perf_counter() - started) / tokens * 1e6
+
+
+def upload(store, folders: dict[str, Path]) -> None:
+    """Every file of every source folder at BUCKET/<name>/..., put with 8 threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = store.client()
+    client.create_bucket(Bucket=BUCKET)
+    files = [(f"{name}/{p.relative_to(root).as_posix()}", p) for name, root in folders.items()
+             for p in sorted(root.rglob("*")) if p.is_file()]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda kp: client.put_object(Bucket=BUCKET, Key=kp[0], Body=kp[1].read_bytes()), files))
+
+
+def remote_spec(spec: dict, endpoint: str) -> dict:
+    """The same sources, read from the store through `endpoint`."""
+    sources = [dict(s, path=f"s3://{BUCKET}/{s['name']}/{Path(s['path']).name}", endpoint=endpoint)
+               for s in spec["sources"]]
+    return dict(spec, sources=sources)
+
+
+# ---- peers: their own copy of the documents, uploaded to the same store, read through the proxy
+
+
+def _peer_rank(peer: str, urls: list[str], weights: list[float], spec: dict, rank: int, world: int, steps: int,
+               workers: int, port: int, env: dict, conn) -> None:
+    import torch  # noqa: F401
+
+    from peers import _Packed, _stub_torchvision, rank_environment
+
+    os.environ.update(env)
+    rank_environment(rank, world, port)
+    cache = tempfile.mkdtemp(prefix=f"bench-remote-{peer}-")  # a cold local cache each run
+    conn.send("ready")
+    t0, _, _ = conn.recv()
+    from torch.utils.data import DataLoader
+
+    if peer == "streaming":
+        _stub_torchvision()
+        from streaming import Stream, StreamingDataset
+
+        streams = [Stream(remote=u, local=f"{cache}/{i}") for i, u in enumerate(urls)]
+        dataset = StreamingDataset(streams=streams, shuffle=True, shuffle_seed=0, batch_size=1, replication=None)
+    else:
+        from litdata import CombinedStreamingDataset, StreamingDataset
+        from litdata.streaming.resolver import Dir
+
+        options = {"endpoint_url": env["AWS_ENDPOINT_URL"]}
+        total = sum(weights)
+        dataset = CombinedStreamingDataset(
+            [StreamingDataset(input_dir=Dir(path=f"{cache}/{i}", url=u), shuffle=True, seed=0,
+                              storage_options=options) for i, u in enumerate(urls)],
+            weights=[w / total for w in weights], iterate_over_all=False, seed=0)
+    packed = _Packed(_Tokenized(dataset, spec["sources"][0]["tokenizer"]), spec["rows"], spec["seq_len"])
+    batches = iter(DataLoader(packed, batch_size=None, num_workers=workers, prefetch_factor=2 if workers else None))
+    next(batches)
+    first_batch = time.time()
+    for _ in range(_WARMUP_STEPS):
+        next(batches)
+    first = time.time()
+    tokens = 0
+    for _ in range(steps):
+        tokens += next(batches)["input_ids"].numel()
+    conn.send({"ttfb": first_batch - t0, "seconds": time.time() - first, "tokens": tokens, "bytes": 0})
+
+
+class _Tokenized:
+    """A peer's items, their text replaced by the same transform omniload's workers apply."""
+
+    def __init__(self, inner, tokenizer: str) -> None:  # noqa: ANN001
+        self.inner, self.tokenizer = inner, tokenizer
+
+    def __iter__(self):  # noqa: ANN204
+        from omniload.workers.transforms import load_transform
+
+        transform = load_transform(self.tokenizer)
+        for item in self.inner:
+            yield {"text": transform([item["text"]])[0]}
+
+
+def run_peer(peer: str, urls: list[str], spec: dict, ranks: int, steps: int, workers: int, env: dict) -> dict:
+    """bench_throughput.run's shape, for a peer's ranks."""
+    from peers import clean_streaming_leftovers, free_port
+
+    clean_streaming_leftovers()
+    ctx = multiprocessing.get_context("spawn")
+    weights = [s.get("weight", 1.0) for s in spec["sources"]]
+    port = free_port()
+    pipes, procs = [], []
+    for rank in range(ranks):
+        parent, child = ctx.Pipe()
+        procs.append(ctx.Process(target=_peer_rank, args=(peer, urls, weights, spec, rank, ranks, steps,
+                                                          workers // ranks, port, env, child)))
+        procs[-1].start()
+        pipes.append(parent)
+    for pipe in pipes:
+        assert pipe.recv() == "ready"
+    t0 = time.time()
+    for pipe in pipes:
+        pipe.send((t0, None, None))
+    results = [pipe.recv() for pipe in pipes]
+    for proc in procs:
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+    return {"tokens_per_s": sum(r["tokens"] / r["seconds"] for r in results),
+            "ttfb": max(r["ttfb"] for r in results)}
+
+
+def peer_urls(peer: str, spec: dict, store) -> list[str] | None:
+    """The peer's copy of the sources, converted once (peers.convert) and uploaded; None (and a
+    message) where the peer cannot run here."""
+    from peers import convert, missing
+
+    if (why := missing(peer)) is not None:
+        print(f"skipping {peer}: {why}")
+        return None
+    folders = convert(peer, spec, CACHE / "peers-remote")
+    upload(store, {f"{peer}/{Path(f).name}": Path(f) for f in folders})
+    return [f"s3://{BUCKET}/{peer}/{Path(f).name}" for f in folders]
+
+
+def spread(values: list[float], fmt: str) -> str:
+    return "/".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
+
+
+def main() -> None:
+    from tests.s3_store import CREDENTIALS, FaultyProxy, MotoServer, set_env
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rtts", default="0,20,50,100", help="round trips in ms, comma-separated")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of L R0 L R20 ... L")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes in total")
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per rank, after 50 warm-up steps")
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--sources", type=int, default=4)
+    parser.add_argument("--docs", type=int, default=20000, help="documents per source")
+    parser.add_argument("--tokenizer", default="bpe", help="'bpe' (a real byte-level BPE), 'bytes', or a path")
+    parser.add_argument("--peer-rtts", default="50", help="round trips the peers read at ('' for none)")
+    parser.add_argument("--read-ahead", type=int, default=0, help="bytes per lane; 0: the job's default")
+    args = parser.parse_args()
+
+    tokenizer = bpe_tokenizer() if args.tokenizer == "bpe" else args.tokenizer
+    rtts = [int(r) for r in args.rtts.split(",") if r]
+    peer_rtts = [int(r) for r in args.peer_rtts.split(",") if r]
+    sources = [dict(s, tokenizer=tokenizer) for s in make_sources(args.sources, args.docs)]
+    spec = {"seq_len": args.seq_len, "rows": args.rows, "seed": 0, "epochs": 0, "ring_mb": 1, "sources": sources}
+    if args.read_ahead:
+        spec["read_ahead"] = args.read_ahead
+    set_env(CREDENTIALS)  # the coordinator and its workers inherit them
+    store = MotoServer()
+    proxies = {rtt: FaultyProxy(store.port, delay_s=rtt / 1000) for rtt in sorted(set(rtts + peer_rtts))}
+    try:
+        upload(store, {s["name"]: Path(s["path"]).parent for s in sources})
+        cost = us_per_token(tokenizer)
+        print(f"machine: {os.cpu_count()} cores; {args.ranks} ranks, {args.workers} worker processes, "
+              f"{args.sources} sources x {args.docs} documents, seq_len {args.seq_len} x rows {args.rows}, "
+              f"{args.steps} timed steps per rank; tokenizer {Path(tokenizer).name} ({cost:.2f} us/token here, "
+              f"one process); store: moto on loopback behind a proxy holding each request RTT ms; "
+              f"{args.rounds} rounds of L " + " ".join(f"R{r} L" for r in rtts))
+        local: list[dict] = []
+        remote: dict[int, list[tuple[dict, float]]] = {rtt: [] for rtt in rtts}
+        for round_ in range(args.rounds):
+            order = rtts if round_ % 2 == 0 else rtts[::-1]  # the RTTs swap places each round
+            before = run("omniload", spec, args.ranks, args.steps, args.workers)
+            local.append(before)
+            for rtt in order:
+                ours = run("omniload", remote_spec(spec, proxies[rtt].endpoint), args.ranks, args.steps,
+                           args.workers)
+                after = run("omniload", spec, args.ranks, args.steps, args.workers)
+                local.append(after)
+                ratio = ours["tokens_per_s"] / ((before["tokens_per_s"] + after["tokens_per_s"]) / 2)
+                remote[rtt].append((ours, ratio))
+                print(f"round {round_ + 1}: R{rtt}: {ours['tokens_per_s']:,.0f} tok/s, ttfb {ours['ttfb']:.2f}s; "
+                      f"local beside it {before['tokens_per_s']:,.0f} / {after['tokens_per_s']:,.0f} tok/s; "
+                      f"ratio {ratio:.3f}", flush=True)
+                before = after
+        peers: dict[tuple[str, int], list[dict]] = {}
+        for peer in ("streaming", "litdata") if peer_rtts else ():
+            urls = peer_urls(peer, {k: v for k, v in spec.items() if k != "read_ahead"}, store)
+            for rtt in peer_rtts if urls else ():
+                env = {"S3_ENDPOINT_URL": proxies[rtt].endpoint, "AWS_ENDPOINT_URL": proxies[rtt].endpoint}
+                for _ in range(args.rounds):
+                    try:
+                        got = run_peer(peer, urls, spec, args.ranks, args.steps, args.workers, env)
+                    except Exception as exc:  # a peer that fails on this store is reported, not fatal
+                        print(f"{peer} at {rtt} ms failed: {type(exc).__name__}: {exc}")
+                        break
+                    peers.setdefault((peer, rtt), []).append(got)
+                    print(f"{peer} R{rtt}: {got['tokens_per_s']:,.0f} tok/s, ttfb {got['ttfb']:.2f}s", flush=True)
+
+        print(f"\n{'side':<22}{'runs':>5}{'tokens/s min/median/max':>36}{'ttfb s min/median/max':>26}"
+              f"{'remote/local min/median/max':>30}")
+        rows = [("local disk", local, None)] + [(f"s3, {rtt} ms RTT", [o for o, _ in remote[rtt]],
+                                                 [r for _, r in remote[rtt]]) for rtt in rtts]
+        rows += [(f"{peer}, s3 {rtt} ms", got, None) for (peer, rtt), got in peers.items()]
+        for name, got, ratios in rows:
+            print(f"{name:<22}{len(got):>5}{spread([g['tokens_per_s'] for g in got], ',.0f'):>36}"
+                  f"{spread([g['ttfb'] for g in got], '.2f'):>26}{spread(ratios, '.3f') if ratios else '':>30}")
+        for (peer, rtt), got in peers.items():
+            ours = statistics.median(o["tokens_per_s"] for o, _ in remote.get(rtt, [])) if rtt in remote else None
+            if ours:
+                print(f"omniload at {rtt} ms / {peer} at {rtt} ms (medians): "
+                      f"{ours / statistics.median(g['tokens_per_s'] for g in got):.2f}x")
+    finally:
+        for proxy in proxies.values():
+            proxy.close()
+        store.stop()
+
+
+if __name__ == "__main__":
+    main()
