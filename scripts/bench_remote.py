@@ -32,8 +32,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # the bench helpers, and tests/s3_store
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH")]))
@@ -100,10 +98,16 @@ def remote_spec(spec: dict, endpoint: str) -> dict:
 
 def _peer_rank(peer: str, urls: list[str], weights: list[float], spec: dict, rank: int, world: int, steps: int,
                workers: int, port: int, env: dict, conn) -> None:
+    import sysconfig
+
+    # spawn gives the child the parent's sys.path: add the peer interpreter's own packages after
+    # it, so the peers come from there and torch, numpy and pyarrow stay the project's
+    sys.path.append(sysconfig.get_paths()["purelib"])
     import torch  # noqa: F401
+    from peers import _Packed, _stub_torchvision, clean_streaming_leftovers, rank_environment
 
-    from peers import _Packed, _stub_torchvision, rank_environment
-
+    if rank == 0:
+        clean_streaming_leftovers()
     os.environ.update(env)
     rank_environment(rank, world, port)
     cache = tempfile.mkdtemp(prefix=f"bench-remote-{peer}-")  # a cold local cache each run
@@ -119,7 +123,12 @@ def _peer_rank(peer: str, urls: list[str], weights: list[float], spec: dict, ran
         dataset = StreamingDataset(streams=streams, shuffle=True, shuffle_seed=0, batch_size=1, replication=None)
     else:
         from litdata import CombinedStreamingDataset, StreamingDataset
+        from litdata.streaming import downloader
         from litdata.streaming.resolver import Dir
+
+        # LitData 0.2.76 builds its obstore client without allow_http, so a plain http endpoint
+        # fails ("builder error"); its boto3 path (the one it falls back to) reads it
+        downloader._OBSTORE_AVAILABLE = False
 
         options = {"endpoint_url": env["AWS_ENDPOINT_URL"]}
         total = sum(weights)
@@ -154,12 +163,23 @@ class _Tokenized:
             yield {"text": transform([item["text"]])[0]}
 
 
-def run_peer(peer: str, urls: list[str], spec: dict, ranks: int, steps: int, workers: int, env: dict) -> dict:
-    """bench_throughput.run's shape, for a peer's ranks."""
-    from peers import clean_streaming_leftovers, free_port
+def run_peer(peer: str, urls: list[str], spec: dict, ranks: int, steps: int, workers: int, env: dict,
+             python: str) -> dict:
+    """bench_throughput.run's shape, for a peer's ranks (run by `python`, where the peer is installed)."""
+    from multiprocessing import spawn
 
-    clean_streaming_leftovers()
     ctx = multiprocessing.get_context("spawn")
+    spawn.set_executable(python)
+    try:
+        return _run_peer(ctx, peer, urls, spec, ranks, steps, workers, env)
+    finally:
+        spawn.set_executable(sys.executable)
+
+
+def _run_peer(ctx, peer: str, urls: list[str], spec: dict, ranks: int, steps: int, workers: int,  # noqa: ANN001
+              env: dict) -> dict:
+    from peers import free_port
+
     weights = [s.get("weight", 1.0) for s in spec["sources"]]
     port = free_port()
     pipes, procs = [], []
@@ -183,17 +203,33 @@ def run_peer(peer: str, urls: list[str], spec: dict, ranks: int, steps: int, wor
             "ttfb": max(r["ttfb"] for r in results)}
 
 
-def peer_urls(peer: str, spec: dict, store) -> list[str] | None:
-    """The peer's copy of the sources, converted once (peers.convert) and uploaded; None (and a
-    message) where the peer cannot run here."""
-    from peers import convert, missing
+_CONVERT = """
+import json, sys
+from peers import convert, missing
+peer, spec, cache = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+why = missing(peer)
+print(json.dumps({"why": why, "folders": None if why else convert(peer, spec, __import__("pathlib").Path(cache))}))
+"""
 
-    if (why := missing(peer)) is not None:
-        print(f"skipping {peer}: {why}")
+
+def peer_urls(peer: str, spec: dict, store, python: str) -> list[str] | None:
+    """The peer's copy of the sources, converted once (peers.convert, run by `python`, where
+    the peer is installed) and uploaded; None (and a message) where the peer cannot run."""
+    import json
+    import subprocess
+
+    done = subprocess.run([python, "-c", _CONVERT, peer, json.dumps(spec), str(CACHE / "peers-remote")],
+                          capture_output=True, text=True, env=os.environ)
+    if done.returncode != 0:
+        print(f"skipping {peer}: converting its copy failed: {done.stderr.strip()[-500:]}")
         return None
-    folders = convert(peer, spec, CACHE / "peers-remote")
-    upload(store, {f"{peer}/{Path(f).name}": Path(f) for f in folders})
-    return [f"s3://{BUCKET}/{peer}/{Path(f).name}" for f in folders]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    if answer["why"] is not None:
+        print(f"skipping {peer} ({python}): {answer['why']}")
+        return None
+    folders = [Path(f) for f in answer["folders"]]
+    upload(store, {f"{peer}/{f.name}": f for f in folders})
+    return [f"s3://{BUCKET}/{peer}/{f.name}" for f in folders]
 
 
 def spread(values: list[float], fmt: str) -> str:
@@ -215,6 +251,11 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=20000, help="documents per source")
     parser.add_argument("--tokenizer", default="bpe", help="'bpe' (a real byte-level BPE), 'bytes', or a path")
     parser.add_argument("--peer-rtts", default="50", help="round trips the peers read at ('' for none)")
+    parser.add_argument("--shuffle-window", type=int, default=512,
+                        help="segments; small, so the timed steps read the store rather than drain the first window")
+    parser.add_argument("--peers", default="streaming,litdata")
+    parser.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON", sys.executable),
+                        help="the interpreter that has the peers installed (their ranks run under it)")
     parser.add_argument("--read-ahead", type=int, default=0, help="bytes per lane; 0: the job's default")
     args = parser.parse_args()
 
@@ -222,7 +263,8 @@ def main() -> None:
     rtts = [int(r) for r in args.rtts.split(",") if r]
     peer_rtts = [int(r) for r in args.peer_rtts.split(",") if r]
     sources = [dict(s, tokenizer=tokenizer) for s in make_sources(args.sources, args.docs)]
-    spec = {"seq_len": args.seq_len, "rows": args.rows, "seed": 0, "epochs": 0, "ring_mb": 1, "sources": sources}
+    spec = {"seq_len": args.seq_len, "rows": args.rows, "seed": 0, "epochs": 0, "ring_mb": 1, "sources": sources,
+            "shuffle_window": args.shuffle_window}
     if args.read_ahead:
         spec["read_ahead"] = args.read_ahead
     set_env(CREDENTIALS)  # the coordinator and its workers inherit them
@@ -233,7 +275,8 @@ def main() -> None:
         cost = us_per_token(tokenizer)
         print(f"machine: {os.cpu_count()} cores; {args.ranks} ranks, {args.workers} worker processes, "
               f"{args.sources} sources x {args.docs} documents, seq_len {args.seq_len} x rows {args.rows}, "
-              f"{args.steps} timed steps per rank; tokenizer {Path(tokenizer).name} ({cost:.2f} us/token here, "
+              f"{args.steps} timed steps per rank, shuffle window {args.shuffle_window} segments; "
+              f"tokenizer {Path(tokenizer).name} ({cost:.2f} us/token here, "
               f"one process); store: moto on loopback behind a proxy holding each request RTT ms; "
               f"{args.rounds} rounds of L " + " ".join(f"R{r} L" for r in rtts))
         local: list[dict] = []
@@ -254,13 +297,16 @@ def main() -> None:
                       f"ratio {ratio:.3f}", flush=True)
                 before = after
         peers: dict[tuple[str, int], list[dict]] = {}
-        for peer in ("streaming", "litdata") if peer_rtts else ():
-            urls = peer_urls(peer, {k: v for k, v in spec.items() if k != "read_ahead"}, store)
+        for peer in [p for p in args.peers.split(",") if p] if peer_rtts else ():
+            urls = peer_urls(peer, {k: v for k, v in spec.items() if k != "read_ahead"}, store, args.peer_python)
             for rtt in peer_rtts if urls else ():
-                env = {"S3_ENDPOINT_URL": proxies[rtt].endpoint, "AWS_ENDPOINT_URL": proxies[rtt].endpoint}
+                # AWS_ALLOW_HTTP: LitData's obstore client refuses a plain http endpoint without it
+                env = {"S3_ENDPOINT_URL": proxies[rtt].endpoint, "AWS_ENDPOINT_URL": proxies[rtt].endpoint,
+                       "AWS_ALLOW_HTTP": "true", "LITDATA_ASYNC_CHUNK_PREFETCH": "0"}
                 for _ in range(args.rounds):
                     try:
-                        got = run_peer(peer, urls, spec, args.ranks, args.steps, args.workers, env)
+                        got = run_peer(peer, urls, spec, args.ranks, args.steps, args.workers, env,
+                                       args.peer_python)
                     except Exception as exc:  # a peer that fails on this store is reported, not fatal
                         print(f"{peer} at {rtt} ms failed: {type(exc).__name__}: {exc}")
                         break

@@ -1,0 +1,169 @@
+"""Catalogs at scale: time from launch to the first batch for a source of N small objects in an
+S3 bucket on loopback, without and with the cached catalog, and the coordinator's memory for
+the catalog per object.
+
+The store is moto's server (tests/s3_store.MotoServer). The bucket holds N one-line JSON lines
+objects of about 60 bytes under `data/<folder>/`, `--folders` folders (the catalog lists each
+top folder in its own thread), put with 32 boto3 threads. The source is
+`s3://<bucket>/data/*/*.jsonl`.
+
+- cold: omniload.Job with a fresh --cache-dir, started, and one rank (omniload.connect in this
+  process) pulling its first batch: listing, indexing every object (one GET each) and the first
+  slices. The job keeps its catalog in <cache-dir>/catalogs.
+- cached: the same spec and cache dir again: the catalog is read from there, not listed.
+- memory: tracemalloc around build_catalog(spec) in this process, the result held: the bytes
+  of Python objects the coordinator keeps for the catalog (its indexing child's are not
+  counted: it exits), divided by N; also the catalog file's bytes per object.
+- moto's own rates in the same run, with boto3: a sequential listing (keys/s) and GETs with
+  16 threads (objects/s), to show where the store itself bounds the figures.
+
+    python scripts/bench_catalog.py [--objects 10000,100000] [--rounds 3]
+
+Goals (issue 24): <= 10 s to the first batch from launch, <= 3 s with the cached catalog,
+<= 100 bytes an object.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent)]  # tests/s3_store
+
+_PUT_THREADS = 32
+_GET_THREADS = 16
+_GET_SAMPLE = 2000
+
+
+def fill(store, bucket: str, n: int, folders: int) -> float:
+    """N objects in `bucket`; returns the PUTs per second."""
+    client = store.client()
+    client.create_bucket(Bucket=bucket)
+
+    def put(i: int) -> None:
+        body = f'{{"text": "object {i} of the catalog benchmark, a tiny document"}}\n'.encode()
+        client.put_object(Bucket=bucket, Key=f"data/{i % folders:04d}/{i:08d}.jsonl", Body=body)
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(_PUT_THREADS) as pool:
+        list(pool.map(put, range(n)))
+    return n / (time.perf_counter() - started)
+
+
+def raw_rates(store, bucket: str, n: int) -> tuple[float, float]:
+    """moto's listing rate (keys/s, one sequential listing) and GET rate (objects/s, 16 threads)."""
+    client = store.client()
+    started = time.perf_counter()
+    keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="data/")
+            for o in page.get("Contents", [])]
+    listed = len(keys) / (time.perf_counter() - started)
+    sample = keys[:: max(1, len(keys) // _GET_SAMPLE)][:_GET_SAMPLE]
+    started = time.perf_counter()
+    with ThreadPoolExecutor(_GET_THREADS) as pool:
+        list(pool.map(lambda k: client.get_object(Bucket=bucket, Key=k)["Body"].read(), sample))
+    return listed, len(sample) / (time.perf_counter() - started)
+
+
+def spec_for(store, bucket: str, cache_dir: str) -> dict:
+    return {"sources": [{"name": "tiny", "path": f"s3://{bucket}/data/*/*.jsonl", "endpoint": store.endpoint}],
+            "seq_len": 256, "rows": 4, "seed": 0, "epochs": 1, "workers": 2, "cache_dir": cache_dir}
+
+
+def first_batch_s(spec: dict) -> float:
+    """Seconds from launching the job to one rank's first batch."""
+    import omniload
+
+    started = time.perf_counter()
+    with omniload.Job(spec) as job:
+        loader = omniload.connect(job.addr, job.token, rank=0, world_size=1)
+        next(iter(loader))
+        seconds = time.perf_counter() - started
+        loader.close()
+    return seconds
+
+
+def catalog_bytes(spec: dict) -> int:
+    """Bytes of Python objects the catalog holds in this process (tracemalloc, the result held)."""
+    from omniload.coordinator.pool.catalog import build_catalog
+    from omniload.coordinator.pool.worker_pool import stop_helpers
+    from omniload.spec import Spec
+
+    parsed = Spec.from_dict(spec)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    catalog = build_catalog(parsed)
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    stop_helpers()
+    del catalog
+    return held
+
+
+def spread(values: list[float], fmt: str) -> str:
+    return "/".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
+
+
+def main() -> None:
+    from tests.s3_store import CREDENTIALS, MotoServer, set_env
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--objects", default="10000,100000", help="bucket sizes, comma-separated")
+    parser.add_argument("--folders", type=int, default=100, help="top folders the objects are spread over")
+    parser.add_argument("--rounds", type=int, default=3, help="cold and cached launches per size")
+    parser.add_argument("--cold-rounds", type=int, default=0, help="cold launches per size (0: --rounds)")
+    args = parser.parse_args()
+
+    set_env(CREDENTIALS)
+    store = MotoServer()
+    print(f"machine: {os.cpu_count()} cores; store: moto {__import__('moto').__version__} on loopback; "
+          f"{args.folders} folders; {args.rounds} cached launches per size, "
+          f"{args.cold_rounds or args.rounds} cold")
+    rows = []
+    try:
+        for n in [int(x) for x in args.objects.split(",") if x]:
+            bucket = f"catalog-{n}"
+            puts = fill(store, bucket, n, args.folders)
+            listed, gets = raw_rates(store, bucket, n)
+            print(f"N={n:,}: moto PUT {puts:,.0f}/s (32 threads), LIST {listed:,.0f} keys/s (one listing), "
+                  f"GET {gets:,.0f}/s (16 threads)", flush=True)
+            cold, cached = [], []
+            catalog_file = 0
+            for round_ in range(max(args.rounds, args.cold_rounds or args.rounds)):
+                with tempfile.TemporaryDirectory(prefix="bench-catalog-") as cache:
+                    spec = spec_for(store, bucket, cache)
+                    if round_ < (args.cold_rounds or args.rounds):
+                        cold.append(first_batch_s(spec))
+                        print(f"  cold launch: {cold[-1]:.2f} s", flush=True)
+                    else:
+                        first_batch_s(spec)  # only to write the catalog
+                    catalog_file = sum(p.stat().st_size for p in Path(cache, "catalogs").glob("catalog-*.json"))
+                    if round_ < args.rounds:
+                        cached.append(first_batch_s(spec))
+                        print(f"  cached launch: {cached[-1]:.2f} s", flush=True)
+            with tempfile.TemporaryDirectory(prefix="bench-catalog-") as cache:
+                held = catalog_bytes(spec_for(store, bucket, cache))
+            rows.append((n, cold, cached, held / n, catalog_file / n, listed, gets))
+            print(f"  catalog in memory: {held / n:.0f} B/object; catalog file {catalog_file / n:.0f} B/object",
+                  flush=True)
+    finally:
+        store.stop()
+    print(f"\n{'objects':>9}{'cold s min/med/max':>22}{'cached s min/med/max':>24}{'B/object':>10}"
+          f"{'file B/obj':>12}{'moto LIST/s':>13}{'moto GET/s':>12}")
+    for n, cold, cached, per_object, file_per_object, listed, gets in rows:
+        print(f"{n:>9,}{spread(cold, '.2f'):>22}{spread(cached, '.2f'):>24}{per_object:>10.0f}"
+              f"{file_per_object:>12.0f}{listed:>13,.0f}{gets:>12,.0f}")
+    print("goals: <= 10 s cold, <= 3 s cached, <= 100 B/object")
+
+
+if __name__ == "__main__":
+    main()
