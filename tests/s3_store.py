@@ -107,15 +107,18 @@ class FaultyProxy:
         except OSError:
             client.close()
             return
-        threading.Thread(target=self._pipe, args=(client, upstream, True, False), daemon=True).start()
-        self._pipe(upstream, client, False, cut)
+        answered = [True]  # a response went back since the last request bytes: the next ones start a request
+        threading.Thread(target=self._pipe, args=(client, upstream, answered, False), daemon=True).start()
+        self._pipe(upstream, client, answered, cut, request=False)
 
-    def _pipe(self, source: socket.socket, sink: socket.socket, request: bool, cut: bool) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket, answered: list[bool], cut: bool,
+              request: bool = True) -> None:
         sent = 0
         try:
             while data := source.recv(65536):
-                if request and self.delay_s:  # each request waits a round trip before the store sees it
+                if request and answered[0] and self.delay_s:  # a request waits a round trip, once, not per chunk
                     time.sleep(self.delay_s)
+                answered[0] = not request
                 if cut and sent + len(data) > self.cut_after:
                     sink.sendall(data[: max(0, self.cut_after - sent)])
                     with self._lock:

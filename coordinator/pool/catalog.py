@@ -177,11 +177,14 @@ def _cached_catalog(spec: Spec) -> tuple[Path, list[list[tuple[str, str, list[Sh
     for path in _catalog_paths(spec):
         try:
             data = orjson.loads(path.read_bytes())
-        except (OSError, orjson.JSONDecodeError):
+            fields = data["fields"]
+            return path, [[(f, fmt, shards if isinstance(shards, str) else [Shard(**dict(zip(fields, s)))
+                                                                            for s in shards])
+                           for f, fmt, shards in source] for source in data["sources"]]
+        except FileNotFoundError:
             continue
-        fields = data["fields"]
-        return path, [[(f, fmt, shards if isinstance(shards, str) else [Shard(**dict(zip(fields, s))) for s in shards])
-                       for f, fmt, shards in source] for source in data["sources"]]
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:  # damaged, or another version's
+            log.warning("ignoring the catalog at %s (%s): listing the store again", path, exc)
     return None
 
 

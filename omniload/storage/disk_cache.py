@@ -5,7 +5,8 @@ block of an object that changed is never found. Files are written whole to a tem
 and renamed: a reader sees a block complete or not at all, with any number of workers and of
 jobs on one node. A hit touches the file's mtime; the process that takes the total past the
 limit evicts, under an flock on `.lock`, the least recently used files down to 90% of it. The
-total is kept in `.usage` (under the same lock) so no process walks the folder per write.
+total is kept in `.usage` (under the same lock) so no process walks the folder per write; while
+others write, the cache may pass the limit by the blocks being written (one a writer).
 """
 from __future__ import annotations
 

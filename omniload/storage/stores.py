@@ -71,8 +71,12 @@ def _make(url: ObjectUrl, options: StoreOptions) -> pafs.FileSystem:
             kwargs.update(endpoint_override=host, scheme=scheme, force_virtual_addressing=False)
         return pafs.S3FileSystem(**kwargs)
     if url.store == "gcs":
-        kwargs = dict(anonymous=options.anonymous, retry_time_limit=timedelta(seconds=REQUEST_S))
-        endpoint = options.endpoint or os.environ.get("STORAGE_EMULATOR_HOST")
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+        # an emulator takes no credentials (as Google's own clients treat STORAGE_EMULATOR_HOST)
+        anonymous = options.anonymous or bool(emulator and not options.endpoint
+                                              and not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"))
+        kwargs = dict(anonymous=anonymous, retry_time_limit=timedelta(seconds=REQUEST_S))
+        endpoint = options.endpoint or emulator
         if endpoint:
             scheme, host = _split_endpoint(endpoint if "://" in endpoint else f"http://{endpoint}")
             kwargs.update(endpoint_override=host, scheme=scheme)

@@ -1,0 +1,41 @@
+"""--cache-dir: blocks on local disk, least recently used first out, shared by processes."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+
+from omniload.storage.disk_cache import DiskCache
+
+
+def test_blocks_past_the_limit_go_least_recently_used_first(tmp_path):
+    cache = DiskCache(tmp_path, limit=12_500)
+    for i in range(4):
+        cache.put(f"aa{i}", bytes([i]) * 3000)
+        time.sleep(0.01)  # distinct mtimes
+    os.utime(cache._path("aa0"))  # a hit (get touches it) makes the oldest the newest
+    assert cache.get("aa0") == bytes([0]) * 3000
+    cache.put("aa4", b"x" * 3000)  # 15,000 > 12,500: evict down to 90% of the limit
+    kept = {k for k in ("aa0", "aa1", "aa2", "aa3", "aa4") if cache.get(k) is not None}
+    assert kept == {"aa0", "aa3", "aa4"} and cache.total() <= 11_250
+
+
+def _writer(folder: str, worker: int) -> None:
+    cache = DiskCache(folder, limit=200_000)
+    for i in range(60):
+        cache.put(f"k{i % 20:02d}-{worker % 2}", bytes([i % 20]) * 5000)
+        data = cache.get(f"k{(i * 7) % 20:02d}-{(worker + 1) % 2}")
+        assert data is None or data == bytes([(i * 7) % 20]) * 5000, "a reader saw a torn block"
+
+
+def test_processes_sharing_a_cache_never_see_a_partial_block_and_stay_under_the_limit(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    workers = [ctx.Process(target=_writer, args=(str(tmp_path), w)) for w in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+        assert w.exitcode == 0
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "blocks").rglob("k*") if p.is_file())
+    assert on_disk <= 200_000 + 4 * 5000, "over the limit by more than one block a writer"
+    assert not list((tmp_path / "blocks").rglob(".tmp-*")), "no temporary file left"
