@@ -30,10 +30,10 @@ from omniload.state import STATE_VERSION
 from omniload.coordinator.plan.cost import cost_function
 from omniload.coordinator.pool.intake import Doc, SourceIntake
 from omniload.coordinator.plan.mixture import advance, join, next_source
-from omniload.coordinator.plan.packer import Segment, compact_batch, doc_key
+from omniload.coordinator.plan.packer import DocKey, Segment, compact_batch, doc_key
 from omniload.coordinator.plan.step_plan import StepPlan, plan_step
 from omniload.coordinator.plan.schedule import in_force, weights_at
-from omniload.coordinator.plan.window import Block, DocKey, Unit, block_tokens_for, make_block, restore_block, units_of
+from omniload.coordinator.plan.window import Block, Unit, block_tokens_for, make_block, restore_block, units_of
 
 _POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
 _BREATHE_S = 0.002  # the longest a step computes between two chances for others to run
