@@ -31,7 +31,6 @@ class BroadcastLoader:
             raise ConfigError("broadcast_at='tp' needs torch.distributed initialized "
                               "(dist.init_process_group) before omniload.connect()")
         self._args = (addr, token, rank, world_size, prefetch)
-        self._placement = {"pin_memory": pin_memory, "device": device}
         self.pin_memory, self.device = pin_memory, device
         # Batches are CPU tensors unless device= puts them on a GPU, and an NCCL group cannot
         # carry CPU tensors ("No backend type associated with device type cpu"): such batches
@@ -55,7 +54,7 @@ class BroadcastLoader:
     def _setup(self) -> None:
         """Rank 0 learns the layout; every rank makes every tp group; leaders connect."""
         addr, token, rank, world_size, prefetch = self._args
-        own = Loader(*self._args, **self._placement) if rank == 0 else None
+        own = Loader(*self._args, pin_memory=self.pin_memory, device=self.device) if rank == 0 else None
         if own and self._resume is not None:
             own.load_state_dict(self._resume)
         box: list[Any] = [own.info if own else None]
@@ -70,7 +69,7 @@ class BroadcastLoader:
         members = tuple(layout.group(rank, "tp"))
         self._group, self._leader = groups[members], members[0]
         if own is None and rank == self._leader:
-            own = Loader(*self._args, **self._placement)
+            own = Loader(*self._args, pin_memory=self.pin_memory, device=self.device)
             if self._resume is not None:
                 own.load_state_dict(self._resume)
         self._loader = own
@@ -84,10 +83,10 @@ class BroadcastLoader:
         if self._group is None:
             self._setup()
         started = time.perf_counter()
-        batch, header = self._receive() if self._loader else ({}, None)
-        box = [header]
+        batch, own_header = self._receive(self._loader) if self._loader else ({}, None)
+        box: list[Any] = [own_header]
         dist.broadcast_object_list(box, src=self._leader, group=self._group)
-        header = box[0]
+        header: dict[str, Any] = box[0]
         if header.get("end") or header.get("error"):
             self._done = True
             if header.get("error"):
@@ -103,15 +102,15 @@ class BroadcastLoader:
         self.step, self.meta = header["step"], header["meta"]
         return batch
 
-    def _receive(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def _receive(self, loader: Loader) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         try:
-            batch = next(self._loader)
+            batch = next(loader)
         except StopIteration:
             return {}, {"end": True}
         except OmniloadError as exc:
             return {}, {"error": str(exc)}
         tensors = [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in batch.items()]
-        return batch, {"step": self._loader.step, "meta": self._loader.meta, "tensors": tensors}
+        return batch, {"step": loader.step, "meta": loader.meta, "tensors": tensors}
 
     def state_dict(self, *, step: int | None = None) -> dict[str, str]:
         """The loader position after the last batch (global: the same on every rank); with
@@ -120,13 +119,13 @@ class BroadcastLoader:
             raise TypeError(f"step must be an int, got {step!r}")  # before the collective: every rank raises
         if self._group is None:
             self._setup()
-        answer = None
+        answer: tuple[str, Any] | None = None
         if self._loader:
             try:
                 answer = ("state", self._loader.state_dict(step=step))
             except OmniloadError as exc:  # raised on every rank, not only the leader
                 answer = ("error", str(exc))
-        box = [answer]
+        box: list[Any] = [answer]
         dist.broadcast_object_list(box, src=self._leader, group=self._group)
         kind, value = box[0]
         if kind == "error":

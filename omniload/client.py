@@ -26,12 +26,15 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from omniload.errors import ConfigError, OmniloadError, ProtocolError
 from omniload.protocol import PREFIX, Kind, Message, encode, parse_header, parse_prefix
+
+if TYPE_CHECKING:
+    from omniload.broadcast import BroadcastLoader  # imported when used: it needs torch.distributed
 
 _CONNECT_S = 30.0
 _FAILOVER_S = 120.0  # how long a rank looks for a coordinator to go on with (a standby taking over)
@@ -49,7 +52,7 @@ KEPT_POSITIONS = 16  # positions (after the last steps handed out) that position
 
 def connect(addr: str | None = None, token: str | None = None, *, rank: int | None = None,
             world_size: int | None = None, prefetch: int = 4, broadcast_at: str | None = None,
-            pin_memory: bool = False, device: str | torch.device | None = None) -> Loader:
+            pin_memory: bool = False, device: str | torch.device | None = None) -> Loader | BroadcastLoader:
     """Connect this rank to its job's coordinator.
 
     Defaults come from the environment that `omniload launch` and torchrun set:
@@ -144,6 +147,7 @@ class Loader:
         """The coordinator's WELCOME: job id, fingerprint, dp, seq_len, rows, sources, layout."""
         if self._info is None:
             self._handshake()
+        assert self._info is not None  # the handshake sets it, or raises
         return self._info
 
     def state_dict(self, *, step: int | None = None) -> dict[str, str]:
@@ -180,6 +184,12 @@ class Loader:
         if position is not None:
             self._positions.append((position["step"] - 1, position))
 
+    def _connected(self) -> socket.socket:
+        """The connection to the coordinator: set from a handshake until a failover or close."""
+        if self._sock is None:
+            raise ConnectionError(f"rank {self.rank}: not connected to the coordinator")
+        return self._sock
+
     def _handshake(self) -> None:
         if len(self.addrs) > 1:
             self._connect_any()
@@ -214,7 +224,7 @@ class Loader:
         not handed out are dropped: the next coordinator sends them again, identical)."""
         print(f"omniload: rank {self.rank}: lost the coordinator at {self.addr} ({cause}); going on after step "
               f"{self.step} with another of {','.join(self.addrs)}", file=sys.stderr)
-        self._sock.close()
+        self._connected().close()
         self._sock = None
         atexit.unregister(self._at_exit)
         self._thread.join(_CLOSE_S)
@@ -302,7 +312,7 @@ class Loader:
         self.meta = {k: v for k, v in header.items() if k not in ("tensors", "state", "compact")}
         try:
             # the time spent waiting so far rides along: `omniload status` shows each rank's wait %
-            self._sock.sendall(encode(Message(Kind.ACK, {"step": self.step, "wait": round(self.wait_seconds, 3)})))
+            self._connected().sendall(encode(Message(Kind.ACK, {"step": self.step, "wait": round(self.wait_seconds, 3)})))
         except OSError:
             pass  # the connection is lost: the receive thread says why at the next batch
         return batch
@@ -398,7 +408,7 @@ class Loader:
         except RuntimeError as exc:
             raise _ReceiveFailed(f"rank {self.rank}: cannot allocate {size} bytes of page-locked memory for a "
                                  f"batch (pin_memory=True): {exc}") from exc
-        self._receive_into(memoryview(buffer.numpy()))
+        self._receive_into(buffer.numpy().data)  # ndarray.data: memoryview(array)
         return buffer
 
     def _receive_exactly(self, size: int) -> bytearray:
@@ -407,8 +417,9 @@ class Loader:
         return buffer
 
     def _receive_into(self, view: memoryview) -> None:
+        sock = self._connected()
         while view:
-            got = self._sock.recv_into(view)
+            got = sock.recv_into(view)
             if not got:
                 raise ConnectionError("the coordinator closed the connection")
             view = view[got:]

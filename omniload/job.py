@@ -41,7 +41,7 @@ class Job:
                               "and delta log); give --checkpoint-dir, or --standby 0")
         self.standby = standby
         self.addrs: list[str] = []  # the primary's, then each standby's: what OMNILOAD_ADDR lists
-        self.coordinators: list[subprocess.Popen] = []  # by address; a killed one is replaced by a standby
+        self.coordinators: list[subprocess.Popen[bytes]] = []  # by address; a killed one is replaced by a standby
         self._job_ids: list[str] = []  # every coordinator's (shared-memory names), replaced ones too
         self.token = token or secrets.token_hex(16)
         self.job_id = secrets.token_hex(4)
@@ -49,29 +49,28 @@ class Job:
         self.metrics_addr: str | None = None  # HOST:PORT of /metrics, with metrics_port set
         self._host, self._port = host, port
         self._startup_timeout = startup_timeout
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=50)
 
     def start(self) -> Job:
         """Start the coordinator and wait until ranks can connect; raises ConfigError for bad input."""
-        self._process = subprocess.Popen(
+        process = self._process = subprocess.Popen(
             [sys.executable, "-m", "omniload.coordinator", "--host", self._host, "--port", str(self._port),
              "--job-id", self.job_id],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env={**os.environ, "OMNILOAD_TOKEN": self.token}, start_new_session=True)
         threading.Thread(target=self._relay_stderr, daemon=True).start()
-        self._process.stdin.write(json.dumps(self.spec.to_dict()).encode())
-        self._process.stdin.close()
+        self._send_spec(process)
         ready = json.loads(self._read_ready_line())
         self.addr, self.metrics_addr = ready["addr"], ready.get("metrics")
-        self.addrs, self.coordinators, self._job_ids = [self.addr], [self._process], [self.job_id]
+        self.addrs, self.coordinators, self._job_ids = [ready["addr"]], [process], [self.job_id]
         for _ in range(self.standby):
             process, addr = self._start_standby(0)
             self.addrs.append(addr)
             self.coordinators.append(process)
         return self
 
-    def _start_standby(self, port: int) -> tuple[subprocess.Popen, str]:
+    def _start_standby(self, port: int) -> tuple[subprocess.Popen[bytes], str]:
         """A standby coordinator (it follows the primary's lease; serves after taking over) and its address."""
         job_id = secrets.token_hex(4)
         process = subprocess.Popen(
@@ -81,9 +80,26 @@ class Job:
             env={**os.environ, "OMNILOAD_TOKEN": self.token}, start_new_session=True)
         self._job_ids.append(job_id)
         threading.Thread(target=self._relay_stderr, args=(process,), daemon=True).start()
+        self._send_spec(process)
+        addr: str = json.loads(self._read_ready_line(process))["addr"]
+        return process, addr
+
+    def _send_spec(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdin is not None  # started with stdin=PIPE
         process.stdin.write(json.dumps(self.spec.to_dict()).encode())
         process.stdin.close()
-        return process, json.loads(self._read_ready_line(process))["addr"]
+
+    def _started(self, process: subprocess.Popen[bytes] | None = None) -> subprocess.Popen[bytes]:
+        """`process`, else the primary coordinator; raises OmniloadError before start()."""
+        process = process or self._process
+        if process is None:
+            raise OmniloadError("the job has not been started: call start() first (or use it in a with block)")
+        return process
+
+    def _started_addr(self) -> str:
+        if self.addr is None:
+            raise OmniloadError("the job has not been started: call start() first (or use it in a with block)")
+        return self.addr
 
     def _replace_lost(self) -> int | None:
         """Replace each coordinator that was killed or fenced by a standby at its address; the
@@ -106,6 +122,8 @@ class Job:
     def _primary_addr(self) -> str | None:
         from omniload.coordinator.ha.lease import read_lease  # not a rank's import
 
+        if self.spec.checkpoint_dir is None:  # never with standbys (__init__ checks)
+            return None
         held = read_lease(self.spec.checkpoint_dir)
         return held.addr if held is not None and held.addr in self.addrs else None
 
@@ -118,13 +136,13 @@ class Job:
         """Change the mixture while the job runs; returns the step the change takes effect at."""
         from omniload.control import set_weights
 
-        return set_weights(self.addr, self.token, weights)
+        return set_weights(self._started_addr(), self.token, weights)
 
     def status(self) -> dict[str, Any]:
         """The running job's figures: per source, per rank and for the planner (as `omniload status --json`)."""
         from omniload.control import job_status
 
-        return job_status(self.addr, self.token)
+        return job_status(self._started_addr(), self.token)
 
     def log_tail(self) -> list[str]:
         """The coordinator's last lines of log (it also relays them to this process's stderr)."""
@@ -137,7 +155,7 @@ class Job:
         return self._process.poll() if self._process else None
 
     def wait(self, timeout: float | None = None) -> int:
-        return self._process.wait(timeout)
+        return self._started().wait(timeout)
 
     def stop(self) -> int:
         """Shut the coordinator down (SIGTERM, then SIGKILL) and clean up after it."""
@@ -160,8 +178,9 @@ class Job:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _read_ready_line(self, process: subprocess.Popen | None = None) -> str:
-        process = process or self._process
+    def _read_ready_line(self, process: subprocess.Popen[bytes] | None = None) -> str:
+        process = self._started(process)
+        assert process.stdout is not None  # started with stdout=PIPE
         selector = selectors.DefaultSelector()
         selector.register(process.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + self._startup_timeout
@@ -192,8 +211,10 @@ class Job:
         rest = [line for line in rest if not line.startswith("omniload: ")]
         return "\n".join([first.removeprefix("omniload: error: "), *rest])
 
-    def _relay_stderr(self, process: subprocess.Popen | None = None) -> None:
-        for raw in (process or self._process).stderr:
+    def _relay_stderr(self, process: subprocess.Popen[bytes] | None = None) -> None:
+        stderr = self._started(process).stderr
+        assert stderr is not None  # started with stderr=PIPE
+        for raw in stderr:
             line = raw.decode(errors="replace")
             self._stderr_tail.append(line.rstrip())
             sys.stderr.write(line)

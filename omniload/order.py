@@ -19,13 +19,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, overload
 
 import numpy as np
+from numpy.typing import NDArray
 
 # sample_id = source << 52 | ordinal << 12 | chunk: stable across runs, unique within an epoch.
 SOURCE_BITS, ORDINAL_BITS, CHUNK_BITS = 11, 40, 12
 MAX_ORDINAL = 1 << ORDINAL_BITS
 MAX_CHUNKS = 1 << CHUNK_BITS
+
+_Rows = NDArray[np.integer[Any]]  # file row numbers
 
 
 def shard_permutation(num_shards: int, seed: int, source: int, epoch: int) -> np.ndarray:
@@ -50,7 +54,12 @@ class Slicing:
     def count(self) -> int:
         return 1 if self.size <= 0 or self.size >= self.rows else -(-self.rows // self.size)
 
-    def locate(self, row: int | np.ndarray) -> tuple[int | np.ndarray, int | np.ndarray]:
+    @overload
+    def locate(self, row: int) -> tuple[int, int]: ...
+    @overload
+    def locate(self, row: _Rows) -> tuple[_Rows, _Rows]: ...
+
+    def locate(self, row: int | _Rows) -> tuple[int | _Rows, int | _Rows]:
         """(slice, index within that slice) of file row `row`, or of each row of an array."""
         count = self.count
         if self.strided or count == 1:

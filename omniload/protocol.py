@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -51,19 +51,22 @@ class Kind(enum.IntEnum):
     ROUTE = 11  # relay <-> coordinator: a piece of one local rank's stream (omniload.route)
 
 
+Payload = bytes | bytearray | memoryview  # sent as is: a big payload is never copied into the frame
+
+
 @dataclass(slots=True)
 class Message:
     kind: Kind
     header: dict[str, Any] = field(default_factory=dict)
-    payload: bytes | bytearray | memoryview = b""
+    payload: Payload = b""
 
 
-def encode_parts(kind: Kind, header: dict[str, Any], payload: bytes | memoryview = b"") -> tuple[bytes, bytes | memoryview]:
+def encode_parts(kind: Kind, header: dict[str, Any], payload: Payload = b"") -> tuple[bytes, Payload]:
     """Prefix+header as one bytes object and the payload untouched, so big payloads are not copied."""
     return encode_raw(kind, orjson.dumps(header), payload)
 
 
-def encode_raw(kind: Kind, head: bytes, payload: bytes | memoryview = b"") -> tuple[bytes, bytes | memoryview]:
+def encode_raw(kind: Kind, head: bytes, payload: Payload = b"") -> tuple[bytes, Payload]:
     """Like encode_parts, with the header already encoded as a JSON object."""
     return PREFIX.pack(MAGIC, VERSION, kind, len(head), len(payload)) + head, payload
 
@@ -151,7 +154,7 @@ def read_hello(message: Message) -> Hello:
     if role != "rank":
         return Hello(token, role)
     rank, world, credits = header.get("rank"), header.get("world_size"), header.get("credits", 1)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (rank, world, credits)):
+    if not (_is_int(rank) and _is_int(world) and _is_int(credits)):
         raise ProtocolError(f"HELLO: rank, world_size and credits must be integers, got {rank!r}, {world!r}, "
                             f"{credits!r}")
     if not 0 <= rank < world:
@@ -160,6 +163,10 @@ def read_hello(message: Message) -> Hello:
     if resume is not None and not isinstance(resume, dict):
         raise ProtocolError("HELLO: resume must be a loader state (a mapping)")
     return Hello(token, role, rank, world, max(1, credits), resume)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def read_wait(message: Message) -> float | None:

@@ -110,7 +110,10 @@ class Phase:
 
     @property
     def until(self) -> int:
-        return self.until_step if self.until_step is not None else self.until_tokens
+        if self.until_step is not None:
+            return self.until_step
+        assert self.until_tokens is not None  # __post_init__: exactly one of the two is set
+        return self.until_tokens
 
 
 @dataclass(**_FROZEN)
@@ -289,7 +292,7 @@ class Spec:
         sources = [parse_source(s, where) for s in raw_sources]
         if "mixture" in data:
             data["mixture"] = tuple(parse_phase(p, where) for p in data["mixture"] or ())
-        return cls(sources=sources, **{k: _coerce(cls, k, v, where) for k, v in data.items()})
+        return cls(sources=tuple(sources), **{k: _coerce(cls, k, v, where) for k, v in data.items()})
 
 
 # Fields that change how the job runs, never which batches it yields (steps only says where

@@ -5,6 +5,7 @@ text out.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 _RANKS_SHOWN = 16  # the slowest ranks; a job of thousands gets a summary line for the rest
@@ -80,6 +81,6 @@ def _si(value: float) -> str:
     return f"{value:.0f}"
 
 
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else 0.0
+def _mean(values: Iterable[float]) -> float:
+    listed = list(values)
+    return sum(listed) / len(listed) if listed else 0.0

@@ -29,7 +29,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -80,7 +80,7 @@ class CheckpointWriter:
         self._closing = False
         self._failed = False
         self._wake = threading.Condition()
-        self._log = None
+        self._log: BinaryIO | None = None
         self._thread = threading.Thread(target=self._run, name="omniload-checkpoint", daemon=True)
         self._thread.start()
 
@@ -271,7 +271,8 @@ def _read_snapshot(path: Path) -> tuple[dict[str, Any], int, dict[str, Any]] | N
 
 def _read_log(folder: Path, base: int) -> tuple[int, list]:
     """The last consumed step the records after step `base` reach, and their live changes."""
-    step, live = base, []
+    step = base
+    live: list[Any] = []
     for path in sorted(folder.glob(f"{_DELTAS}*.log")):
         if _step_of(path, _DELTAS) < base:
             continue

@@ -65,13 +65,15 @@ class Follower:
         ended = leases.ended_code(self.folder, lease.epoch) if lease is not None else None
         decision, self._watch = leases.judge(self._watch, lease, time.monotonic(), job=self.job,
                                              holder_alive=alive, ended=ended)
-        if decision == leases.ENDED:
-            log.info("standby: the primary of epoch %d ended the job (code %d); exiting", lease.epoch, ended)
-            return Turn(code=ended)
         if decision == leases.WAIT and not self._warned and time.monotonic() - self._started > _NO_PRIMARY_WARN_S:
             self._warned = True
             log.warning("standby at %s: no primary of this job holds a lease in %s yet; is it running with the "
                         "same --checkpoint-dir and OMNILOAD_TOKEN?", self.addr, self.folder)
+        if lease is None:  # judge waits while there is no lease
+            return None
+        if decision == leases.ENDED:
+            log.info("standby: the primary of epoch %d ended the job (code %d); exiting", lease.epoch, ended)
+            return Turn(code=ended)
         if decision == leases.FOLLOW and self._following != lease.epoch:
             self._following = lease.epoch
             log.info("standby at %s: following the primary of epoch %d (pid %d on %s, %s)", self.addr, lease.epoch,

@@ -127,7 +127,7 @@ class Figures:
         millisecond), and the rings' read-ahead (their spans, shared by coordinator and workers)."""
         workers = 0
         for worker in self._pool.workers:
-            process = self._processes.get(worker.pid) if worker is not None else None
+            process = self._processes.get(worker.pid) if worker is not None and worker.pid is not None else None
             try:
                 workers += process.memory_info().rss if process is not None else 0
             except psutil.Error:  # it just exited

@@ -113,7 +113,10 @@ def _snapshot_for(folder: Path, step: int) -> tuple[int | None, tuple[dict, int,
     kept = snapshot_steps(folder) if folder.is_dir() else []
     if not kept:
         raise ConfigError(f"{folder} holds no snapshot: give the --checkpoint-dir of a job")
-    consumed = last_position(folder).step
+    last = last_position(folder)
+    if last is None:
+        raise ConfigError(f"{folder} holds no snapshot that reads cleanly: give the --checkpoint-dir of a job")
+    consumed = last.step
     if step < consumed:
         for base in reversed([s for s in kept if s <= step]):
             loaded = read_snapshot(folder, base)

@@ -16,21 +16,27 @@ The lower bound on the most expensive rank is max(mean rank cost, largest single
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 _MAX_REFINE = 4096
 _RETRY_ROUNDS = 4
 
+Ints = NDArray[np.int64]  # segment indices, lengths, ranks, rows, free tokens per row
+Floats = NDArray[np.float64]  # costs
+Mask = NDArray[np.bool_]
+
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
-    rank: np.ndarray  # per segment: data-parallel rank, or -1 (carried)
-    row: np.ndarray  # per segment: row within the rank, or -1
-    cost: np.ndarray  # per rank: total cost
+    rank: Ints  # per segment: data-parallel rank, or -1 (carried)
+    row: Ints  # per segment: row within the rank, or -1
+    cost: Floats  # per rank: total cost
 
-    def figures(self, costs: np.ndarray) -> dict[str, float]:
+    def figures(self, costs: Floats) -> dict[str, float]:
         placed = costs[self.rank >= 0]
         mean = float(self.cost.mean()) if len(self.cost) else 0.0
         bound = max(mean, float(placed.max()) if len(placed) else 0.0)
@@ -39,8 +45,8 @@ class Assignment:
                 "imbalance": worst / mean if mean else 1.0, "to_bound": worst / bound if bound else 1.0}
 
 
-def assign(lengths: np.ndarray, costs: np.ndarray, carried: int, dp: int, rows: int, seq_len: int,
-           groups: list[np.ndarray] = (), may_wait: np.ndarray | None = None) -> Assignment:
+def assign(lengths: Ints, costs: Floats, carried: int, dp: int, rows: int, seq_len: int,
+           groups: Sequence[Ints] = (), may_wait: Mask | None = None) -> Assignment:
     """Place segments; the first `carried` of them were carried over and go first.
 
     `groups`: segments that must share one rank, each in a whole row of its own, in order
@@ -64,7 +70,8 @@ def assign(lengths: np.ndarray, costs: np.ndarray, carried: int, dp: int, rows: 
     return Assignment(rank_of, row_of, rank_cost)
 
 
-def _place_group(group, costs, rank_of, row_of, free, rank_cost, seq_len) -> None:
+def _place_group(group: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints, rank_cost: Floats,
+                 seq_len: int) -> None:
     """All of `group` into whole free rows of the cheapest rank that has enough; else carried."""
     whole = (free == seq_len).sum(axis=1)
     candidates = np.flatnonzero(whole >= len(group))
@@ -78,7 +85,8 @@ def _place_group(group, costs, rank_of, row_of, free, rank_cost, seq_len) -> Non
     rank_cost[r] += costs[group].sum()
 
 
-def _greedy(order, lengths, costs, rank_of, row_of, free, rank_cost, limit, may_wait) -> None:
+def _greedy(order: Ints, lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints, rank_cost: Floats,
+            limit: float, may_wait: Mask | None) -> None:
     """LPT in rounds: the next `dp` segments by cost go to the ranks by cost, most expensive
     segment to the cheapest rank, each into its best-fitting row; vectorized per round.
     Segments that do not fit their rank try again, a few times, with the cheapest ranks that
@@ -102,7 +110,8 @@ def _greedy(order, lengths, costs, rank_of, row_of, free, rank_cost, limit, may_
             _place_anywhere(items, lengths, costs, rank_of, row_of, free, rank_cost)
 
 
-def _fill_rows(order, lengths, costs, rank_of, row_of, free, rank_cost, limit, may_wait) -> None:
+def _fill_rows(order: Ints, lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints,
+               rank_cost: Floats, limit: float, may_wait: Mask | None) -> None:
     """_greedy's result for one rank (each segment into its best-fitting row, in order), in
     plain Python: rounds of one segment would cost a dozen numpy calls each, which made this
     a third of a dp=1 coordinator's CPU."""
@@ -124,7 +133,8 @@ def _fill_rows(order, lengths, costs, rank_of, row_of, free, rank_cost, limit, m
     rank_cost[0] = cost
 
 
-def _place_round(items, ranks, lengths, costs, rank_of, row_of, free, rank_cost) -> np.ndarray:
+def _place_round(items: Ints, ranks: Ints, lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints,
+                 rank_cost: Floats) -> Ints:
     """Item k into rank k's best-fitting row where it fits; returns the items that did not."""
     ranks = ranks[: len(items)]
     items_here = items[: len(ranks)]
@@ -140,7 +150,8 @@ def _place_round(items, ranks, lengths, costs, rank_of, row_of, free, rank_cost)
     return np.concatenate([items_here[~ok], items[len(ranks):]])
 
 
-def _place_anywhere(items, lengths, costs, rank_of, row_of, free, rank_cost) -> None:
+def _place_anywhere(items: Ints, lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints,
+                    rank_cost: Floats) -> None:
     """Each of `items` to the cheapest rank with room for it; what fits nowhere is carried."""
     room = free.max(axis=1)
     largest = int(room.max())
@@ -158,18 +169,19 @@ def _place_anywhere(items, lengths, costs, rank_of, row_of, free, rank_cost) -> 
         largest = int(room.max())
 
 
-def _by_cost(costs: np.ndarray) -> np.ndarray:
+def _by_cost(costs: Floats) -> Ints:
     return np.argsort(-costs, kind="stable")
 
 
-def _best_row(free_rows: np.ndarray, length: int) -> int:
+def _best_row(free_rows: Ints, length: int) -> int:
     fits = np.flatnonzero(free_rows >= length)
     if not len(fits):
         return -1
     return int(fits[np.argmin(free_rows[fits])])
 
 
-def _refine(lengths, costs, rank_of, row_of, free, rank_cost, pinned) -> None:
+def _refine(lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints, rank_cost: Floats,
+            pinned: Mask) -> None:
     if len(rank_cost) < 2:
         return
     movable = np.flatnonzero((rank_of >= 0) & ~pinned)
@@ -183,9 +195,10 @@ def _refine(lengths, costs, rank_of, row_of, free, rank_cost, pinned) -> None:
             return
 
 
-def _improve(hi, lo, gap, lengths, costs, rank_of, row_of, free, rank_cost, members) -> bool:
+def _improve(hi: int, lo: int, gap: float, lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints,
+             rank_cost: Floats, members: dict[int, list[int]]) -> bool:
     """The move or swap between ranks hi and lo that best halves their gap; False if none helps."""
-    best = None  # (distance from gap/2, x, y or None, row in lo)
+    best: tuple[float, int, int | None, int] | None = None  # (distance from gap/2, x, y or None, row in lo)
     lo_rows = free[lo]
     for x in members[hi]:
         cx, lx, rx = costs[x], lengths[x], row_of[x]
@@ -202,16 +215,16 @@ def _improve(hi, lo, gap, lengths, costs, rank_of, row_of, free, rank_cost, memb
                 best = (abs(delta - gap / 2), x, y, ry)
     if best is None:
         return False
-    _, x, y, row = best
+    _, x, swap, row = best
     rx = row_of[x]
-    if y is not None:
-        free[hi, rx] += lengths[x] - lengths[y]
-        free[lo, row] += lengths[y] - lengths[x]
-        rank_cost[hi] += costs[y] - costs[x]
-        rank_cost[lo] += costs[x] - costs[y]
-        rank_of[y], row_of[y] = hi, rx
-        members[lo].remove(y)
-        members[hi].append(y)
+    if swap is not None:
+        free[hi, rx] += lengths[x] - lengths[swap]
+        free[lo, row] += lengths[swap] - lengths[x]
+        rank_cost[hi] += costs[swap] - costs[x]
+        rank_cost[lo] += costs[x] - costs[swap]
+        rank_of[swap], row_of[swap] = hi, rx
+        members[lo].remove(swap)
+        members[hi].append(swap)
     else:
         free[hi, rx] += lengths[x]
         free[lo, row] -= lengths[x]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from omniload.errors import ConfigError
 class SampleMeta:
     length: int
     source: str
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 CostFn = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]  # (lengths, source indices, images) -> costs

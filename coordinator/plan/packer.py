@@ -33,7 +33,10 @@ class Segment:
         return 0 if self.images is None else len(self.images)
 
 
-def doc_key(segment: Segment) -> tuple[int, int, int]:
+DocKey = tuple[int, int, int]  # (source, group, pos) of a document
+
+
+def doc_key(segment: Segment) -> DocKey:
     """(source, group, pos): the document a segment is part of, wherever its chunks went."""
     return (segment.source, *segment.origin)
 
@@ -50,8 +53,12 @@ def compact_batch(rows: Sequence[Sequence[Segment]], seq_len: int,
     tokens in input_ids read row by row, and the segment each belongs to."""
     input_ids = np.full((len(rows), seq_len), PAD_ID, dtype=np.int32)
     flat = input_ids.reshape(-1)
-    lengths, sources, sample_ids, starts = [], [], [], []
-    images, image_index = [], []
+    lengths: list[int] = []
+    sources: list[int] = []
+    sample_ids: list[int] = []
+    starts: list[int] = []
+    images: list[np.ndarray] = []
+    image_index: list[int] = []
     for r, row in enumerate(rows):
         offset = r * seq_len
         for segment in row:
@@ -72,7 +79,7 @@ def compact_batch(rows: Sequence[Sequence[Segment]], seq_len: int,
             starts.append(0)
     cu_seqlens = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu_seqlens[1:])
-    wire = {"input_ids": input_ids, "cu_seqlens": cu_seqlens, "source": np.asarray(sources, dtype=np.int32),
+    wire: dict[str, np.ndarray] = {"input_ids": input_ids, "cu_seqlens": cu_seqlens, "source": np.asarray(sources, dtype=np.int32),
             "sample_id": np.asarray(sample_ids, dtype=np.int64)}
     if any(starts):
         wire["position_start"] = np.asarray(starts, dtype=np.int32)

@@ -28,7 +28,7 @@ def cp_unslice(slices: list[np.ndarray]) -> np.ndarray:
     cp = len(slices)
     rows, width = slices[0].shape
     half = width // 2
-    chunks = [None] * (2 * cp)
+    chunks: list[np.ndarray] = [slices[0]] * (2 * cp)  # every one replaced below
     for i, piece in enumerate(slices):
         chunks[i], chunks[2 * cp - 1 - i] = piece[:, :half], piece[:, half:]
     return np.concatenate(chunks, axis=1)

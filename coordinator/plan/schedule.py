@@ -22,7 +22,7 @@ def weights_at(phases: Sequence[Phase], base: Sequence[float], names: Sequence[s
     start_weights, start = list(base), 0
     for phase in phases:
         position = step if phase.until_step is not None else tokens
-        until = phase.until_step if phase.until_step is not None else phase.until_tokens
+        until = phase.until
         target = _vector(phase.weights, names)
         if position < until:
             if phase.ramp == "linear" and until > start:

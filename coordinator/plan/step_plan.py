@@ -17,7 +17,7 @@ import numpy as np
 
 from omniload.coordinator.plan.balance import assign
 from omniload.coordinator.plan.cost import CostFn
-from omniload.coordinator.plan.packer import Segment, doc_key
+from omniload.coordinator.plan.packer import DocKey, Segment, doc_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,7 @@ def plan_step(carry: Sequence[Segment], fresh: Sequence[Segment], dp: int, rows:
                     [np.array(g) for g in groups.values()], may_wait)
     bins: list[list[list[Segment]]] = [[[] for _ in range(rows)] for _ in range(dp)]
     left = []
-    held: dict[tuple, int] = {}  # (rank, document) -> its tokens on that rank
+    held: dict[tuple[int, DocKey], int] = {}  # (rank, document) -> its tokens on that rank
     for i, (segment, rank, row) in enumerate(zip(segments, placed.rank.tolist(), placed.row.tolist())):
         if rank >= 0 and doc_cap and segment.group < 0 and not (window and segment.delay >= window):
             key = (rank, doc_key(segment))

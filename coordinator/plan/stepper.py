@@ -19,9 +19,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-import numpy as np
+from numpy.typing import NDArray
 
 from omniload.errors import SourceFailed
 from omniload.spec import Spec
@@ -30,10 +30,10 @@ from omniload.state import STATE_VERSION
 from omniload.coordinator.plan.cost import cost_function
 from omniload.coordinator.pool.intake import Doc, SourceIntake
 from omniload.coordinator.plan.mixture import advance, join, next_source
-from omniload.coordinator.plan.packer import Segment, compact_batch, doc_key
-from omniload.coordinator.plan.step_plan import plan_step
+from omniload.coordinator.plan.packer import DocKey, Segment, compact_batch, doc_key
+from omniload.coordinator.plan.step_plan import StepPlan, plan_step
 from omniload.coordinator.plan.schedule import in_force, weights_at
-from omniload.coordinator.plan.window import Block, DocKey, Unit, block_tokens_for, make_block, restore_block, units_of
+from omniload.coordinator.plan.window import Block, Unit, block_tokens_for, make_block, restore_block, units_of
 
 _POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
 _BREATHE_S = 0.002  # the longest a step computes between two chances for others to run
@@ -72,10 +72,41 @@ def drive(requests: Requests, cancel: threading.Event) -> Any:
 @dataclass(frozen=True, slots=True)
 class Step:
     number: int  # 0-based
-    batches: list[dict[str, np.ndarray]]  # one per data-parallel rank, as on the wire (omniload.batch_arrays)
+    batches: list[dict[str, NDArray[Any]]]  # one per data-parallel rank, as on the wire (omniload.batch_arrays)
     tokens: list[int]  # real (non-padding) tokens per data-parallel rank
-    figures: dict  # the planner's: rank costs, max/mean, lower bound, carried
+    figures: dict[str, Any]  # the planner's: rank costs, max/mean, lower bound, carried
     weights: list[float]
+
+
+class CarriedSegment(NamedTuple):
+    """A carried segment as a checkpoint's `carry` holds it (omniload.state): enough to find its
+    document again and rebuild it; stored as the plain list of these fields, in this order."""
+
+    source: int
+    sample_id: int
+    length: int
+    position_start: int
+    group: int
+    delay: int
+    doc_group: int  # where its document sits in the source's order (Segment.origin)
+    doc_pos: int
+
+    @classmethod
+    def of(cls, s: Segment) -> CarriedSegment:
+        return cls(s.source, s.sample_id, s.length, s.position_start, s.group, s.delay, *s.origin)
+
+    @property
+    def origin(self) -> tuple[int, int]:
+        return self.doc_group, self.doc_pos
+
+
+@dataclass(slots=True)
+class _Restoring:
+    """What restore read and the first step (or rehydrate) rebuilds from."""
+
+    carry: list[CarriedSegment]
+    windows: dict[int, list[Any]]  # source -> the position of its open window (Block.position)
+    resume_at: dict[int, tuple[int, int]]  # source -> its cursor in the checkpoint
 
 
 class Stepper:
@@ -109,9 +140,9 @@ class Stepper:
         self.step = 0
         self.cancel = threading.Event()  # set from another thread to end a wait for records
         self._breathed = time.monotonic()
-        self._saved: dict | None = None  # set by restore until the carry and windows are rebuilt
+        self._saved: _Restoring | None = None  # set by restore until the carry and windows are rebuilt
 
-    def export_state(self, fingerprint: str) -> dict:
+    def export_state(self, fingerprint: str) -> dict[str, Any]:
         """The position after the last step planned (see omniload.state for the keys)."""
         return {
             "version": STATE_VERSION, "fingerprint": fingerprint, "step": self.step,
@@ -120,12 +151,11 @@ class Stepper:
                         for i, w in zip(self._intakes, self.windows)},
             "passes": list(self.passes), "weights": list(self.weights), "tokens": self.tokens_drawn,
             "dropped": self.dropped,
-            "carry": [[s.source, s.sample_id, s.length, s.position_start, s.group, s.delay, *s.origin]
-                      for s in self.carry],
+            "carry": [list(CarriedSegment.of(s)) for s in self.carry],
             "live": [[at, weights] for at, weights in in_force(self.live_changes, self.step)],
         }
 
-    def restore(self, state: dict) -> None:
+    def restore(self, state: dict[str, Any]) -> None:
         """Continue from a position. Each source's intake is moved back to the earliest of its
         window's start and its carried documents; the first step re-reads from there to the
         saved cursor to rebuild the window and the carry."""
@@ -134,18 +164,19 @@ class Stepper:
         self.live_changes[:] = [(at, weights) for at, weights in state["live"]]
         self.carry, self.windows = [], [None] * len(self._intakes)
         self._ahead, self._ahead_pixels = [deque() for _ in self._intakes], [0] * len(self._intakes)
-        self._saved = {"carry": [tuple(entry) for entry in state["carry"]], "windows": {}, "resume_at": {}}
+        saved = self._saved = _Restoring([CarriedSegment(*entry) for entry in state["carry"]], {}, {})
         for intake in self._intakes:
             index, name = intake.catalog.index, intake.catalog.name
-            cursor = tuple(state["cursors"][name])
+            group, pos = state["cursors"][name]
+            cursor = (group, pos)
             window = state["windows"][name]
-            starts = [(e[6], e[7]) for e in self._saved["carry"] if e[0] == index]
+            starts = [c.origin for c in saved.carry if c.source == index]
             if window is not None:
-                self._saved["windows"][index] = window
+                saved.windows[index] = window
                 starts.append((window[0], window[1]))
             intake.seek(*min([cursor, *starts]))
             self._next[index] = intake.cursor
-            self._saved["resume_at"][index] = cursor
+            saved.resume_at[index] = cursor
 
     def rehydrate(self) -> None:
         """Rebuild the carried segments and the windows by re-reading their documents; the
@@ -156,14 +187,14 @@ class Stepper:
         if self._saved is None:
             return
         saved = self._saved
-        wanted = {(e[0], e[6], e[7]) for e in saved["carry"]}
+        wanted = {(c.source, *c.origin) for c in saved.carry}
         chunks: dict[int, Segment] = {}  # sample_id -> segment, of the carried documents
         for intake in self._intakes:
             index = intake.catalog.index
-            window = saved["windows"].get(index)
+            window = saved.windows.get(index)
             start = (window[0], window[1]) if window is not None else None
             units: list[Unit] = []
-            while intake.cursor < saved["resume_at"][index]:
+            while intake.cursor < saved.resume_at[index]:
                 doc = yield from self._next_doc(intake)
                 if doc is None:
                     break
@@ -176,7 +207,7 @@ class Stepper:
                     units.extend(doc_units)
             if window is not None:
                 self.windows[index] = restore_block(window, units, self._spec.seed, index)
-        self.carry = [dataclasses.replace(chunks[entry[1]], delay=entry[5]) for entry in saved["carry"]]
+        self.carry = [dataclasses.replace(chunks[c.sample_id], delay=c.delay) for c in saved.carry]
         self._saved = None
 
     def upcoming_weights(self) -> list[float]:
@@ -194,7 +225,8 @@ class Stepper:
     def next_step(self, build: bool = True) -> Step | None:
         """The next step, or None when the data (or --steps) has ended; waits on this thread.
         With build=False the rank arrays are not made (a replay needs only the position)."""
-        return drive(self.step_requests(build), self.cancel)
+        step: Step | None = drive(self.step_requests(build), self.cancel)
+        return step
 
     def step_requests(self, build: bool = True) -> Requests:
         """The next step as requests (see the module's doc); returns the Step, or None.
@@ -238,7 +270,7 @@ class Stepper:
             return None
         carry, dp, image_hw = list(self.carry), self.dp, self._image_hw
 
-        def balance_and_build():  # pure: the costly part of a step at a large dp
+        def balance_and_build() -> tuple[StepPlan, list[dict[str, NDArray[Any]]]]:  # pure: the costly part of a step at a large dp
             plan = plan_step(carry, fresh, dp, spec.rows, spec.seq_len, self._cost, spec.balance_window,
                              self._rank_cap)
             return plan, [compact_batch(rows, spec.seq_len, image_hw) for rows in plan.rows] if build else []
@@ -273,7 +305,8 @@ class Stepper:
         intake = self._intakes[source]
         share = self.weights[source] / (sum(self.weights) or 1.0)
         start = self._next[source]
-        end, units, size = intake.epoch_end(start[0]), [], self._spec.window_segments(self.dp, share)
+        units: list[Unit] = []
+        end, size = intake.epoch_end(start[0]), self._spec.window_segments(self.dp, share)
         tokens, needed, pixels = 0, 0, 0
         while (len(units) < size or tokens < needed) and (not pixels or pixels < share * _WINDOW_PIXELS):
             doc = yield from self._next_doc(intake, until_group=end)  # a window never spans epochs
@@ -328,6 +361,7 @@ class Stepper:
         """Wait for the source's next document; None if the source ran dry or its cursor
         reached `until_group`."""
         yield from self._breathe()
+        doc: Doc | None
         ahead = self._ahead[intake.catalog.index]
         if ahead:
             if until_group is not None and ahead[0].group >= until_group:

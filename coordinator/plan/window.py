@@ -24,16 +24,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from omniload.order import MAX_CHUNKS, sample_id
 
 from omniload.coordinator.pool.intake import Doc
-from omniload.coordinator.plan.packer import Segment, chunk_bounds, doc_key
+from omniload.coordinator.plan.packer import DocKey, Segment, chunk_bounds, doc_key
 
 Unit = tuple[Segment, ...]
-DocKey = tuple[int, int, int]  # see packer.doc_key
 
 _SCAN = 64  # units looked at past the head for one whose document is under its cap
 
@@ -68,7 +68,7 @@ class Block:
             self.head += 1
         return self.units[chosen]
 
-    def position(self) -> list:
+    def position(self) -> list[Any]:
         return [*self.start, self.head, sorted(self.taken)]
 
 
@@ -87,10 +87,10 @@ def make_block(start: tuple[int, int], units: Sequence[Unit], seed: int, source:
     turn[by_doc] = np.arange(n) - first[doc[by_doc]]
     keys = (turn + phase[doc]) / count[doc]  # ...and evenly spaced over the block
     order = np.argsort(keys, kind="stable")
-    return Block(tuple(start), [units[i] for i in order.tolist()])
+    return Block((start[0], start[1]), [units[i] for i in order.tolist()])
 
 
-def restore_block(position: Sequence, units: Sequence[Unit], seed: int, source: int) -> Block:
+def restore_block(position: Sequence[Any], units: Sequence[Unit], seed: int, source: int) -> Block:
     """The block at `position` (Block.position), from the same units make_block was given."""
     group, pos, head, taken = position
     block = make_block((group, pos), units, seed, source)
@@ -129,8 +129,8 @@ def units_of(doc: Doc, seq_len: int, bucket_rows: int = 0, rows: int = 0) -> lis
         raise ValueError(f"a document of {len(tokens)} tokens makes more than {MAX_CHUNKS} chunks of "
                          f"--seq-len {seq_len}")
     ids = [sample_id(doc.source, doc.ordinal, chunk) for chunk in range(len(bounds))]
-    if doc.pixels is not None:
-        return [_with_images(doc, tokens, bounds, ids, seq_len, rows)]
+    if doc.pixels is not None and doc.image_at is not None:  # the intake sets both or neither
+        return [_with_images(doc, tokens, doc.image_at, doc.pixels, bounds, ids, seq_len, rows)]
     if not bucket_rows or len(bounds) < 2:
         return [(Segment(doc.source, i, stop - start, tokens[start:stop], origin=origin),)
                 for i, (start, stop) in zip(ids, bounds)]
@@ -140,20 +140,20 @@ def units_of(doc: Doc, seq_len: int, bucket_rows: int = 0, rows: int = 0) -> lis
     return [tuple(segments[first : first + bucket_rows]) for first in range(0, len(segments), bucket_rows)]
 
 
-def _with_images(doc: Doc, tokens: np.ndarray, bounds: list[tuple[int, int]], ids: list[int], seq_len: int,
-                 rows: int) -> Unit:
+def _with_images(doc: Doc, tokens: np.ndarray, image_at: np.ndarray, pixels: np.ndarray,
+                 bounds: list[tuple[int, int]], ids: list[int], seq_len: int, rows: int) -> Unit:
     """A sample with images as one unit. Its images must reach the rank that has their
     placeholders, so a sample longer than a row is kept whole like long_docs=bucket: whole
     rows of one rank, positions running on."""
     if len(bounds) == 1:
-        return (Segment(doc.source, ids[0], len(tokens), tokens, origin=doc.origin, images=doc.pixels),)
+        return (Segment(doc.source, ids[0], len(tokens), tokens, origin=doc.origin, images=pixels),)
     if rows and len(bounds) > rows:
         raise ValueError(f"a sample with images of {len(tokens)} tokens needs {len(bounds)} rows of --seq-len "
                          f"{seq_len} on one rank, more than --rows {rows}: raise --rows or --seq-len, or drop "
                          "such samples with --long-docs drop")
     # image_at is increasing: each chunk's images are a slice (a view, not a copy of the pixels)
-    cuts = np.searchsorted(doc.image_at, [start for start, _ in bounds] + [len(tokens)])
+    cuts = np.searchsorted(image_at, [start for start, _ in bounds] + [len(tokens)])
     return tuple(Segment(doc.source, i, stop - start, tokens[start:stop], origin=doc.origin, position_start=start,
-                         group=ids[0], images=doc.pixels[cuts[chunk]:cuts[chunk + 1]] if cuts[chunk] < cuts[chunk + 1]
+                         group=ids[0], images=pixels[cuts[chunk]:cuts[chunk + 1]] if cuts[chunk] < cuts[chunk + 1]
                          else None)
                  for chunk, (i, (start, stop)) in enumerate(zip(ids, bounds)))

@@ -16,7 +16,7 @@ from omniload.formats.lane_config import WorkerConfig
 FORKSERVER_PRELOAD = ["omniload.workers.worker", "omniload.coordinator.pool.forkserver"]
 
 
-def forkserver_context() -> multiprocessing.context.BaseContext:
+def forkserver_context() -> multiprocessing.context.ForkServerContext:
     """The context workers (and the indexing child) are forked from; call before the forkserver
     starts, i.e. before any process of it is."""
     ctx = multiprocessing.get_context("forkserver")

@@ -96,6 +96,7 @@ class SourceIntake:
             self.tokens += len(tokens)
             if record.images:
                 config = self.catalog.images
+                assert config is not None  # only an image source's workers write records with images
                 at, pixels = images_of(record, config.height, config.width)
                 self.images += record.images
                 return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos, at, pixels,

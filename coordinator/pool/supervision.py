@@ -72,23 +72,24 @@ class Supervisor:
             await self._start(worker_id)
 
     def _watch(self, worker_id: int) -> None:
-        worker = self._pool.workers[worker_id]
+        worker = self._pool.started(worker_id)
         asyncio.get_running_loop().add_reader(worker.sentinel, self._on_exit, worker_id)
 
     def _on_exit(self, worker_id: int) -> None:
-        asyncio.get_running_loop().remove_reader(self._pool.workers[worker_id].sentinel)
+        asyncio.get_running_loop().remove_reader(self._pool.started(worker_id).sentinel)
         task = asyncio.get_running_loop().create_task(self._replace(worker_id))
         self._tasks.add(task)
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self._fail("worker supervision", task.exception())
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            self._fail("worker supervision", exc)
 
     async def _replace(self, worker_id: int) -> None:
         loop = asyncio.get_running_loop()
-        worker = self._pool.workers[worker_id]
+        worker = self._pool.started(worker_id)
         code = await loop.run_in_executor(None, worker.join, _JOIN_DEAD_S)  # the exit code, off the loop
         if code == 0 or self._pool.workers[worker_id] is not worker:
             return  # its lanes are done, or it was replaced meanwhile (restart_all)
@@ -173,8 +174,9 @@ class Supervisor:
             last = self._counters()  # the restart's refill is not the sources' steady cost
 
     def _scaler_done(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self._fail("the autoscaler", task.exception())
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            self._fail("the autoscaler", exc)
 
 
 def _windows(last: list[tuple[float, int, int, int]], now: list[tuple[float, int, int, int]]) -> list[Window]:

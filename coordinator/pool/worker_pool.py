@@ -47,7 +47,7 @@ _REAP_LOCK = threading.Lock()
 class WorkerProcess:
     """One worker process with the supervision verbs."""
 
-    def __init__(self, ctx: multiprocessing.context.BaseContext, config: WorkerConfig) -> None:
+    def __init__(self, ctx: multiprocessing.context.ForkServerContext, config: WorkerConfig) -> None:
         self.config = config
         self._process = ctx.Process(target=run, args=(config,), name=f"omniload-worker-{config.worker_id}",
                                     daemon=True)
@@ -143,6 +143,13 @@ class WorkerPool:
         self.workers[worker_id] = process
         return process
 
+    def started(self, worker_id: int) -> WorkerProcess:
+        """Worker `worker_id`, which must have been started."""
+        worker = self.workers[worker_id]
+        if worker is None:
+            raise RuntimeError(f"worker {worker_id} was never started")
+        return worker
+
     def reset_rings(self, worker_id: int) -> None:
         for key in self._plan[worker_id]:
             self.rings[key].reset()
@@ -172,7 +179,7 @@ class WorkerPool:
     def stop_workers(self, worker_ids: list[int] | None = None) -> None:
         """Terminate and join these workers (all by default), killing what does not exit in time."""
         ids = range(len(self.workers)) if worker_ids is None else worker_ids
-        alive = [self.workers[i] for i in ids if self.workers[i] is not None]
+        alive = [worker for i in ids if (worker := self.workers[i]) is not None]
         for worker in alive:
             worker.terminate()
         for worker in alive:

@@ -49,7 +49,7 @@ class Relay:
     async def start(self) -> None:
         """Connect and say HELLO to the coordinator, then listen for the node's ranks."""
         reader, self._upstream = await self._connect()
-        await self._handshake(reader)
+        await self._handshake(reader, self._upstream)
         self._forwarder = Forwarder(self._upstream)
         _remove_stale_socket(self.path)
         self._server = await asyncio.start_unix_server(self._serve_local, self.path)
@@ -76,8 +76,8 @@ class Relay:
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return reader, writer
 
-    async def _handshake(self, reader: asyncio.StreamReader) -> None:
-        self._upstream.write(encode(Message(Kind.HELLO, {"token": self._token, "role": "relay"})))
+    async def _handshake(self, reader: asyncio.StreamReader, upstream: asyncio.StreamWriter) -> None:
+        upstream.write(encode(Message(Kind.HELLO, {"token": self._token, "role": "relay"})))
         decoder = FrameDecoder()
         async with asyncio.timeout(_CONNECT_S):
             while not (messages := decoder.feed(await reader.read(4096) or b"")):
@@ -90,19 +90,25 @@ class Relay:
         if reply.kind is not Kind.WELCOME or len(messages) > 1 or decoder.pending:
             raise ProtocolError(f"relay: expected one WELCOME from {self.addr}, got {reply.kind.name}")
 
+    def _started(self) -> Forwarder:
+        """The forwarder, from start() on."""
+        if self._forwarder is None:
+            raise RuntimeError("relay: used before start()")
+        return self._forwarder
+
     async def _serve_local(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn, self._next_conn = self._next_conn, self._next_conn + 1
-        await self._forwarder.serve_local(conn, reader, writer)
+        await self._started().serve_local(conn, reader, writer)
 
     async def _forward_down(self, reader: asyncio.StreamReader) -> None:
-        await self._forwarder.forward_down(reader)
+        await self._started().forward_down(reader)
         self.reason = f"the coordinator at {self.addr} closed the connection"
 
     def _ended(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
             self.lost = True
             self.reason = f"lost the coordinator at {self.addr}: {task.exception()}"
-        self._forwarder.close_all()  # the ranks see their connection end, as with a direct one
+        self._started().close_all()  # the ranks see their connection end, as with a direct one
         self.closed.set()
 
 

@@ -13,6 +13,7 @@ with an error naming it: its ranks' connections died with it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -40,8 +41,19 @@ class _Sender:
     def __init__(self, index: int, process: subprocess.Popen, routes: socket.socket, handoffs: socket.socket) -> None:
         self.index, self.process = index, process
         self.routes_socket, self.handoffs = routes, handoffs
-        self.sessions: RoutedSessions | None = None
+        self._sessions: RoutedSessions | None = None
         self.next_conn = 0
+
+    @property
+    def sessions(self) -> RoutedSessions:
+        """The sessions it serves, known once its routes are open (Senders.open)."""
+        if self._sessions is None:
+            raise RuntimeError(f"{self.name}: its routes are not open yet")
+        return self._sessions
+
+    @sessions.setter
+    def sessions(self, sessions: RoutedSessions) -> None:
+        self._sessions = sessions
 
     @property
     def name(self) -> str:
@@ -88,7 +100,7 @@ class Senders:
             reader, writer = await asyncio.open_unix_connection(sock=sender.routes_socket)
             sender.sessions = RoutedSessions(RouteOut(writer), session, sender.name, refs=True)
             reading = loop.create_task(read_routes(reader, sender.sessions, ROUTE_PIECE))
-            reading.add_done_callback(lambda task, sender=sender: self._routes_ended(task, sender))
+            reading.add_done_callback(functools.partial(self._routes_ended, sender=sender))
             self._reading.append(reading)
             sender.handoffs.setblocking(False)
             pidfd = os.pidfd_open(sender.process.pid)
@@ -187,8 +199,14 @@ class Senders:
                                                   "their connections. Restart the job (with --resume) to go on"))
 
     def _routes_ended(self, task: asyncio.Task, sender: _Sender) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self._fail(f"the routes of {sender.name}", task.exception())
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            self._fail(f"the routes of {sender.name}", exc)
+
+
+def _set_done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _send_fd(sock: socket.socket, message: bytes, fd: int) -> None:
@@ -199,8 +217,8 @@ async def _send_fd(sock: socket.socket, message: bytes, fd: int) -> None:
             socket.send_fds(sock, [message], [fd])
             return
         except BlockingIOError:
-            writable = loop.create_future()
-            loop.add_writer(sock.fileno(), lambda: writable.done() or writable.set_result(None))
+            writable: asyncio.Future[None] = loop.create_future()
+            loop.add_writer(sock.fileno(), _set_done, writable)
             try:
                 await asyncio.wait_for(writable, _HANDOFF_S)
             finally:

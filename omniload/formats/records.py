@@ -28,7 +28,7 @@ class Record(NamedTuple):
     group: int
     pos: int
     ordinal: int
-    count: int
+    token_count: int  # (not `count`: that would hide tuple.count)
     payload: memoryview
     images: int = 0
 
@@ -37,9 +37,12 @@ def doc_record(group: int, pos: int, ordinal: int, tokens: np.ndarray, image_at:
                pixels: np.ndarray | None = None) -> tuple[bytes | memoryview, ...]:
     """The record's parts; the first payload part is always the tokens (the worker counts them)."""
     if image_at is None or not len(image_at):
-        return _HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC, 0), memoryview(tokens)
-    return (_HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC, len(image_at)), memoryview(tokens),
-            memoryview(image_at), memoryview(pixels).cast("B"))
+        return _HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC, 0), tokens.data
+    if pixels is None:
+        raise TypeError("doc_record: image_at given without pixels")
+    # ndarray.data is memoryview(array); numpy declares arrays buffers to type checkers only on Python 3.12+
+    return (_HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC, len(image_at)), tokens.data,
+            image_at.data, pixels.data.cast("B"))
 
 
 def skip_record(group: int, pos: int, message: str) -> tuple[bytes, bytes]:
@@ -56,11 +59,11 @@ def decode(data: bytes) -> Record:
 
 
 def tokens_of(record: Record) -> np.ndarray:
-    return np.frombuffer(record.payload, dtype=np.int32, count=record.count)
+    return np.frombuffer(record.payload, dtype=np.int32, count=record.token_count)
 
 
 def images_of(record: Record, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """(where each image's placeholders start in the tokens, pixels uint8 [images, 3, H, W])."""
-    at = np.frombuffer(record.payload, dtype=np.int32, count=record.images, offset=4 * record.count)
-    pixels = np.frombuffer(record.payload, dtype=np.uint8, offset=4 * (record.count + record.images))
+    at = np.frombuffer(record.payload, dtype=np.int32, count=record.images, offset=4 * record.token_count)
+    pixels = np.frombuffer(record.payload, dtype=np.uint8, offset=4 * (record.token_count + record.images))
     return at, pixels.reshape(record.images, 3, height, width)

@@ -54,8 +54,8 @@ class Ring:
     def __init__(self, path: Path, mm: mmap.mmap) -> None:
         self.path = path
         self._mm = mm
-        self.capacity = _U64.unpack_from(mm, _CAP)[0]
-        self.span = _U64.unpack_from(mm, _SPAN)[0] or self.capacity
+        self.capacity: int = _U64.unpack_from(mm, _CAP)[0]
+        self.span: int = _U64.unpack_from(mm, _SPAN)[0] or self.capacity
         self._allocated = self.span  # data bytes known to be allocated (the producer's view)
 
     @classmethod
@@ -182,7 +182,9 @@ class Ring:
         return data
 
     def used(self) -> int:
-        return _U64.unpack_from(self._mm, _WRITE)[0] - _U64.unpack_from(self._mm, _READ)[0]
+        write: int = _U64.unpack_from(self._mm, _WRITE)[0]
+        read: int = _U64.unpack_from(self._mm, _READ)[0]
+        return write - read
 
     def reset(self) -> None:
         """Drop every record. Only while no producer is attached (its worker is dead)."""
