@@ -77,7 +77,7 @@ def index_file(path: str, fmt: str, column: str, first_ordinal: int, image: str 
     if not is_remote(path):
         return shards
     obj = files.remote(path).obj  # opened while indexing: its size and version are known
-    return [dataclasses.replace(s, size=obj.size, version=obj.version) for s in shards]
+    return [dataclasses.replace(s, size=obj.size or 0, version=obj.version) for s in shards]
 
 
 def _columns(column: str, image: str | None) -> tuple[str, ...]:
@@ -274,14 +274,15 @@ def iter_slices(shard: Shard, column: str, first: int = 0, image: str | None = N
         return
     slicing = shard.slicing
     j, columns = first, _columns(column, image)
+    chunks: Iterator[list]
     try:
         if shard.strided:
             chunks = (_strided_slice(shard, columns, slicing.count, k, files) for k in range(first, slicing.count))
         else:  # read on from the file's start: slice `first` starts at row first * size
             size = slicing.size or shard.rows
-            values = _jsonl_values(shard, column, 1, first * size, files) if shard.format == "jsonl" else \
-                _tar_values(shard, column, first * size, files)
-            chunks = _runs(values, size)
+            rows: Iterator[object] = _jsonl_values(shard, column, 1, first * size, files) \
+                if shard.format == "jsonl" else _tar_values(shard, column, first * size, files)
+            chunks = _runs(rows, size)
         for values in chunks:
             # each slice, not the total at the end: a lane stops reading a shard at its last turn
             if len(values) != len(slicing.members(j)):
@@ -414,7 +415,8 @@ def _tar_samples(path: str, offset: int, files: Files, size: int = 0,
         raw.seek(offset)
         archive = tarfile.open(fileobj=raw, mode="r|*" if compressed else "r:")
         with archive:
-            key, start, members = None, 0, []
+            key: str | None = None
+            start, members = 0, list[tuple[str, bytes | None]]()
             for info in archive:
                 if not info.isfile():
                     continue
@@ -424,7 +426,8 @@ def _tar_samples(path: str, offset: int, files: Files, size: int = 0,
                         yield start, key, members
                     key, start, members = name_key, info.offset, []
                 wanted = suffix in IMAGE_SUFFIXES or suffix in _TEXT_SUFFIXES or suffix == "json"
-                data = archive.extractfile(info).read() if wanted else None
+                member = archive.extractfile(info) if wanted else None
+                data = member.read() if member is not None else None
                 members.append((suffix, data))
             if key is not None:
                 yield start, key, members
@@ -437,15 +440,15 @@ def _compressed(path: str, files: Files, size: int = 0, version: str = "") -> bo
 
 def _tar_value(key: str, members: list[tuple[str, bytes | None]], column: str) -> tuple[str, list[bytes]]:
     """A sample's (text, images): its .txt, else its .json's `column`; its images in member order."""
-    text = next((data for suffix, data in members if suffix in _TEXT_SUFFIXES), None)
-    if text is None:
+    raw = next((data for suffix, data in members if suffix in _TEXT_SUFFIXES), None)
+    if raw is None:
         meta = next((data for suffix, data in members if suffix == "json"), None)
         if meta is None:
             raise BadFile(f"sample '{key}' has no {key}.txt and no {key}.json for its text")
         text = _json_field(meta, column, f"{key}.json")
     else:
-        text = text.decode("utf-8", errors="replace")
-    return text, [data for suffix, data in members if suffix in IMAGE_SUFFIXES]
+        text = raw.decode("utf-8", errors="replace")
+    return text, [data for suffix, data in members if suffix in IMAGE_SUFFIXES and data is not None]  # type: ignore[return-value]  # a .json text field is whatever the file holds, as before
 
 
 def _index_tar(path: str, column: str, ordinal: int, files: Files) -> list[Shard]:

@@ -15,7 +15,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,9 +78,11 @@ def _serve(config: WorkerConfig) -> None:
                     if pending[i] is None:
                         live.remove(i)
                         break
-                if not _write(rings[i], pending[i], config.lanes[i]):
+                record = pending[i]
+                assert record is not None  # taken just above; None ended the lane
+                if not _write(rings[i], record, config.lanes[i]):
                     break
-                tokens += _tokens_in(pending[i])
+                tokens += _tokens_in(record)
                 pending[i] = None
                 progressed = True
             # what this lane cost: the autoscaler splits the budget by CPU time per token
@@ -122,6 +125,7 @@ def _write(ring: Ring, record: tuple, lane: LaneConfig) -> bool:
 def _produce(lane: LaneConfig, files: Files = LOCAL) -> Iterator[tuple]:
     """Records of this lane in the source's deterministic order, from (start_group, start_pos).
     An ERROR record is the lane's last: the source cannot go on."""
+    transform: Callable[[list], list]
     try:
         transform = load_transform(lane.tokenizer)
         if lane.images is not None:
@@ -139,7 +143,7 @@ def _produce(lane: LaneConfig, files: Files = LOCAL) -> Iterator[tuple]:
         first_pos = 0
 
 
-def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: int,
+def _produce_group(lane: LaneConfig, transform: Callable[[list], list], k: int, first_pos: int,
                    files: Files = LOCAL) -> Generator[tuple, None, bool]:
     """This lane's turns of group k from position first_pos: the group's shards read together,
     their rows taken in turn (omniload.order.interleave_rows), each shard streamed a slice at a
@@ -169,12 +173,14 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
         return sum(int(np.count_nonzero(member[max(t.start, pos):t.stop] == m)) for t in turns)
 
     def unreadable(m: int, pos: int) -> tuple:
-        if rows[m].fatal:  # the store, not the file: skipping would change what the batches hold
-            return error_record(k, pos, rows[m].message)
+        gone = rows[m]
+        assert isinstance(gone, _Unreadable)  # a row with no sample is one that could not be read
+        if gone.fatal:  # the store, not the file: skipping would change what the batches hold
+            return error_record(k, pos, gone.message)
         if not lane.skip_bad_files:
-            return error_record(k, pos, f"{rows[m].message} (the job stops on a bad file; "
+            return error_record(k, pos, f"{gone.message} (the job stops on a bad file; "
                                         "--on-bad-file skip skips it instead)")
-        return skip_record(k, pos, "" if rows[m].said else rows[m].say_once(due(m, pos)))
+        return skip_record(k, pos, "" if gone.said else gone.say_once(due(m, pos)))
 
     for turn in turns:
         for start in range(turn.start, turn.stop, _TRANSFORM_ROWS):
@@ -183,16 +189,17 @@ def _produce_group(lane: LaneConfig, transform: Transform, k: int, first_pos: in
             ordinals: dict[int, int] = {}  # position: its row within its shard's file part
             for pos in batch:
                 m, r = int(member[pos]), int(row[pos])
-                if isinstance(rows[m], _ShardRows):
+                reading = rows[m]
+                if isinstance(reading, _ShardRows):
                     try:
-                        values[pos], ordinals[pos] = rows[m].take(r), int(rows[m].order[r])
+                        values[pos], ordinals[pos] = reading.take(r), int(reading.order[r])
                     except _ReadFailed as exc:  # part-way through the shard: the rest of it is unreadable
                         rows[m] = _Unreadable(exc.message, exc.fatal)
             try:
                 samples = dict(zip(values, _transform(transform, list(values.values())))) if values else {}
             except Exception as exc:  # the user's transform; its error must reach the user
-                files = ", ".join(sorted({shards[int(member[pos])].file for pos in values}))
-                yield error_record(k, next(iter(values)), f"{files}: transform failed: {_cause(exc)}")
+                names = ", ".join(sorted({shards[int(member[pos])].file for pos in values}))
+                yield error_record(k, next(iter(values)), f"{names}: transform failed: {_cause(exc)}")
                 return True
             values.clear()  # the raw values go before the records are written
             for pos in batch:
@@ -270,7 +277,7 @@ class _ShardRows:
         self._shard, self._column, self._image_column = shard, column, image_column
         self._slicing = shard.slicing
         self._slices: Iterator | None = None
-        self._slice, self._values = -1, []  # the slice held and its values
+        self._slice, self._values = -1, list[object]()  # the slice held and its values
 
     def load(self, r: int) -> None:
         """Hold the slice of row position r (positions only move forward); raises _ReadFailed."""
@@ -309,7 +316,7 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _transform(transform: Transform, values: list) -> list:
+def _transform(transform: Callable[[list], list], values: list) -> list:
     samples = transform(values)
     if len(samples) != len(values):
         raise ValueError(f"returned {len(samples)} results for {len(values)} values")
@@ -323,15 +330,15 @@ class _BadSample:
     message: str
 
 
-def _with_images(transform: Transform, decode: ImageTransform, config: ImageConfig) -> Transform:
+def _with_images(transform: Transform, decode: ImageTransform, config: ImageConfig) -> Callable[[list], list]:
     """The text transform extended to (text, images) values: the text's pieces between image
     markers tokenized in one call, the images decoded, placeholders put in (workers/images.py)."""
 
-    def samples(values: list) -> list:
+    def samples(values: list) -> list:  # of (text, images) values
         pieces = [text_pieces(text if isinstance(text, str) else "" if text is None else str(text))
                   for text, _ in values]
         flat = iter(_transform(transform, [p for row in pieces for p in row]))
-        out = []
+        out: list[Any] = []  # (ids, image positions, pixels), or a _BadSample
         for row, (_, images) in zip(pieces, values):
             tokens = [next(flat)[0] for _ in row]
             try:

@@ -55,6 +55,7 @@ def image_config(spec: Spec) -> ImageConfig | None:
     if not spec.has_images:
         return None
     height, width = spec.image_hw
+    assert spec.image_token is not None  # the spec requires it once a source has images
     return ImageConfig(height, width, spec.image_token, spec.tokens_per_image, spec.image_transform)
 
 
@@ -120,7 +121,7 @@ def index_files(sources: list[IndexRequest], stop_at_bad: bool) -> list[list[tup
         if remote:  # objects are a few round trips each: index them at once, number their rows after
             with ThreadPoolExecutor(_INDEX_THREADS) as pool:
                 ahead = dict(zip(remote, pool.map(index, [(p, f) for p, f in files if is_remote(p)])))
-        rows, done = 0, []
+        rows, done = 0, list[tuple[str, str, list[Shard] | str]]()
         for path, fmt in files:
             shards = ahead[path] if path in ahead else index((path, fmt), rows)
             if isinstance(shards, str):
@@ -213,7 +214,9 @@ def _find_files(source: Source, spec: Spec) -> list[tuple[str, str]]:
         raise ConfigError(f"source '{source.name}': {exc}") from None
     if source.has_images:
         require_pillow(source.name)
-        load_image_transform(image_config(spec))  # a bad --image-transform fails here, not in every worker
+        config = image_config(spec)
+        assert config is not None  # the source has images
+        load_image_transform(config)  # a bad --image-transform fails here, not in every worker
     files = []
     for path in _match_files(source) if any(not is_remote(p) for p in source.path) else []:
         fmt = source.format if source.format != "auto" else detect_format(path)

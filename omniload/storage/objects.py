@@ -171,7 +171,8 @@ class Blocks:
             if data is not None:
                 self._held.move_to_end(key)
             future = None if data is not None else self._submit(obj, index)
-        if future is not None:
+        if data is None:
+            assert future is not None  # submitted above, under the lock
             data = future.result()
         self.prefetch(obj, range(index + 1, min(index + 1 + ahead, obj.blocks)))
         return data
@@ -269,6 +270,7 @@ class RemoteObject:
 
     def fetch(self, index: int, counters: Counters) -> bytes:
         file = self._open(counters)
+        assert self.size is not None  # known once opened
         start = index * BLOCK
         length = min(BLOCK, self.size - start)
 
