@@ -33,7 +33,7 @@ from omniload.workers.transforms import load_transform
 
 log = logging.getLogger("omniload")
 CATALOG_FILE = "catalog-{key}.json"
-_INDEX_THREADS = 16  # objects of a store indexed at once: each is a few round trips
+_INDEX_THREADS = 32  # objects of a store indexed at once: each is two round trips (a HEAD, a GET)
 
 
 @dataclass(frozen=True, slots=True)
