@@ -23,78 +23,124 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Spec) if f.name != "s
 _CHILD_STOP_S = 10.0
 _PROGRESS_S = 30.0
 
-_SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [
-    ("--seq-len", dict(type=int, help="Tokens per row.")),
-    ("--rows", dict(type=int, help="Rows per batch on each data-parallel rank.")),
-    ("--tokenizer", dict(help="'bytes', a tokenizer.json path, or module:function.")),
+_SPEC_OPTIONS: list[tuple[str, dict[str, Any], str]] = [  # (flag, click's kwargs, its group in --help)
+    ("--seq-len", dict(type=int, help="Tokens per row."), "batching"),
+    ("--rows", dict(type=int, help="Rows per batch on each data-parallel rank."), "batching"),
+    ("--tokenizer", dict(help="'bytes', a tokenizer.json path, or module:function."), "sources"),
     ("--workers", dict(type=lambda v: 0 if str(v) == "auto" else int(v), metavar="N|auto",
                        help="Total source-worker processes, split among sources by weight once; auto (or 0): the "
-                            "CPUs less --reserve-cpus, re-split online by each source's measured cost per token.")),
-    ("--reserve-cpus", dict(type=int, help="With --workers auto: CPUs left to the ranks and the coordinator.")),
+                            "CPUs less --reserve-cpus, re-split online by each source's measured cost per token."),
+     "workers"),
+    ("--reserve-cpus", dict(type=int, help="With --workers auto: CPUs left to the ranks and the coordinator."),
+     "workers"),
     ("--autoscale-every", dict(type=float, help="With --workers auto: seconds between re-split decisions "
-                                                "(0: split by weight once).")),
-    ("--seed", dict(type=int, help="Seed of every shuffle: same seed, spec and files give the same batches.")),
-    ("--epochs", dict(type=int, help="Passes over each source (0: repeat forever, reshuffled).")),
-    ("--steps", dict(type=int, help="Stop after this many steps (0: when the data ends).")),
-    ("--tp", dict(type=int, help="Tensor-parallel size.")),
-    ("--pp", dict(type=int, help="Pipeline-parallel size.")),
-    ("--cp", dict(type=int, help="Context-parallel size.")),
-    ("--on-bad-file", dict(type=click.Choice(["stop", "skip"]), help="Stop the job at an unreadable file, or skip it.")),
-    ("--ring-mb", dict(type=int, help="Shared-memory ring size per worker lane, in MB.")),
-    ("--plan-ahead", dict(type=int, help="Steps planned ahead of the slowest rank.")),
-    ("--max-restarts", dict(type=int, help="Restarts of a crashed worker before the job fails.")),
-    ("--worker-timeout", dict(type=float, help="Seconds without a sample from a source before the job fails.")),
+                                                "(0: split by weight once)."), "workers"),
+    ("--seed", dict(type=int, help="Seed of every shuffle: same seed, spec and files give the same batches."), "plan"),
+    ("--epochs", dict(type=int, help="Passes over each source (0: repeat forever, reshuffled)."), "sources"),
+    ("--steps", dict(type=int, help="Stop after this many steps (0: when the data ends)."), "batching"),
+    ("--tp", dict(type=int, help="Tensor-parallel size."), "parallel"),
+    ("--pp", dict(type=int, help="Pipeline-parallel size."), "parallel"),
+    ("--cp", dict(type=int, help="Context-parallel size."), "parallel"),
+    ("--on-bad-file", dict(type=click.Choice(["stop", "skip"]), help="Stop the job at an unreadable file, or skip it."),
+     "sources"),
+    ("--ring-mb", dict(type=int, help="Shared-memory ring size per worker lane, in MB."), "workers"),
+    ("--plan-ahead", dict(type=int, help="Steps planned ahead of the slowest rank."), "plan"),
+    ("--max-restarts", dict(type=int, help="Restarts of a crashed worker before the job fails."), "workers"),
+    ("--worker-timeout", dict(type=float, help="Seconds without a sample from a source before the job fails."),
+     "workers"),
     ("--rank-timeout", dict(type=float, help="Seconds a rank the others wait for may stay silent (no ACK, or "
                                              "disconnected) before the job fails naming it; a rank that has not "
-                                             "connected yet is only named (0: wait forever).")),
+                                             "connected yet is only named (0: wait forever)."), "serving"),
     ("--metrics-port", dict(type=int, help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port; "
-                                           "the log names it).")),
+                                           "the log names it)."), "serving"),
     ("--senders", dict(type=int, help="Processes that write batches to the ranks' sockets from shared memory "
-                                      "(0: the coordinator itself; -1: one per 8 cores).")),
-    ("--balance", dict(help="Cost model for balancing ranks: tokens, attention, or module:function.")),
-    ("--cost-coeffs", dict(help="a,b,c[,d] of the attention cost a*len^2 + b*len + c + d*images.")),
-    ("--image-size", dict(help="HxW every image is resized and center-cropped to (sources with images).")),
-    ("--image-transform", dict(help="module:function from a PIL image to uint8 [3, H, W], instead of resize-and-crop.")),
-    ("--image-token", dict(type=int, help="Placeholder token id of an image (needed when a source has images).")),
-    ("--tokens-per-image", dict(type=int, help="Placeholder tokens per image in input_ids.")),
-    ("--balance-window", dict(type=int, help="Steps a hard-to-place document may wait for a better step.")),
+                                      "(0: the coordinator itself; -1: one per 8 cores)."), "serving"),
+    ("--balance", dict(help="Cost model for balancing ranks: tokens, attention, or module:function."), "plan"),
+    ("--cost-coeffs", dict(help="a,b,c[,d] of the attention cost a*len^2 + b*len + c + d*images."), "plan"),
+    ("--image-size", dict(help="HxW every image is resized and center-cropped to (sources with images)."), "sources"),
+    ("--image-transform", dict(help="module:function from a PIL image to uint8 [3, H, W], instead of resize-and-crop."),
+     "sources"),
+    ("--image-token", dict(type=int, help="Placeholder token id of an image (needed when a source has images)."),
+     "sources"),
+    ("--tokens-per-image", dict(type=int, help="Placeholder tokens per image in input_ids."), "sources"),
+    ("--balance-window", dict(type=int, help="Steps a hard-to-place document may wait for a better step."), "plan"),
     ("--long-docs", dict(type=click.Choice(["split", "drop", "bucket"]),
-                         help="Documents longer than seq-len: split into chunks, drop, or keep whole rows together.")),
+                         help="Documents longer than seq-len: split into chunks, drop, or keep whole rows together."),
+     "batching"),
     ("--shuffle-window", dict(type=int, help="Segments in the job's shuffle window, split among sources by weight; a "
                                              "long document's chunks spread over it (0: 8M / seq-len, at least "
-                                             "4 x dp x rows).")),
+                                             "4 x dp x rows)."), "plan"),
     ("--max-doc-share", dict(type=float, help="Most of one rank's tokens a single document may fill in a step "
-                                              "(at least one chunk).")),
-    ("--shard-interleave", dict(type=int, help="Shards each source reads at once, taking their rows in turn.")),
-    ("--rank-order", dict(help="Order of the parallel axes in the rank number, fastest first.")),
-    ("--pp-data", dict(type=click.Choice(["first-last", "all"]), help="Pipeline stages that receive data.")),
+                                              "(at least one chunk)."), "batching"),
+    ("--shard-interleave", dict(type=int, help="Shards each source reads at once, taking their rows in turn."),
+     "sources"),
+    ("--rank-order", dict(help="Order of the parallel axes in the rank number, fastest first."), "parallel"),
+    ("--pp-data", dict(type=click.Choice(["first-last", "all"]), help="Pipeline stages that receive data."),
+     "parallel"),
     ("--broadcast-at", dict(type=click.Choice(["none", "tp"]),
-                            help="tp: one rank per tensor-parallel group connects and broadcasts to the others.")),
-    ("--checkpoint-dir", dict(help="Folder for loader snapshots and the per-step delta log.")),
-    ("--snapshot-every", dict(type=int, help="Steps between full snapshots; a resume replays at most this many steps.")),
-    ("--keep-snapshots", dict(type=int, help="Snapshots kept in --checkpoint-dir (older ones and their logs are removed).")),
-    ("--resume", dict(help="Checkpoint folder to resume from when the ranks bring no loader state.")),
-    ("--allow-changed-data", dict(is_flag=True, help="Resume even if the spec or files changed (recorded in the log).")),
+                            help="tp: one rank per tensor-parallel group connects and broadcasts to the others."),
+     "parallel"),
+    ("--checkpoint-dir", dict(help="Folder for loader snapshots and the per-step delta log."), "checkpoint"),
+    ("--snapshot-every", dict(type=int, help="Steps between full snapshots; a resume replays at most this many steps."),
+     "checkpoint"),
+    ("--keep-snapshots", dict(type=int, help="Snapshots kept in --checkpoint-dir (older ones and their logs are removed)."),
+     "checkpoint"),
+    ("--resume", dict(help="Checkpoint folder to resume from when the ranks bring no loader state."), "checkpoint"),
+    ("--allow-changed-data", dict(is_flag=True, help="Resume even if the spec or files changed (recorded in the log)."),
+     "checkpoint"),
     ("--read-ahead", dict(metavar="BYTES", help="Bytes of a store's objects each worker lane holds, fetched ahead "
-                                                 "of its reads and kept for re-reads (e.g. 64MB).")),
+                                                 "of its reads and kept for re-reads (e.g. 64MB)."), "storage"),
     ("--cache-dir", dict(metavar="PATH|auto", help="Keep blocks of a store's objects on local disk here, for re-reads, "
                                                    "epoch 2 and the next job (auto: $XDG_CACHE_HOME/omniload); off "
-                                                   "when unset.")),
-    ("--cache-limit", dict(metavar="BYTES", help="Bytes --cache-dir may hold; least recently used blocks go first.")),
+                                                   "when unset."), "storage"),
+    ("--cache-limit", dict(metavar="BYTES", help="Bytes --cache-dir may hold; least recently used blocks go first."),
+     "storage"),
 ]
 
 
+# the sections of launch's and serve's --help, in this order (then the command's other options)
+_GROUPS = ["sources", "batching", "plan", "parallel", "workers", "checkpoint", "serving", "high availability",
+           "storage"]
+
+
+class _GroupedOption(click.Option):
+    """An option that names its section of --help (one of _GROUPS)."""
+
+    def __init__(self, *args: Any, group: str, **kwargs: Any) -> None:
+        if group not in _GROUPS:
+            raise ValueError(f"unknown option group {group!r}; groups: {', '.join(_GROUPS)}")
+        super().__init__(*args, **kwargs)
+        self.group = group
+
+
+class _GroupedCommand(click.Command):
+    """A command whose --help lists its options in one section per group, then the rest (click's
+    own format_options, section by section)."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None and not isinstance(param, click.Argument):
+                sections.setdefault(getattr(param, "group", ""), []).append(record)
+        for group in [*_GROUPS, ""]:
+            if sections.get(group):
+                with formatter.section(group.capitalize() or "Options"):
+                    formatter.write_dl(sections[group])
+
+
 def spec_options(command: Callable) -> Callable:
-    for flag, kwargs in reversed(_SPEC_OPTIONS):
+    for flag, kwargs, group in reversed(_SPEC_OPTIONS):
         field = flag[2:].replace("-", "_")
         kwargs = dict(kwargs, default=None, envvar=f"OMNILOAD_{field.upper()}")
         kwargs["help"] = f"{kwargs['help']}  [default: {_DEFAULTS[field]}]"
-        command = click.option(flag, field, **kwargs)(command)
+        command = click.option(flag, field, cls=_GroupedOption, group=group, **kwargs)(command)
     command = click.option("--source", "sources", multiple=True, metavar="NAME=GLOB[,weight=W][,column=C]",
+                           cls=_GroupedOption, group="sources",
                            help="A data source; repeat for several. GLOB is a local glob or a URL (s3://, gs://, "
                                 "az://, hf://). Options: weight, column, format, tokenizer, image (the column of "
                                 "encoded images), endpoint, region, anonymous (for a store).")(command)
-    return click.option("--config", "config", type=click.Path(dir_okay=False),
+    return click.option("--config", "config", type=click.Path(dir_okay=False), cls=_GroupedOption, group="sources",
                         help="YAML/JSON file with the same options; flags override it.")(command)
 
 
@@ -113,14 +159,15 @@ def main() -> None:
     """omniload: one data coordinator per training job."""
 
 
-@main.command(context_settings={"ignore_unknown_options": False})
+@main.command(cls=_GroupedCommand, context_settings={"ignore_unknown_options": False})
 @spec_options
-@click.option("--host", default="127.0.0.1", help="Address the coordinator listens on.")
-@click.option("--port", default=0, type=int, help="Port (0: any free port).")
+@click.option("--host", default="127.0.0.1", help="Address the coordinator listens on.", cls=_GroupedOption,
+              group="serving")
+@click.option("--port", default=0, type=int, help="Port (0: any free port).", cls=_GroupedOption, group="serving")
 @click.option("--progress-every", default=_PROGRESS_S, type=float,
               help="Seconds between progress lines on stderr (0: none).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
-@click.option("--standby", default=0, type=click.IntRange(min=0),
+@click.option("--standby", default=0, type=click.IntRange(min=0), cls=_GroupedOption, group="high availability",
               help="Standby coordinators beside the primary: one takes over if the primary dies (needs "
                    "--checkpoint-dir); a lost one is replaced.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -134,14 +181,15 @@ def launch(config: str | None, sources: tuple[str, ...], host: str, port: int, p
                         standby=standby))
 
 
-@main.command()
+@main.command(cls=_GroupedCommand)
 @spec_options
-@click.option("--host", default="0.0.0.0", help="Address to listen on (reachable by every node).")
-@click.option("--port", default=0, type=int, help="Port (0: any free port).")
-@click.option("--standby", "as_standby", is_flag=True,
+@click.option("--host", default="0.0.0.0", help="Address to listen on (reachable by every node).", cls=_GroupedOption,
+              group="serving")
+@click.option("--port", default=0, type=int, help="Port (0: any free port).", cls=_GroupedOption, group="serving")
+@click.option("--standby", "as_standby", is_flag=True, cls=_GroupedOption, group="high availability",
               help="Run as a standby of the primary using the same --checkpoint-dir (shared) and OMNILOAD_TOKEN: "
                    "it takes over when the primary dies or its lease expires.")
-@click.option("--primary", default=None, metavar="HOST:PORT",
+@click.option("--primary", default=None, metavar="HOST:PORT", cls=_GroupedOption, group="high availability",
               help="With --standby: the primary's address, put first in the printed OMNILOAD_ADDR.")
 def serve(config: str | None, sources: tuple[str, ...], host: str, port: int, as_standby: bool, primary: str | None,
           **options: Any) -> None:

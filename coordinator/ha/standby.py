@@ -4,7 +4,7 @@ A standby coordinator (`omniload launch --standby N`, `omniload serve --standby`
 catalog, announces its address and `follow`s the lease in the shared checkpoint folder
 (lease.py) before any worker, thread or event loop exists. Once the primary has written a
 snapshot, the standby restores it like --resume, starts its workers, and plans along without
-building batches as the delta log grows (server.py, `_follow_hot`): it is hot. When the
+building batches as the delta log grows (ha/roles.py, `Standby.follow`): it is hot. When the
 primary's process is gone (same host) or its lease expires, it takes the next epoch, plans
 the few steps logged since its last look and listens; the ranks reconnect to it with their
 own positions. A primary that dies before its first snapshot is taken over cold, from the

@@ -1,0 +1,102 @@
+"""The planning loop's driver: the stepper, the position the job starts from, and the planner
+task over them (plan/plan_loop.py).
+
+Before the event loop, `place` puts the stepper at the job's start: step 0, or a checkpoint's
+snapshot. On the loop, `replay` plans again (off the loop) the steps from that snapshot to the
+last consumed one; `reposition` moves the job to the position the first rank brought, its
+workers restarted at the cursors there; `start` runs the planner once the first rank is
+admitted, and `allow` lets it plan further as the slowest rank moves.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from omniload.coordinator.ha.checkpoint import Recovery
+from omniload.coordinator.plan.plan_loop import Planner, StepHandler
+from omniload.coordinator.plan.stepper import Cancelled, Step, Stepper
+from omniload.coordinator.pool.intake import SourceIntake
+from omniload.coordinator.pool.workforce import Workforce
+from omniload.spec import Spec
+
+log = logging.getLogger("omniload")
+
+
+class Planning:
+    def __init__(self, spec: Spec, intakes: list[SourceIntake], fingerprint: str) -> None:
+        self._spec, self._fingerprint = spec, fingerprint
+        self.stepper = Stepper(spec, intakes)
+        self.start_position: dict = {}  # the position the job starts from (a resume's, or step 0's)
+        self.planner: Planner
+
+    def place(self, recovery: Recovery | None) -> None:
+        """The stepper at the job's start: a snapshot now (the steps after it replayed once the
+        loop runs), or step 0."""
+        if recovery:
+            self.stepper.restore({**recovery.state, "live": recovery.state["live"] + recovery.live})
+        else:
+            self.start_position = self.export()
+
+    def export(self) -> dict:
+        """The stepper's position now, the job's fingerprint with it."""
+        return self.stepper.export_state(self._fingerprint)
+
+    def plan_with(self, encode: Callable[[Step, dict], Any], on_step: StepHandler,
+                  on_end: Callable[[int], None]) -> Planner:
+        """The planner (on the loop): `encode` makes a step's frames, `on_step` and `on_end` get them."""
+        self.planner = Planner(self.stepper, self._fingerprint, encode, on_step, on_end)
+        return self.planner
+
+    async def replay(self, recovery: Recovery, doing: str, fail: Callable[[str, BaseException], None]) -> bool:
+        """Plan again the steps from the snapshot to the last consumed one, at the size that
+        planned them: planning is a pure function of the position, so they come out the same.
+        `doing` says what the replay is for, in its log line."""
+        started = time.monotonic()
+
+        def replay() -> dict:
+            self.stepper.dp = recovery.dp
+            self.stepper.rehydrate()
+            for _ in range(recovery.replay):
+                self.stepper.next_step(build=False)
+            return self.export()
+
+        try:
+            self.start_position = await asyncio.get_running_loop().run_in_executor(None, replay)
+        except Cancelled:
+            return False  # the job is stopping (Ctrl-C, or a failure) before it started
+        except Exception as exc:
+            fail("the resume", exc)
+            return False
+        log.warning("%s from %s at step %d, its last consistent step (snapshot of step %d, %d steps "
+                    "replayed in %.2fs)", doing,
+                    self._spec.resume or self._spec.checkpoint_dir, recovery.step,
+                    recovery.state["step"], recovery.replay,
+                    time.monotonic() - started)
+        return True
+
+    async def reposition(self, position: dict, workforce: Workforce) -> None:
+        """Move the job to the loader position the first rank brought, before any step is planned."""
+        await workforce.restart_all(lambda: self.stepper.restore(position))
+        self.planner.reapply_early_changes()
+        self.start_position = position
+        log.warning("resuming at step %d, the loader position the ranks brought", position["step"])
+
+    @property
+    def started(self) -> bool:
+        return self.planner.task is not None
+
+    def start(self, dp: int, allowed: int, ended: Callable[[asyncio.Task], None]) -> None:
+        """Plan with `dp` data-parallel ranks, the steps below `allowed` first; `ended(task)`
+        when the planner's task ends."""
+        self.stepper.dp = dp
+        planning = self.planner.start(allowed=allowed)
+        planning.add_done_callback(ended)
+
+    def allow(self, until: int) -> None:
+        self.planner.allow(until)
+
+    async def stop(self) -> None:
+        await self.planner.stop()

@@ -1,0 +1,128 @@
+"""How planned steps reach the ranks' sockets: their frames, the senders and the step arena.
+
+Each step is encoded once per kind of rank (`encode_step`, pure: it may run on the planner's
+thread); each frame carries the loader position after the step, which the rank's
+state_dict() returns. Where senders serve (--senders; Linux), a frame's payload is copied into
+the step arena, a shared-memory segment the sender processes read, allocated on a thread once
+the first step says how large steps are; the steps before it is ready, and any it has no room
+for, go over the senders' sockets. Without senders the coordinator's own connections write
+the frames (serve/sessions.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Callable, Sequence
+
+from omniload.batch_arrays import expand, narrow
+from omniload.coordinator.plan.parallel import cp_slice
+from omniload.coordinator.plan.stepper import Step
+from omniload.coordinator.pool.worker_pool import available_cpus
+from omniload.coordinator.serve.arena import StepArena
+from omniload.coordinator.serve.batch_frames import encode_batch, step_fields
+from omniload.coordinator.serve.delivery import Frame, Frames, Variant
+from omniload.coordinator.serve.listening import bind, listen
+from omniload.coordinator.serve.senders import Accepting, Senders
+from omniload.coordinator.serve.sessions import Sessions
+from omniload.errors import ConfigError
+from omniload.formats.ring import segment_path
+from omniload.spec import Spec
+
+log = logging.getLogger("omniload")
+_ARENA_CAPACITY = 4 << 30  # the step arena's address space; the part a job's steps need is allocated
+_ARENA_MIN = 16 << 20
+_CAN_SEND = hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")  # senders need Linux
+
+
+class Sending:
+    def __init__(self, spec: Spec, job_id: str, source_names: list[str],
+                 fail: Callable[[str, BaseException], None]) -> None:
+        self._spec, self._job_id, self._source_names, self._fail = spec, job_id, source_names, fail
+        self.senders: Senders | None = None
+        self._arena: StepArena | None = None  # the planned steps' payloads, for the senders
+        self._arena_sized = False
+
+    def spawn(self) -> None:
+        """Start the senders (--senders; by default one per 8 CPUs on Linux). Before the loop."""
+        count = self._spec.senders if self._spec.senders >= 0 else available_cpus() // 8 if _CAN_SEND else 0
+        if not count:
+            return
+        if not _CAN_SEND:
+            raise ConfigError("--senders needs Linux (pidfd_open and SCM_RIGHTS); use --senders 0 here")
+        self._arena = StepArena(segment_path(os.getpid(), self._job_id, "arena"), _ARENA_CAPACITY)
+        senders = Senders(count, self._arena.path, self._fail)
+        senders.spawn()
+        log.info("%d senders write batches to the ranks", count)
+        self.senders = senders
+
+    async def listen(self, sessions: Sessions, host: str, port: int) -> asyncio.Server | Accepting:
+        """The rank port: accepted by the senders where they serve, else by this loop."""
+        if self.senders is not None:
+            await self.senders.start(sessions.session)
+            return self.senders.listen(bind(host, port, "--port"), sessions.session)
+        return await listen(sessions.serve, host, port, "--port")
+
+    def encode_step(self, step: Step, position: dict, dp: int, frame_kinds: Sequence[Variant]) -> Frames:
+        """One frame for each kind of rank (pure: it may run on a thread); each carries the
+        loader position after the step, which the rank's state_dict() returns."""
+        shared = step_fields({"dp": dp, "imbalance": round(step.figures["imbalance"], 4),
+                              "weights": dict(zip(self._source_names, step.weights)), "state": position})
+        frames, full_rows = {}, {}
+        for variant in frame_kinds:
+            dp_rank, cp_rank, has_data = variant
+            fields = {"tokens": step.tokens[dp_rank], "compact": has_data and self._spec.cp == 1}
+            if not has_data:
+                arrays = {}
+            elif self._spec.cp == 1:
+                arrays = step.batches[dp_rank]
+            else:  # a slice's labels and positions need the whole row: sent, as int32
+                if dp_rank not in full_rows:
+                    full_rows[dp_rank] = expand(step.batches[dp_rank])
+                arrays = narrow(cp_slice(full_rows[dp_rank], self._spec.cp, cp_rank))
+            frames[variant] = self._place(step.number, *encode_batch(step.number, arrays, fields, shared))
+        return frames
+
+    def planned(self, frames: Frames) -> None:
+        """A step was planned (on the loop): the first one sizes the step arena."""
+        if self._arena is not None and not self._arena_sized:
+            self._reserve_arena(frames)
+
+    def release_through(self, step: int) -> None:
+        """Every rank has read the steps up to `step`: their bytes in the arena are free."""
+        if self._arena is not None:
+            self._arena.release_through(step)
+
+    async def stop(self) -> None:
+        if self.senders is not None:
+            await self.senders.stop()
+
+    def close(self) -> None:
+        """Kill the senders and unlink the arena; always, from the coordinator's `finally`."""
+        if self.senders is not None:
+            self.senders.kill()
+        if self._arena is not None:
+            self._arena.close()
+
+    def _place(self, number: int, head: bytes, payload: bytes) -> Frame:
+        """A frame, its payload copied into the step arena where senders serve and it has room
+        (thread-safe: encoding may run on the planner's thread)."""
+        arena = self._arena
+        placed = arena.put(number, payload) if arena is not None else None
+        return (head, *placed) if placed else (head, payload, None)
+
+    def _reserve_arena(self, frames: Frames) -> None:
+        """Allocate the step arena on a thread, sized by the first step; the steps before it is
+        ready go over the senders' sockets."""
+        arena, self._arena_sized = self._arena, True
+        need = max(_ARENA_MIN, sum(len(payload) for _, payload, _ in frames.values()) * (self._spec.plan_ahead + 4) * 2)
+
+        def reserved(done: asyncio.Future) -> None:
+            if done.exception() is not None:
+                log.warning("senders get batches over their sockets: no room for a %d MB step arena in /dev/shm (%s)",
+                            need >> 20, done.exception())
+                self._arena = None
+                arena.close()
+
+        asyncio.get_running_loop().run_in_executor(None, arena.reserve, need).add_done_callback(reserved)
