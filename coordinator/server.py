@@ -190,8 +190,8 @@ class Coordinator:
         self.fail("the event loop", context.get("exception") or RuntimeError(context.get("message")))
 
     def task_ended(self, task: asyncio.Task, where: str) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self.fail(where, task.exception())
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self.fail(where, exc)
 
     # -- the watch ---------------------------------------------------------------------------
     async def _tick_loop(self) -> None:

@@ -93,7 +93,7 @@ class Positions:
         """From the checkpoint writer's thread: stop the job, naming the folder and what to do."""
         folder = self._spec.checkpoint_dir or self._spec.resume
         if isinstance(exc, OSError):
-            fix = _DISK_FIXES.get(exc.errno, "check the folder's disk, or choose another --checkpoint-dir")
+            fix = _DISK_FIXES.get(exc.errno or 0, "check the folder's disk, or choose another --checkpoint-dir")
             exc = OmniloadError(f"checkpoint folder {folder}: {exc}; {fix}")
         if self._loop is None or self._loop.is_closed():  # no loop yet, or it has already ended
             log.error("checkpoint folder %s: %s", folder, exc)

@@ -114,6 +114,7 @@ class Standby:
         takeover): no rank has consumed less, so every rank's own position is at or after it
         (read before the loop starts)."""
         folder = self._job.spec.checkpoint_dir
+        assert folder is not None  # a standby needs the folder (the spec says so)
         found = last_position(folder)
         if found is None:
             log.warning("the primary left no checkpoint in %s yet; planning from the job's start", folder)
@@ -196,6 +197,7 @@ class Standby:
 
     def _take_over(self, epoch: int) -> None:
         """This standby holds the lease of `epoch` now: renew it, and remove the dead primary's rings."""
+        assert self._job.spec.checkpoint_dir is not None
         self._job.tenure.hold(self._job.spec.checkpoint_dir, epoch)
         for path in remove_stale_segments():
             log.info("removed %s, left by the primary that died", path.name)
@@ -203,6 +205,7 @@ class Standby:
     def _catch_up(self, base: int) -> None:
         """Plan (not build) up to the last step the folder says every rank consumed, with the
         live mixture changes recorded since snapshot `base`. On a thread."""
+        assert self._job.spec.checkpoint_dir is not None
         step, live = log_after(self._job.spec.checkpoint_dir, base)
         stepper = self._job.planning.stepper
         known = stepper.live_changes

@@ -29,7 +29,7 @@ class Planning:
     def __init__(self, spec: Spec, intakes: list[SourceIntake], fingerprint: str) -> None:
         self._spec, self._fingerprint = spec, fingerprint
         self.stepper = Stepper(spec, intakes)
-        self.start_position: dict = {}  # the position the job starts from (a resume's, or step 0's)
+        self.start_position: dict[str, Any] = {}  # the position the job starts from (a resume's, or step 0's)
         self.planner: Planner
 
     def place(self, recovery: Recovery | None) -> None:
@@ -40,11 +40,11 @@ class Planning:
         else:
             self.start_position = self.export()
 
-    def export(self) -> dict:
+    def export(self) -> dict[str, Any]:
         """The stepper's position now, the job's fingerprint with it."""
         return self.stepper.export_state(self._fingerprint)
 
-    def plan_with(self, encode: Callable[[Step, dict], Any], on_step: StepHandler,
+    def plan_with(self, encode: Callable[[Step, dict[str, Any]], Any], on_step: StepHandler,
                   on_end: Callable[[int], None]) -> Planner:
         """The planner (on the loop): `encode` makes a step's frames, `on_step` and `on_end` get them."""
         self.planner = Planner(self.stepper, self._fingerprint, encode, on_step, on_end)
@@ -56,7 +56,7 @@ class Planning:
         `doing` says what the replay is for, in its log line."""
         started = time.monotonic()
 
-        def replay() -> dict:
+        def replay() -> dict[str, Any]:
             self.stepper.dp = recovery.dp
             self.stepper.rehydrate()
             for _ in range(recovery.replay):
@@ -77,7 +77,7 @@ class Planning:
                     time.monotonic() - started)
         return True
 
-    async def reposition(self, position: dict, workforce: Workforce) -> None:
+    async def reposition(self, position: dict[str, Any], workforce: Workforce) -> None:
         """Move the job to the loader position the first rank brought, before any step is planned."""
         await workforce.restart_all(lambda: self.stepper.restore(position))
         self.planner.reapply_early_changes()
@@ -88,7 +88,7 @@ class Planning:
     def started(self) -> bool:
         return self.planner.task is not None
 
-    def start(self, dp: int, allowed: int, ended: Callable[[asyncio.Task], None]) -> None:
+    def start(self, dp: int, allowed: int, ended: Callable[[asyncio.Task[None]], None]) -> None:
         """Plan with `dp` data-parallel ranks, the steps below `allowed` first; `ended(task)`
         when the planner's task ends."""
         self.stepper.dp = dp

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Sequence
+from typing import Protocol
 from collections.abc import Callable
 
 from omniload.errors import ConfigError
@@ -33,7 +35,14 @@ def reachable(host: str) -> str:
     return socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "::") else host
 
 
-def address_of(server: asyncio.Server) -> str:
+class _Listening(Protocol):
+    """An asyncio.Server, or the senders' Accepting: what listens on a socket."""
+
+    @property
+    def sockets(self) -> Sequence[socket.socket]: ...
+
+
+def address_of(server: _Listening) -> str:
     host, port = server.sockets[0].getsockname()[:2]
     if host in ("0.0.0.0", "::"):
         host = socket.gethostbyname(socket.gethostname())

@@ -116,6 +116,7 @@ class Sending:
         """Allocate the step arena on a thread, sized by the first step; the steps before it is
         ready go over the senders' sockets."""
         arena, self._arena_sized = self._arena, True
+        assert arena is not None  # made with the senders
         need = max(_ARENA_MIN, sum(len(payload) for _, payload, _ in frames.values()) * (self._spec.plan_ahead + 4) * 2)
 
         def reserved(done: asyncio.Future) -> None:
