@@ -5,6 +5,7 @@ Reads the spec as JSON on stdin and the token from OMNILOAD_TOKEN; prints one JS
 exits with the job's code. With --standby, the line comes at once with the address it will
 listen on if it takes over (coordinator/ha/standby.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,10 +34,16 @@ def main() -> int:
     setup_logging()
     try:
         spec = Spec.from_dict(json.load(sys.stdin))
-        coordinator = Coordinator(spec, os.environ["OMNILOAD_TOKEN"], args.host, args.port,
-                                  announce=lambda addr, metrics: print(json.dumps({"addr": addr, "metrics": metrics}),
-                                                                       flush=True),
-                                  job_id=args.job_id, exit_with_parent=True, standby=args.standby)
+        coordinator = Coordinator(
+            spec,
+            os.environ["OMNILOAD_TOKEN"],
+            args.host,
+            args.port,
+            announce=lambda addr, metrics: print(json.dumps({"addr": addr, "metrics": metrics}), flush=True),
+            job_id=args.job_id,
+            exit_with_parent=True,
+            standby=args.standby,
+        )
         return coordinator.run()
     except ConfigError as exc:
         print(f"omniload: error: {exc}", file=sys.stderr)

@@ -1,4 +1,5 @@
 """The event loop every omniload asyncio process runs on."""
+
 from __future__ import annotations
 
 import asyncio

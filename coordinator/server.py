@@ -15,6 +15,7 @@ of serve/sessions.py); frames, senders and the step arena (serve/sending.py). Th
 waits: nothing here blocks on a disk, a join or a long computation. Every unexpected error, in
 any task, thread or callback, ends in `fail`, which names where it happened and tells every rank.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -53,9 +54,17 @@ _CONNECT_WARN_S = 60.0
 
 
 class Coordinator:
-    def __init__(self, spec: Spec, token: str, host: str = "127.0.0.1", port: int = 0,
-                 announce: Callable[[str, str | None], None] = lambda addr, metrics: print(addr),
-                 job_id: str | None = None, exit_with_parent: bool = False, standby: bool = False) -> None:
+    def __init__(
+        self,
+        spec: Spec,
+        token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        announce: Callable[[str, str | None], None] = lambda addr, metrics: print(addr),
+        job_id: str | None = None,
+        exit_with_parent: bool = False,
+        standby: bool = False,
+    ) -> None:
         """`announce(addr, metrics_addr)` is called once ranks can connect (metrics_addr: None
         without --metrics-port); a standby (coordinator/ha/standby.py) announces the address it
         will listen on once it takes over, as soon as it follows the primary."""
@@ -98,8 +107,13 @@ class Coordinator:
             self.planning.place(recovery)
             self.workforce.start()
             self.positions.open()
-            log.info("job %s: %d sources, %d workers, %d lanes", self.job_id, len(catalog), len(plan),
-                     sum(self.workforce.pool.lane_counts))
+            log.info(
+                "job %s: %d sources, %d workers, %d lanes",
+                self.job_id,
+                len(catalog),
+                len(plan),
+                sum(self.workforce.pool.lane_counts),
+            )
             self.sending.spawn()
             run_loop(self._main(recovery))
         finally:
@@ -124,8 +138,9 @@ class Coordinator:
             return
         servers = [await self.sending.listen(Sessions(self.ranks), self.host, self.port)]
         if self.spec.metrics_port is not None:
-            servers.append(await listen(serve_metrics(self.ranks.status), self.host, self.spec.metrics_port,
-                                        "--metrics-port"))
+            servers.append(
+                await listen(serve_metrics(self.ranks.status), self.host, self.spec.metrics_port, "--metrics-port")
+            )
         addr, *metrics = [address_of(server) for server in servers]
         if not await self.role.hold_lease(addr):
             return
@@ -168,8 +183,14 @@ class Coordinator:
     def fail(self, where: str, exc: BaseException) -> None:
         """Stop the job: tell every rank why; exit 2 for bad config and 1 otherwise. On the loop."""
         expected = isinstance(exc, OmniloadError)
-        message = str(exc) if expected else (f"internal error in {where}: {type(exc).__name__}: {exc} "
-                                             "(a bug in omniload; please report it with this log)")
+        message = (
+            str(exc)
+            if expected
+            else (
+                f"internal error in {where}: {type(exc).__name__}: {exc} "
+                "(a bug in omniload; please report it with this log)"
+            )
+        )
         if self.should_exit.is_set():
             log.warning("while shutting down, %s: %s", where, message)
             return
@@ -224,9 +245,15 @@ def _say_late(late: float, cpu: float) -> None:
     """The tick came `late` seconds late, the loop's thread having used `cpu` seconds since the
     last one: its own work blocked it (a bug), or the host gave it no CPU (too busy a host)."""
     if cpu > late / 2:
-        log.warning("the event loop was blocked for %.1fs by its own work; ranks waited meanwhile (a bug in "
-                    "omniload: please report it)", late)
+        log.warning(
+            "the event loop was blocked for %.1fs by its own work; ranks waited meanwhile (a bug in "
+            "omniload: please report it)",
+            late,
+        )
     else:
-        log.warning("the coordinator got no CPU for %.1fs (it ran %.2fs of it): the host is overloaded; ranks "
-                    "waited meanwhile. Leave the coordinator a core (fewer --workers, or fewer ranks per host)",
-                    late, cpu)
+        log.warning(
+            "the coordinator got no CPU for %.1fs (it ran %.2fs of it): the host is overloaded; ranks "
+            "waited meanwhile. Leave the coordinator a core (fewer --workers, or fewer ranks per host)",
+            late,
+            cpu,
+        )

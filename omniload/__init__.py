@@ -4,6 +4,7 @@
 so the coordinator and the workers, which import `omniload.spec` and friends, never import
 torch: a torch import costs hundreds of MB per process, and memory is the point.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

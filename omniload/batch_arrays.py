@@ -18,6 +18,7 @@ positions. With context parallelism a rank gets slices of the rows, whose labels
 positions need the whole row: those frames carry all three arrays, as int32 (`narrow`), and
 the rank widens them (`widen`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -53,15 +54,22 @@ def expand(wire: dict[str, np.ndarray], empty: Allocate = np.empty) -> dict[str,
     following[(wire["source"] < 0)[segment]] = IGNORE_INDEX  # and none on padding
     source = empty(wire["source"].shape, np.dtype(np.int64))
     source[...] = wire["source"]
-    return {"input_ids": input_ids, "labels": labels, "position_ids": positions,
-            "cu_seqlens": wire["cu_seqlens"], "source": source, "sample_id": wire["sample_id"],
-            **{name: wire[name] for name in PASSED if name in wire}}
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "position_ids": positions,
+        "cu_seqlens": wire["cu_seqlens"],
+        "source": source,
+        "sample_id": wire["sample_id"],
+        **{name: wire[name] for name in PASSED if name in wire},
+    }
 
 
 def narrow(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The schema's int64 token-sized arrays as int32, for the wire (ids, labels and positions fit)."""
-    return {name: a.astype(np.int32) if name in SCHEMA_INT64 and name != "sample_id" else a
-            for name, a in arrays.items()}
+    return {
+        name: a.astype(np.int32) if name in SCHEMA_INT64 and name != "sample_id" else a for name, a in arrays.items()
+    }
 
 
 def widen(arrays: dict[str, np.ndarray], empty: Allocate = np.empty) -> dict[str, np.ndarray]:

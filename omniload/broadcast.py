@@ -7,6 +7,7 @@ groups are created collectively, and rank 0 learns the layout from the coordinat
 With device="cuda:N" every rank's batch is on its GPU before the broadcast, so the group's
 backend must carry CUDA tensors (NCCL); without, the tensors are CPU ones (gloo).
 """
+
 from __future__ import annotations
 
 import time
@@ -25,11 +26,22 @@ class BroadcastLoader:
     first use are collective: every rank of the job makes the same calls in the same order.
     Positions are kept by the group's leader (the last KEPT_POSITIONS, as a Loader keeps)."""
 
-    def __init__(self, addr: str, token: str, rank: int, world_size: int, prefetch: int, *,
-                 pin_memory: bool = False, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        addr: str,
+        token: str,
+        rank: int,
+        world_size: int,
+        prefetch: int,
+        *,
+        pin_memory: bool = False,
+        device: torch.device | None = None,
+    ) -> None:
         if not dist.is_available() or not dist.is_initialized():
-            raise ConfigError("broadcast_at='tp' needs torch.distributed initialized "
-                              "(dist.init_process_group) before omniload.connect()")
+            raise ConfigError(
+                "broadcast_at='tp' needs torch.distributed initialized "
+                "(dist.init_process_group) before omniload.connect()"
+            )
         self._args = (addr, token, rank, world_size, prefetch)
         self.pin_memory, self.device = pin_memory, device
         # Batches are CPU tensors unless device= puts them on a GPU, and an NCCL group cannot
@@ -93,9 +105,15 @@ class BroadcastLoader:
                 raise OmniloadError(header["error"])
             raise StopIteration
         if not self._loader:
-            batch = {name: torch.empty(shape, dtype=getattr(torch, dtype), device=self.device,
-                                       pin_memory=self.pin_memory and self.device is None)
-                     for name, dtype, shape in header["tensors"]}
+            batch = {
+                name: torch.empty(
+                    shape,
+                    dtype=getattr(torch, dtype),
+                    device=self.device,
+                    pin_memory=self.pin_memory and self.device is None,
+                )
+                for name, dtype, shape in header["tensors"]
+            }
         for name, _, _ in header["tensors"]:
             dist.broadcast(batch[name], src=self._leader, group=self._group)
         self.wait_seconds += time.perf_counter() - started

@@ -3,6 +3,7 @@
 Every spec option maps onto one `Spec` field (same name in `--config` files, also settable as
 OMNILOAD_<NAME>); a flag given on the command line overrides the file.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,80 +28,184 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any], str]] = [  # (flag, click's kwarg
     ("--seq-len", dict(type=int, help="Tokens per row."), "batching"),
     ("--rows", dict(type=int, help="Rows per batch on each data-parallel rank."), "batching"),
     ("--tokenizer", dict(help="'bytes', a tokenizer.json path, or module:function."), "sources"),
-    ("--workers", dict(type=lambda v: 0 if str(v) == "auto" else int(v), metavar="N|auto",
-                       help="Total source-worker processes, split among sources by weight once; auto (or 0): the "
-                            "CPUs less --reserve-cpus, re-split online by each source's measured cost per token."),
-     "workers"),
-    ("--reserve-cpus", dict(type=int, help="With --workers auto: CPUs left to the ranks and the coordinator."),
-     "workers"),
-    ("--autoscale-every", dict(type=float, help="With --workers auto: seconds between re-split decisions "
-                                                "(0: split by weight once)."), "workers"),
+    (
+        "--workers",
+        dict(
+            type=lambda v: 0 if str(v) == "auto" else int(v),
+            metavar="N|auto",
+            help="Total source-worker processes, split among sources by weight once; auto (or 0): the "
+            "CPUs less --reserve-cpus, re-split online by each source's measured cost per token.",
+        ),
+        "workers",
+    ),
+    (
+        "--reserve-cpus",
+        dict(type=int, help="With --workers auto: CPUs left to the ranks and the coordinator."),
+        "workers",
+    ),
+    (
+        "--autoscale-every",
+        dict(type=float, help="With --workers auto: seconds between re-split decisions (0: split by weight once)."),
+        "workers",
+    ),
     ("--seed", dict(type=int, help="Seed of every shuffle: same seed, spec and files give the same batches."), "plan"),
     ("--epochs", dict(type=int, help="Passes over each source (0: repeat forever, reshuffled)."), "sources"),
     ("--steps", dict(type=int, help="Stop after this many steps (0: when the data ends)."), "batching"),
     ("--tp", dict(type=int, help="Tensor-parallel size."), "parallel"),
     ("--pp", dict(type=int, help="Pipeline-parallel size."), "parallel"),
     ("--cp", dict(type=int, help="Context-parallel size."), "parallel"),
-    ("--on-bad-file", dict(type=click.Choice(["stop", "skip"]), help="Stop the job at an unreadable file, or skip it."),
-     "sources"),
+    (
+        "--on-bad-file",
+        dict(type=click.Choice(["stop", "skip"]), help="Stop the job at an unreadable file, or skip it."),
+        "sources",
+    ),
     ("--ring-mb", dict(type=int, help="Shared-memory ring size per worker lane, in MB."), "workers"),
     ("--plan-ahead", dict(type=int, help="Steps planned ahead of the slowest rank."), "plan"),
     ("--max-restarts", dict(type=int, help="Restarts of a crashed worker before the job fails."), "workers"),
-    ("--worker-timeout", dict(type=float, help="Seconds without a sample from a source before the job fails."),
-     "workers"),
-    ("--rank-timeout", dict(type=float, help="Seconds a rank the others wait for may stay silent (no ACK, or "
-                                             "disconnected) before the job fails naming it; a rank that has not "
-                                             "connected yet is only named (0: wait forever)."), "serving"),
-    ("--metrics-port", dict(type=int, help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port; "
-                                           "the log names it)."), "serving"),
-    ("--senders", dict(type=int, help="Processes that write batches to the ranks' sockets from shared memory "
-                                      "(0: the coordinator itself; -1: one per 8 cores)."), "serving"),
+    (
+        "--worker-timeout",
+        dict(type=float, help="Seconds without a sample from a source before the job fails."),
+        "workers",
+    ),
+    (
+        "--rank-timeout",
+        dict(
+            type=float,
+            help="Seconds a rank the others wait for may stay silent (no ACK, or "
+            "disconnected) before the job fails naming it; a rank that has not "
+            "connected yet is only named (0: wait forever).",
+        ),
+        "serving",
+    ),
+    (
+        "--metrics-port",
+        dict(
+            type=int, help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port; the log names it)."
+        ),
+        "serving",
+    ),
+    (
+        "--senders",
+        dict(
+            type=int,
+            help="Processes that write batches to the ranks' sockets from shared memory "
+            "(0: the coordinator itself; -1: one per 8 cores).",
+        ),
+        "serving",
+    ),
     ("--balance", dict(help="Cost model for balancing ranks: tokens, attention, or module:function."), "plan"),
     ("--cost-coeffs", dict(help="a,b,c[,d] of the attention cost a*len^2 + b*len + c + d*images."), "plan"),
     ("--image-size", dict(help="HxW every image is resized and center-cropped to (sources with images)."), "sources"),
-    ("--image-transform", dict(help="module:function from a PIL image to uint8 [3, H, W], instead of resize-and-crop."),
-     "sources"),
-    ("--image-token", dict(type=int, help="Placeholder token id of an image (needed when a source has images)."),
-     "sources"),
+    (
+        "--image-transform",
+        dict(help="module:function from a PIL image to uint8 [3, H, W], instead of resize-and-crop."),
+        "sources",
+    ),
+    (
+        "--image-token",
+        dict(type=int, help="Placeholder token id of an image (needed when a source has images)."),
+        "sources",
+    ),
     ("--tokens-per-image", dict(type=int, help="Placeholder tokens per image in input_ids."), "sources"),
     ("--balance-window", dict(type=int, help="Steps a hard-to-place document may wait for a better step."), "plan"),
-    ("--long-docs", dict(type=click.Choice(["split", "drop", "bucket"]),
-                         help="Documents longer than seq-len: split into chunks, drop, or keep whole rows together."),
-     "batching"),
-    ("--shuffle-window", dict(type=int, help="Segments in the job's shuffle window, split among sources by weight; a "
-                                             "long document's chunks spread over it (0: 8M / seq-len, at least "
-                                             "4 x dp x rows)."), "plan"),
-    ("--max-doc-share", dict(type=float, help="Most of one rank's tokens a single document may fill in a step "
-                                              "(at least one chunk)."), "batching"),
-    ("--shard-interleave", dict(type=int, help="Shards each source reads at once, taking their rows in turn."),
-     "sources"),
+    (
+        "--long-docs",
+        dict(
+            type=click.Choice(["split", "drop", "bucket"]),
+            help="Documents longer than seq-len: split into chunks, drop, or keep whole rows together.",
+        ),
+        "batching",
+    ),
+    (
+        "--shuffle-window",
+        dict(
+            type=int,
+            help="Segments in the job's shuffle window, split among sources by weight; a "
+            "long document's chunks spread over it (0: 8M / seq-len, at least "
+            "4 x dp x rows).",
+        ),
+        "plan",
+    ),
+    (
+        "--max-doc-share",
+        dict(type=float, help="Most of one rank's tokens a single document may fill in a step (at least one chunk)."),
+        "batching",
+    ),
+    (
+        "--shard-interleave",
+        dict(type=int, help="Shards each source reads at once, taking their rows in turn."),
+        "sources",
+    ),
     ("--rank-order", dict(help="Order of the parallel axes in the rank number, fastest first."), "parallel"),
-    ("--pp-data", dict(type=click.Choice(["first-last", "all"]), help="Pipeline stages that receive data."),
-     "parallel"),
-    ("--broadcast-at", dict(type=click.Choice(["none", "tp"]),
-                            help="tp: one rank per tensor-parallel group connects and broadcasts to the others."),
-     "parallel"),
+    (
+        "--pp-data",
+        dict(type=click.Choice(["first-last", "all"]), help="Pipeline stages that receive data."),
+        "parallel",
+    ),
+    (
+        "--broadcast-at",
+        dict(
+            type=click.Choice(["none", "tp"]),
+            help="tp: one rank per tensor-parallel group connects and broadcasts to the others.",
+        ),
+        "parallel",
+    ),
     ("--checkpoint-dir", dict(help="Folder for loader snapshots and the per-step delta log."), "checkpoint"),
-    ("--snapshot-every", dict(type=int, help="Steps between full snapshots; a resume replays at most this many steps."),
-     "checkpoint"),
-    ("--keep-snapshots", dict(type=int, help="Snapshots kept in --checkpoint-dir (older ones and their logs are removed)."),
-     "checkpoint"),
+    (
+        "--snapshot-every",
+        dict(type=int, help="Steps between full snapshots; a resume replays at most this many steps."),
+        "checkpoint",
+    ),
+    (
+        "--keep-snapshots",
+        dict(type=int, help="Snapshots kept in --checkpoint-dir (older ones and their logs are removed)."),
+        "checkpoint",
+    ),
     ("--resume", dict(help="Checkpoint folder to resume from when the ranks bring no loader state."), "checkpoint"),
-    ("--allow-changed-data", dict(is_flag=True, help="Resume even if the spec or files changed (recorded in the log)."),
-     "checkpoint"),
-    ("--read-ahead", dict(metavar="BYTES", help="Bytes of a store's objects each worker lane holds, fetched ahead "
-                                                 "of its reads and kept for re-reads (e.g. 64MB)."), "storage"),
-    ("--cache-dir", dict(metavar="PATH|auto", help="Keep blocks of a store's objects on local disk here, for re-reads, "
-                                                   "epoch 2 and the next job (auto: $XDG_CACHE_HOME/omniload); off "
-                                                   "when unset."), "storage"),
-    ("--cache-limit", dict(metavar="BYTES", help="Bytes --cache-dir may hold; least recently used blocks go first."),
-     "storage"),
+    (
+        "--allow-changed-data",
+        dict(is_flag=True, help="Resume even if the spec or files changed (recorded in the log)."),
+        "checkpoint",
+    ),
+    (
+        "--read-ahead",
+        dict(
+            metavar="BYTES",
+            help="Bytes of a store's objects each worker lane holds, fetched ahead "
+            "of its reads and kept for re-reads (e.g. 64MB).",
+        ),
+        "storage",
+    ),
+    (
+        "--cache-dir",
+        dict(
+            metavar="PATH|auto",
+            help="Keep blocks of a store's objects on local disk here, for re-reads, "
+            "epoch 2 and the next job (auto: $XDG_CACHE_HOME/omniload); off "
+            "when unset.",
+        ),
+        "storage",
+    ),
+    (
+        "--cache-limit",
+        dict(metavar="BYTES", help="Bytes --cache-dir may hold; least recently used blocks go first."),
+        "storage",
+    ),
 ]
 
 
 # the sections of launch's and serve's --help, in this order (then the command's other options)
-_GROUPS = ["sources", "batching", "plan", "parallel", "workers", "checkpoint", "serving", "high availability",
-           "storage"]
+_GROUPS = [
+    "sources",
+    "batching",
+    "plan",
+    "parallel",
+    "workers",
+    "checkpoint",
+    "serving",
+    "high availability",
+    "storage",
+]
 
 
 class _GroupedOption(click.Option):
@@ -135,13 +240,25 @@ def spec_options(command: Callable) -> Callable:
         kwargs = dict(kwargs, default=None, envvar=f"OMNILOAD_{field.upper()}")
         kwargs["help"] = f"{kwargs['help']}  [default: {_DEFAULTS[field]}]"
         command = click.option(flag, field, cls=_GroupedOption, group=group, **kwargs)(command)
-    command = click.option("--source", "sources", multiple=True, metavar="NAME=GLOB[,weight=W][,column=C]",
-                           cls=_GroupedOption, group="sources",
-                           help="A data source; repeat for several. GLOB is a local glob or a URL (s3://, gs://, "
-                                "az://, hf://). Options: weight, column, format, tokenizer, image (the column of "
-                                "encoded images), endpoint, region, anonymous (for a store).")(command)
-    return click.option("--config", "config", type=click.Path(dir_okay=False), cls=_GroupedOption, group="sources",
-                        help="YAML/JSON file with the same options; flags override it.")(command)
+    command = click.option(
+        "--source",
+        "sources",
+        multiple=True,
+        metavar="NAME=GLOB[,weight=W][,column=C]",
+        cls=_GroupedOption,
+        group="sources",
+        help="A data source; repeat for several. GLOB is a local glob or a URL (s3://, gs://, "
+        "az://, hf://). Options: weight, column, format, tokenizer, image (the column of "
+        "encoded images), endpoint, region, anonymous (for a store).",
+    )(command)
+    return click.option(
+        "--config",
+        "config",
+        type=click.Path(dir_okay=False),
+        cls=_GroupedOption,
+        group="sources",
+        help="YAML/JSON file with the same options; flags override it.",
+    )(command)
 
 
 def build_spec(config: str | None, sources: tuple[str, ...], options: dict[str, Any]) -> Spec:
@@ -161,46 +278,92 @@ def main() -> None:
 
 @main.command(cls=_GroupedCommand, context_settings={"ignore_unknown_options": False})
 @spec_options
-@click.option("--host", default="127.0.0.1", help="Address the coordinator listens on.", cls=_GroupedOption,
-              group="serving")
+@click.option(
+    "--host", default="127.0.0.1", help="Address the coordinator listens on.", cls=_GroupedOption, group="serving"
+)
 @click.option("--port", default=0, type=int, help="Port (0: any free port).", cls=_GroupedOption, group="serving")
-@click.option("--progress-every", default=_PROGRESS_S, type=float,
-              help="Seconds between progress lines on stderr (0: none).")
+@click.option(
+    "--progress-every", default=_PROGRESS_S, type=float, help="Seconds between progress lines on stderr (0: none)."
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress lines.")
-@click.option("--standby", default=0, type=click.IntRange(min=0), cls=_GroupedOption, group="high availability",
-              help="Standby coordinators beside the primary: one takes over if the primary dies (needs "
-                   "--checkpoint-dir); a lost one is replaced.")
+@click.option(
+    "--standby",
+    default=0,
+    type=click.IntRange(min=0),
+    cls=_GroupedOption,
+    group="high availability",
+    help="Standby coordinators beside the primary: one takes over if the primary dies (needs "
+    "--checkpoint-dir); a lost one is replaced.",
+)
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def launch(config: str | None, sources: tuple[str, ...], host: str, port: int, progress_every: float, quiet: bool,
-           standby: int, cmd: tuple[str, ...], **options: Any) -> None:
+def launch(
+    config: str | None,
+    sources: tuple[str, ...],
+    host: str,
+    port: int,
+    progress_every: float,
+    quiet: bool,
+    standby: int,
+    cmd: tuple[str, ...],
+    **options: Any,
+) -> None:
     """Start the coordinator, run CMD (e.g. torchrun ...) beside it, stop it when CMD exits.
 
     CMD gets OMNILOAD_ADDR and OMNILOAD_TOKEN in its environment; the exit code is CMD's."""
     spec = _or_exit(lambda: build_spec(config, sources, options))
-    sys.exit(run_launch(spec, list(cmd), host=host, port=port, progress_every=0 if quiet else progress_every,
-                        standby=standby))
+    sys.exit(
+        run_launch(
+            spec, list(cmd), host=host, port=port, progress_every=0 if quiet else progress_every, standby=standby
+        )
+    )
 
 
 @main.command(cls=_GroupedCommand)
 @spec_options
-@click.option("--host", default="0.0.0.0", help="Address to listen on (reachable by every node).", cls=_GroupedOption,
-              group="serving")
+@click.option(
+    "--host",
+    default="0.0.0.0",
+    help="Address to listen on (reachable by every node).",
+    cls=_GroupedOption,
+    group="serving",
+)
 @click.option("--port", default=0, type=int, help="Port (0: any free port).", cls=_GroupedOption, group="serving")
-@click.option("--standby", "as_standby", is_flag=True, cls=_GroupedOption, group="high availability",
-              help="Run as a standby of the primary using the same --checkpoint-dir (shared) and OMNILOAD_TOKEN: "
-                   "it takes over when the primary dies or its lease expires.")
-@click.option("--primary", default=None, metavar="HOST:PORT", cls=_GroupedOption, group="high availability",
-              help="With --standby: the primary's address, put first in the printed OMNILOAD_ADDR.")
-def serve(config: str | None, sources: tuple[str, ...], host: str, port: int, as_standby: bool, primary: str | None,
-          **options: Any) -> None:
+@click.option(
+    "--standby",
+    "as_standby",
+    is_flag=True,
+    cls=_GroupedOption,
+    group="high availability",
+    help="Run as a standby of the primary using the same --checkpoint-dir (shared) and OMNILOAD_TOKEN: "
+    "it takes over when the primary dies or its lease expires.",
+)
+@click.option(
+    "--primary",
+    default=None,
+    metavar="HOST:PORT",
+    cls=_GroupedOption,
+    group="high availability",
+    help="With --standby: the primary's address, put first in the printed OMNILOAD_ADDR.",
+)
+def serve(
+    config: str | None,
+    sources: tuple[str, ...],
+    host: str,
+    port: int,
+    as_standby: bool,
+    primary: str | None,
+    **options: Any,
+) -> None:
     """Run the coordinator alone (multi-node jobs); prints OMNILOAD_ADDR and OMNILOAD_TOKEN for the ranks."""
     from omniload.coordinator.observe.logs import setup_logging
     from omniload.coordinator.server import Coordinator
 
     spec = _or_exit(lambda: build_spec(config, sources, options))
     if as_standby and not (os.environ.get("OMNILOAD_TOKEN") and spec.checkpoint_dir):
-        raise click.UsageError("--standby needs the primary's OMNILOAD_TOKEN in the environment and its "
-                               "--checkpoint-dir (a folder both hosts share)")
+        raise click.UsageError(
+            "--standby needs the primary's OMNILOAD_TOKEN in the environment and its "
+            "--checkpoint-dir (a folder both hosts share)"
+        )
     token = os.environ.get("OMNILOAD_TOKEN") or secrets.token_hex(16)
     setup_logging()
 
@@ -217,8 +380,12 @@ def serve(config: str | None, sources: tuple[str, ...], host: str, port: int, as
 @main.command(context_settings={"ignore_unknown_options": False})
 @click.option("--addr", envvar="OMNILOAD_ADDR", required=True, help="The coordinator's HOST:PORT.")
 @click.option("--token", envvar="OMNILOAD_TOKEN", required=True, help="The job's token.")
-@click.option("--socket", "path", default=None,
-              help="Unix socket the node's ranks connect to [default: a new one in the temp folder].")
+@click.option(
+    "--socket",
+    "path",
+    default=None,
+    help="Unix socket the node's ranks connect to [default: a new one in the temp folder].",
+)
 @click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
 def relay(addr: str, token: str, path: str | None, cmd: tuple[str, ...]) -> None:
     """Run one relay per node: the node's ranks share its one connection to the coordinator.
@@ -226,9 +393,9 @@ def relay(addr: str, token: str, path: str | None, cmd: tuple[str, ...]) -> None
     With CMD (e.g. torchrun ...), CMD runs with OMNILOAD_ADDR=unix:SOCKET and the relay stops
     when it exits (the exit code is CMD's); without, the relay runs until the coordinator ends
     and the ranks need OMNILOAD_ADDR=unix:SOCKET themselves."""
+    from omniload.coordinator.loop import run_loop
     from omniload.coordinator.observe.logs import setup_logging
     from omniload.coordinator.serve.relay_process import default_socket_path, run_relay
-    from omniload.coordinator.loop import run_loop
 
     setup_logging()
     socket_path = path or default_socket_path()
@@ -281,21 +448,36 @@ def status(addr: str, token: str, as_json: bool, once: bool, interval: float) ->
 @main.command()
 @click.option("--steps", default=40, type=int, help="Training steps.")
 @click.option("--nproc", default=2, type=int, help="Ranks (torchrun --nproc_per_node).")
-@click.option("--dir", "directory", default=None, help="Where the generated corpus goes [default: ~/.cache/omniload/demo].")
+@click.option(
+    "--dir", "directory", default=None, help="Where the generated corpus goes [default: ~/.cache/omniload/demo]."
+)
 def demo(steps: int, nproc: int, directory: str | None) -> None:
     """Generate a small corpus and train a tiny GPT on it with torchrun through omniload (CPU)."""
     from omniload.demo.corpus import demo_spec, make_corpus
 
     root = make_corpus(directory)
     spec = demo_spec(root, steps=steps)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "omniload.demo.train"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "omniload.demo.train",
+    ]
     click.echo(f"omniload demo: corpus in {root}; {nproc} ranks, {steps} steps", err=True)
     sys.exit(run_launch(spec, cmd))
 
 
-def run_launch(spec: Spec, cmd: list[str], host: str = "127.0.0.1", port: int = 0,
-               progress_every: float = _PROGRESS_S, standby: int = 0) -> int:
+def run_launch(
+    spec: Spec,
+    cmd: list[str],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    progress_every: float = _PROGRESS_S,
+    standby: int = 0,
+) -> int:
     """Run CMD beside a coordinator for `spec` (and `standby` standbys); returns CMD's exit code (or the
     coordinator's, if it failed). Every `progress_every` seconds (0: never) one progress line goes to stderr."""
     from omniload.job import Job

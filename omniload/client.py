@@ -12,6 +12,7 @@ Each batch carries the loader position after it; the loader keeps the last KEPT_
 them, so a trainer that fetches the next batch before it saves can still save the position of
 the step it trained on: `state_dict(step=...)`.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -50,9 +51,17 @@ _DTYPES = {"int64": torch.int64, "int32": torch.int32, "float32": torch.float32,
 KEPT_POSITIONS = 16  # positions (after the last steps handed out) that position(step) can return
 
 
-def connect(addr: str | None = None, token: str | None = None, *, rank: int | None = None,
-            world_size: int | None = None, prefetch: int = 4, broadcast_at: str | None = None,
-            pin_memory: bool = False, device: str | torch.device | None = None) -> Loader | BroadcastLoader:
+def connect(
+    addr: str | None = None,
+    token: str | None = None,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    prefetch: int = 4,
+    broadcast_at: str | None = None,
+    pin_memory: bool = False,
+    device: str | torch.device | None = None,
+) -> Loader | BroadcastLoader:
     """Connect this rank to its job's coordinator.
 
     Defaults come from the environment that `omniload launch` and torchrun set:
@@ -66,8 +75,10 @@ def connect(addr: str | None = None, token: str | None = None, *, rank: int | No
     addr = addr or os.environ.get("OMNILOAD_ADDR")
     token = token or os.environ.get("OMNILOAD_TOKEN")
     if not addr or not token:
-        raise ConfigError("OMNILOAD_ADDR and OMNILOAD_TOKEN are not set: start the job with "
-                          "`omniload launch ... -- CMD`, or pass addr= and token= from `omniload serve`")
+        raise ConfigError(
+            "OMNILOAD_ADDR and OMNILOAD_TOKEN are not set: start the job with "
+            "`omniload launch ... -- CMD`, or pass addr= and token= from `omniload serve`"
+        )
     rank = int(os.environ.get("RANK", 0)) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
     broadcast_at = broadcast_at or os.environ.get("OMNILOAD_BROADCAST_AT", "none")
@@ -100,10 +111,15 @@ def placement(pin_memory: bool, device: str | torch.device | None) -> tuple[bool
         return False, None  # the plain path never touches torch.cuda
     if not torch.cuda.is_available():
         if target is not None:
-            raise ConfigError(f"device={device!r}, but CUDA is not available here (torch.cuda.is_available() "
-                              "is False); leave device unset to get CPU tensors")
-        warnings.warn("omniload.connect(pin_memory=True): CUDA is not available, so batches are ordinary "
-                      "(not page-locked) CPU tensors", stacklevel=3)
+            raise ConfigError(
+                f"device={device!r}, but CUDA is not available here (torch.cuda.is_available() "
+                "is False); leave device unset to get CPU tensors"
+            )
+        warnings.warn(
+            "omniload.connect(pin_memory=True): CUDA is not available, so batches are ordinary "
+            "(not page-locked) CPU tensors",
+            stacklevel=3,
+        )
         return False, None
     return True, target  # a copy to a GPU is asynchronous only from page-locked memory: device pins
 
@@ -118,8 +134,17 @@ class Loader:
     loaded first.
     """
 
-    def __init__(self, addr: str, token: str, rank: int, world_size: int, prefetch: int, *,
-                 pin_memory: bool = False, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        addr: str,
+        token: str,
+        rank: int,
+        world_size: int,
+        prefetch: int,
+        *,
+        pin_memory: bool = False,
+        device: torch.device | None = None,
+    ) -> None:
         """pin_memory and device as `placement()` resolved them (CUDA is there if either is set)."""
         # OMNILOAD_ADDR may list the primary and its standbys: "a,b,..."; self.addr is the one in use
         self.addrs = [a.strip() for a in addr.split(",") if a.strip()] or [addr]
@@ -173,8 +198,9 @@ class Loader:
         from omniload.state import from_rank_dict
 
         if self._sock is not None:
-            raise OmniloadError("load_state_dict() must be called before the loader is used "
-                                "(before iterating or reading .info)")
+            raise OmniloadError(
+                "load_state_dict() must be called before the loader is used (before iterating or reading .info)"
+            )
         self._resume = self._position = from_rank_dict(state_dict)
         self._keep_start(self._position)
 
@@ -214,16 +240,21 @@ class Loader:
                 tried[addr] = str(exc)
             if (attempt + 1) % len(self.addrs) == 0:
                 if time.monotonic() > deadline:
-                    raise OmniloadError(f"rank {self.rank}: no coordinator of {','.join(self.addrs)} served the job "
-                                        f"for {_FAILOVER_S:.0f}s: " + "; ".join(f"{a}: {e}" for a, e in tried.items()))
+                    raise OmniloadError(
+                        f"rank {self.rank}: no coordinator of {','.join(self.addrs)} served the job "
+                        f"for {_FAILOVER_S:.0f}s: " + "; ".join(f"{a}: {e}" for a, e in tried.items())
+                    )
                 time.sleep(_RETRY_S)
 
     def _fail_over(self, cause: object) -> None:
         """The coordinator is gone (or lost its lease): go on at another address from this
         rank's own position, the one after the last batch handed out (batches received but
         not handed out are dropped: the next coordinator sends them again, identical)."""
-        print(f"omniload: rank {self.rank}: lost the coordinator at {self.addr} ({cause}); going on after step "
-              f"{self.step} with another of {','.join(self.addrs)}", file=sys.stderr)
+        print(
+            f"omniload: rank {self.rank}: lost the coordinator at {self.addr} ({cause}); going on after step "
+            f"{self.step} with another of {','.join(self.addrs)}",
+            file=sys.stderr,
+        )
         self._connected().close()
         self._sock = None
         atexit.unregister(self._at_exit)
@@ -251,8 +282,12 @@ class Loader:
             for option, value in _KEEPALIVE:
                 if hasattr(socket, option):  # Linux names; others keep the system's timing
                     self._sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
-        hello = {"token": self._token, "rank": self.rank, "world_size": self.world_size,
-                 "credits": max(1, self._prefetch)}
+        hello = {
+            "token": self._token,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "credits": max(1, self._prefetch),
+        }
         if self._resume is not None:
             hello["resume"] = self._resume
         try:
@@ -263,8 +298,10 @@ class Loader:
             if kind is not Kind.WELCOME:
                 raise ProtocolError(f"expected WELCOME from {self.addr}, got {kind.name}")
             if header.get("epoch", 0) < self._epoch:  # an old primary that has not noticed its successor
-                raise _Unreachable(f"the coordinator at {self.addr} serves epoch {header.get('epoch')}, older than "
-                                   f"epoch {self._epoch} this rank was served by")
+                raise _Unreachable(
+                    f"the coordinator at {self.addr} serves epoch {header.get('epoch')}, older than "
+                    f"epoch {self._epoch} this rank was served by"
+                )
         except BaseException:
             self._sock.close()
             self._sock = None  # not connected: close() has nothing to do, a retry starts afresh
@@ -312,7 +349,9 @@ class Loader:
         self.meta = {k: v for k, v in header.items() if k not in ("tensors", "state", "compact")}
         try:
             # the time spent waiting so far rides along: `omniload status` shows each rank's wait %
-            self._connected().sendall(encode(Message(Kind.ACK, {"step": self.step, "wait": round(self.wait_seconds, 3)})))
+            self._connected().sendall(
+                encode(Message(Kind.ACK, {"step": self.step, "wait": round(self.wait_seconds, 3)}))
+            )
         except OSError:
             pass  # the connection is lost: the receive thread says why at the next batch
         return batch
@@ -361,15 +400,23 @@ class Loader:
                 item = self._inbox.get(timeout=_WAIT_WARN_S)
             except queue.Empty:
                 why = f"the coordinator says: {self.note}" if self.note else "is a source slow?"
-                print(f"omniload: rank {self.rank}: no batch from {self.addr} for {_WAIT_WARN_S:.0f}s; still "
-                      f"waiting ({why})", file=sys.stderr)
+                print(
+                    f"omniload: rank {self.rank}: no batch from {self.addr} for {_WAIT_WARN_S:.0f}s; still "
+                    f"waiting ({why})",
+                    file=sys.stderr,
+                )
                 continue
             if isinstance(item, _ReceiveFailed):
                 self._done = True
                 raise OmniloadError(str(item))
-            if len(self.addrs) > 1 and not self._closed and (
-                    isinstance(item, OSError) or (isinstance(item, tuple) and item[0] is Kind.ERROR
-                                                  and item[1].get("fenced"))):
+            if (
+                len(self.addrs) > 1
+                and not self._closed
+                and (
+                    isinstance(item, OSError)
+                    or (isinstance(item, tuple) and item[0] is Kind.ERROR and item[1].get("fenced"))
+                )
+            ):
                 self._fail_over(item if isinstance(item, OSError) else item[1].get("message"))
                 continue
             if isinstance(item, BaseException):
@@ -406,8 +453,10 @@ class Loader:
         try:
             buffer = _page_locked(size)
         except RuntimeError as exc:
-            raise _ReceiveFailed(f"rank {self.rank}: cannot allocate {size} bytes of page-locked memory for a "
-                                 f"batch (pin_memory=True): {exc}") from exc
+            raise _ReceiveFailed(
+                f"rank {self.rank}: cannot allocate {size} bytes of page-locked memory for a "
+                f"batch (pin_memory=True): {exc}"
+            ) from exc
         self._receive_into(buffer.numpy().data)  # ndarray.data: memoryview(array)
         return buffer
 
@@ -431,7 +480,7 @@ def open_connection(addr: str) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(_CONNECT_S)
         try:
-            sock.connect(addr[len("unix:"):])
+            sock.connect(addr[len("unix:") :])
         except OSError:
             sock.close()
             raise
@@ -444,10 +493,12 @@ def open_connection(addr: str) -> socket.socket:
 
 def _close_at_exit(ref: weakref.ref) -> Any:
     """An atexit hook that closes the loader if it still exists (and does not keep it alive)."""
+
     def close() -> None:
         loader = ref()
         if loader is not None:
             loader.close()
+
     return close
 
 
@@ -469,14 +520,18 @@ def kept_position(positions: collections.deque[tuple[int, Any]], step: int) -> A
     if not isinstance(step, int) or isinstance(step, bool):
         raise TypeError(f"step must be an int, got {step!r}")
     if not positions:
-        raise OmniloadError(f"no position after step {step} is kept: the loader has not connected yet (the "
-                            "first batch or reading .info connects it; state_dict() is the start until then)")
+        raise OmniloadError(
+            f"no position after step {step} is kept: the loader has not connected yet (the "
+            "first batch or reading .info connects it; state_dict() is the start until then)"
+        )
     first, last = positions[0][0], positions[-1][0]
     if first <= step <= last:
         return positions[step - first][1]
     why = f"step {step} has not been handed out yet" if step > last else f"step {step} is too old"
-    raise OmniloadError(f"{why}: ask for a step from {first} to {last} (the loader keeps its last "
-                        f"{positions.maxlen} positions: after each step it handed out, and before its first)")
+    raise OmniloadError(
+        f"{why}: ask for a step from {first} to {last} (the loader keeps its last "
+        f"{positions.maxlen} positions: after each step it handed out, and before its first)"
+    )
 
 
 def _page_locked(size: int) -> torch.Tensor:
@@ -490,7 +545,7 @@ def _tensor(payload: bytearray | torch.Tensor, spec: dict[str, Any]) -> torch.Te
     for dim in spec["shape"]:
         count *= dim
     if isinstance(payload, torch.Tensor):  # page-locked: views keep it pinned
-        return payload[spec["offset"]:spec["offset"] + count * dtype.itemsize].view(dtype).view(spec["shape"])
+        return payload[spec["offset"] : spec["offset"] + count * dtype.itemsize].view(dtype).view(spec["shape"])
     if count == 0:
         return torch.empty(spec["shape"], dtype=dtype)
     return torch.frombuffer(payload, dtype=dtype, count=count, offset=spec["offset"]).view(spec["shape"])

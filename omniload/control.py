@@ -1,5 +1,6 @@
 """Talk to a running job: change its mixture (`omniload mix`, `Job.set_weights`) and read its
 figures (`omniload status`, `Job.status`, launch's progress line)."""
+
 from __future__ import annotations
 
 import socket

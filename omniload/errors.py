@@ -2,6 +2,7 @@
 
 Each message names the cause and the fix; the CLI turns `ConfigError` into exit code 2.
 """
+
 from __future__ import annotations
 
 

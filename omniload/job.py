@@ -11,6 +11,7 @@ With standby=N (needs spec.checkpoint_dir), N standby coordinators start beside 
 and the ranks get every address; `poll()` replaces any coordinator that was killed (or lost
 its lease) with a new standby at the same address, so a second failure is survived too.
 """
+
 from __future__ import annotations
 
 import collections
@@ -33,12 +34,22 @@ FENCED_EXIT = 75  # a coordinator's exit code when it lost its lease to a standb
 
 
 class Job:
-    def __init__(self, spec: Spec | dict[str, Any], *, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None, startup_timeout: float = 600.0, standby: int = 0) -> None:
+    def __init__(
+        self,
+        spec: Spec | dict[str, Any],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        startup_timeout: float = 600.0,
+        standby: int = 0,
+    ) -> None:
         self.spec = spec if isinstance(spec, Spec) else Spec.from_dict(spec)
         if standby < 0 or (standby and not self.spec.checkpoint_dir):
-            raise ConfigError(f"standby={standby}: standby coordinators need a checkpoint_dir (they follow its lease "
-                              "and delta log); give --checkpoint-dir, or --standby 0")
+            raise ConfigError(
+                f"standby={standby}: standby coordinators need a checkpoint_dir (they follow its lease "
+                "and delta log); give --checkpoint-dir, or --standby 0"
+            )
         self.standby = standby
         self.addrs: list[str] = []  # the primary's, then each standby's: what OMNILOAD_ADDR lists
         self.coordinators: list[subprocess.Popen[bytes]] = []  # by address; a killed one is replaced by a standby
@@ -55,10 +66,23 @@ class Job:
     def start(self) -> Job:
         """Start the coordinator and wait until ranks can connect; raises ConfigError for bad input."""
         process = self._process = subprocess.Popen(
-            [sys.executable, "-m", "omniload.coordinator", "--host", self._host, "--port", str(self._port),
-             "--job-id", self.job_id],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env={**os.environ, "OMNILOAD_TOKEN": self.token}, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "omniload.coordinator",
+                "--host",
+                self._host,
+                "--port",
+                str(self._port),
+                "--job-id",
+                self.job_id,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "OMNILOAD_TOKEN": self.token},
+            start_new_session=True,
+        )
         threading.Thread(target=self._relay_stderr, daemon=True).start()
         self._send_spec(process)
         ready = json.loads(self._read_ready_line())
@@ -74,10 +98,24 @@ class Job:
         """A standby coordinator (it follows the primary's lease; serves after taking over) and its address."""
         job_id = secrets.token_hex(4)
         process = subprocess.Popen(
-            [sys.executable, "-m", "omniload.coordinator", "--standby", "--host", self._host, "--port", str(port),
-             "--job-id", job_id],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env={**os.environ, "OMNILOAD_TOKEN": self.token}, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "omniload.coordinator",
+                "--standby",
+                "--host",
+                self._host,
+                "--port",
+                str(port),
+                "--job-id",
+                job_id,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "OMNILOAD_TOKEN": self.token},
+            start_new_session=True,
+        )
         self._job_ids.append(job_id)
         threading.Thread(target=self._relay_stderr, args=(process,), daemon=True).start()
         self._send_spec(process)
@@ -129,8 +167,11 @@ class Job:
 
     def env(self) -> dict[str, str]:
         """What a rank's environment needs for `omniload.connect()` to find this job."""
-        return {"OMNILOAD_ADDR": ",".join(self.addrs) or self.addr or "", "OMNILOAD_TOKEN": self.token,
-                "OMNILOAD_BROADCAST_AT": self.spec.broadcast_at}
+        return {
+            "OMNILOAD_ADDR": ",".join(self.addrs) or self.addr or "",
+            "OMNILOAD_TOKEN": self.token,
+            "OMNILOAD_BROADCAST_AT": self.spec.broadcast_at,
+        }
 
     def set_weights(self, weights: dict[str, float]) -> int:
         """Change the mixture while the job runs; returns the step the change takes effect at."""
@@ -193,9 +234,11 @@ class Job:
                 process.wait()
                 time.sleep(0.1)  # let the relay thread take the last lines
                 last = [line.removeprefix("omniload: ") for line in self._stderr_tail if line.startswith("omniload: ")]
-                reason = self._last_error() or \
-                    f"the coordinator exited with code {process.returncode} before it was ready" + \
-                    (f": {last[-1]}" if last else "")
+                reason = (
+                    self._last_error()
+                    or f"the coordinator exited with code {process.returncode} before it was ready"
+                    + (f": {last[-1]}" if last else "")
+                )
                 error = ConfigError if process.returncode == 2 else OmniloadError
                 raise error(reason)
         self.stop()
@@ -207,7 +250,7 @@ class Job:
         starts = [i for i, line in enumerate(lines) if line.startswith("omniload: error: ")]
         if not starts:
             return None
-        first, *rest = lines[starts[-1]:]
+        first, *rest = lines[starts[-1] :]
         rest = [line for line in rest if not line.startswith("omniload: ")]
         return "\n".join([first.removeprefix("omniload: error: "), *rest])
 

@@ -6,6 +6,7 @@ share a dp index form one data-parallel replica and receive the same step. Withi
 every cp rank gets its own slice of each row, only the first and last pipeline stage get data
 (unless pp_data="all"), and with broadcast_at="tp" only tp rank 0 of each group connects.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,8 +27,10 @@ class Layout:
             raise ConfigError(f"world size must be >= 1, got {self.world}")
         model = self.tp * self.pp * self.cp
         if self.world % model:
-            raise ConfigError(f"world size {self.world} is not divisible by tp*pp*cp = "
-                              f"{self.tp}*{self.pp}*{self.cp} = {model}: change --tp/--pp/--cp or the number of ranks")
+            raise ConfigError(
+                f"world size {self.world} is not divisible by tp*pp*cp = "
+                f"{self.tp}*{self.pp}*{self.cp} = {model}: change --tp/--pp/--cp or the number of ranks"
+            )
 
     @property
     def dp(self) -> int:

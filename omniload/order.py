@@ -15,6 +15,7 @@ whole groups would produce one after another. Both the workers (which produce) a
 coordinator (which consumes) derive everything from these functions, so the order never
 depends on worker count or timing.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -73,8 +74,9 @@ class Slicing:
         return range(j * self.size, min(self.rows, (j + 1) * self.size))
 
 
-def row_permutation(num_rows: int, seed: int, source: int, epoch: int, shard: int,
-                    slicing: Slicing | None = None) -> np.ndarray:
+def row_permutation(
+    num_rows: int, seed: int, source: int, epoch: int, shard: int, slicing: Slicing | None = None
+) -> np.ndarray:
     """A shard's rows (file row numbers) in the order they are consumed: the slices one after
     another, each one's rows shuffled; the coordinator's shuffle window mixes across slices."""
     rng = np.random.default_rng([seed, source, epoch, shard, 0x2057])

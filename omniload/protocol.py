@@ -20,6 +20,7 @@ without a checkpoint folder). A rank never accepts a WELCOME of a lower epoch th
 served by, and the epoch changes only with the connection, so frames carry none. An ERROR
 with "fenced": true means the coordinator lost its lease: the rank goes on at another address.
 """
+
 from __future__ import annotations
 
 import enum
@@ -82,8 +83,10 @@ def parse_prefix(data: bytes | bytearray | memoryview, max_header: int, max_payl
     if magic != MAGIC:
         raise ProtocolError(f"not an omniload frame (magic {bytes(magic)!r})")
     if version != VERSION:
-        raise ProtocolError(f"protocol version {version} is not supported (this side speaks {VERSION}): "
-                            "install the same omniload version on the ranks and the coordinator")
+        raise ProtocolError(
+            f"protocol version {version} is not supported (this side speaks {VERSION}): "
+            "install the same omniload version on the ranks and the coordinator"
+        )
     try:
         kind = Kind(kind)
     except ValueError:
@@ -155,8 +158,9 @@ def read_hello(message: Message) -> Hello:
         return Hello(token, role)
     rank, world, credits = header.get("rank"), header.get("world_size"), header.get("credits", 1)
     if not (_is_int(rank) and _is_int(world) and _is_int(credits)):
-        raise ProtocolError(f"HELLO: rank, world_size and credits must be integers, got {rank!r}, {world!r}, "
-                            f"{credits!r}")
+        raise ProtocolError(
+            f"HELLO: rank, world_size and credits must be integers, got {rank!r}, {world!r}, {credits!r}"
+        )
     if not 0 <= rank < world:
         raise ProtocolError(f"HELLO: rank {rank} is not in a world of {world} ranks")
     resume = header.get("resume")

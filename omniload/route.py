@@ -5,12 +5,14 @@ node. Over it each piece of a rank's stream travels in a ROUTE frame whose heade
 relay's number for that rank's local connection, `{"c": CONN}`, and whose payload is the
 piece, untouched. An empty ROUTE with `{"c": CONN, "e": "open"}` comes up before a
 connection's first piece (connections open in that order, whatever order their ranks speak
-in), and `"eof"` or `"close"` says that side half-closed or closed. Pieces are cut wherever the sender wrote, not at the inner frames'
+in), and `"eof"` or `"close"` says that side half-closed or closed. Pieces are cut wherever the sender wrote, not
+at the inner frames'
 bounds, so neither end parses the ranks' frames to route them, and a batch through a relay
 is the same bytes as a batch sent directly. Between the coordinator and its own sender
 processes, `{"c": CONN, "r": [OFFSET, LENGTH]}` with no payload stands for that many bytes of
 the shared step arena (coordinator/serve/arena.py), so a batch's bytes never cross that socket.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,12 +68,12 @@ class RouteReader:
                 piece = view[: self._left]
                 pieces.append(Piece(self._conn, piece))
                 self._left -= len(piece)
-                view = view[len(piece):]
+                view = view[len(piece) :]
                 continue
             want = PREFIX.size + (self._header_len or 0)
             taken = view[: want - len(self._head)]
             self._head += taken
-            view = view[len(taken):]
+            view = view[len(taken) :]
             if len(self._head) < want:
                 break
             if self._header_len is None:
@@ -87,7 +89,7 @@ class RouteReader:
         self._kind, self._header_len = kind, header_len
 
     def _end_header(self) -> list[Piece]:
-        header = parse_header(self._head[PREFIX.size:])
+        header = parse_header(self._head[PREFIX.size :])
         self._head.clear()
         self._header_len = None
         if self._kind is Kind.ERROR:  # the far end refused the whole connection: say why
@@ -100,8 +102,9 @@ class RouteReader:
         self._conn, self._left = conn, self._payload_len
         ref = header.get("r")
         if ref is not None:
-            if self._payload_len or not (isinstance(ref, list) and len(ref) == 2
-                                         and all(type(v) is int and v >= 0 for v in ref)):
+            if self._payload_len or not (
+                isinstance(ref, list) and len(ref) == 2 and all(type(v) is int and v >= 0 for v in ref)
+            ):
                 raise ProtocolError(f"ROUTE: a reference is [offset, length] with no payload, got {ref!r}")
             return [Piece(conn, b"", None, (ref[0], ref[1]))]
         return [Piece(conn, b"", event)] if event is not None else []

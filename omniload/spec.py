@@ -4,6 +4,7 @@ Flags, a YAML/JSON file and Python all build the same frozen `Spec` through `Spe
 which validates every field and names it in the error. `Spec.to_dict()` is what the launcher
 hands to the coordinator process.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
 
 from omniload.errors import ConfigError
 from omniload.storage.urls import StoreOptions, is_remote, parse
@@ -76,8 +76,9 @@ class Source:
                 except ConfigError as exc:
                     raise ConfigError(f"source '{self.name}': {exc}") from None
         if self.endpoint is not None and "://" not in self.endpoint:
-            raise ConfigError(f"source '{self.name}': endpoint must be a URL like http://127.0.0.1:9000, "
-                              f"got {self.endpoint!r}")
+            raise ConfigError(
+                f"source '{self.name}': endpoint must be a URL like http://127.0.0.1:9000, got {self.endpoint!r}"
+            )
 
     def store_options(self) -> StoreOptions:
         return StoreOptions(self.endpoint, self.region, self.anonymous)
@@ -102,8 +103,9 @@ class Phase:
             raise ConfigError(f"mixture phase {self.weights}: give exactly one of until_step or until_tokens")
         if self.ramp not in RAMPS:
             raise ConfigError(f"mixture phase: ramp must be one of {RAMPS}, got {self.ramp!r}")
-        if not isinstance(self.weights, dict) or any(not isinstance(w, (int, float)) or w < 0
-                                                     for w in self.weights.values()):
+        if not isinstance(self.weights, dict) or any(
+            not isinstance(w, (int, float)) or w < 0 for w in self.weights.values()
+        ):
             raise ConfigError(f"mixture phase: weights must map source names to numbers >= 0, got {self.weights!r}")
         if sum(self.weights.values()) <= 0:
             raise ConfigError(f"mixture phase {self.weights}: weights are all zero")
@@ -124,7 +126,8 @@ class Spec:
     seq_len: int = 2048
     rows: int = 1
     tokenizer: str = "bytes"
-    workers: int = 0  # total worker processes, split by weight once; 0 ("auto"): the CPUs less reserve_cpus, re-split by measured cost
+    # total worker processes, split by weight once; 0 ("auto"): the CPUs less reserve_cpus, re-split by measured cost
+    workers: int = 0
     reserve_cpus: int = 1  # workers=auto: CPUs left to the ranks and the coordinator on this host
     autoscale_every: float = 5.0  # workers=auto: seconds between re-split decisions; 0: split by weight once
     seed: int = 0
@@ -176,21 +179,35 @@ class Spec:
         if sum(s.weight for s in self.sources) <= 0:
             raise ConfigError("source weights are all zero: give at least one source a weight > 0")
         _at_least("seq_len", self.seq_len, 2)
-        for name, low in [("rows", 1), ("workers", 0), ("epochs", 0), ("steps", 0), ("tp", 1),
-                          ("pp", 1), ("cp", 1), ("ring_mb", 1), ("plan_ahead", 1), ("max_restarts", 0),
-                          ("reserve_cpus", 0)]:
+        for name, low in [
+            ("rows", 1),
+            ("workers", 0),
+            ("epochs", 0),
+            ("steps", 0),
+            ("tp", 1),
+            ("pp", 1),
+            ("cp", 1),
+            ("ring_mb", 1),
+            ("plan_ahead", 1),
+            ("max_restarts", 0),
+            ("reserve_cpus", 0),
+        ]:
             _at_least(name, getattr(self, name), low)
         if self.on_bad_file not in ON_BAD_FILE:
             raise ConfigError(f"on_bad_file must be one of {ON_BAD_FILE}, got {self.on_bad_file!r}")
         if not self.autoscale_every >= 0:
-            raise ConfigError(f"autoscale-every must be >= 0 seconds (0: split by weight once), got {self.autoscale_every}")
+            raise ConfigError(
+                f"autoscale-every must be >= 0 seconds (0: split by weight once), got {self.autoscale_every}"
+            )
         if self.worker_timeout <= 0:
             raise ConfigError(f"worker_timeout must be > 0 seconds, got {self.worker_timeout}")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             raise ConfigError(f"metrics-port must be a port number (0: any free port), got {self.metrics_port}")
         if self.senders < -1:
-            raise ConfigError(f"senders must be >= 0 (0: the coordinator writes to the ranks itself; -1: one per 8 "
-                              f"cores), got {self.senders}")
+            raise ConfigError(
+                f"senders must be >= 0 (0: the coordinator writes to the ranks itself; -1: one per 8 "
+                f"cores), got {self.senders}"
+            )
         if not self.rank_timeout >= 0:
             raise ConfigError(f"rank-timeout must be >= 0 seconds (0: wait forever), got {self.rank_timeout}")
         _at_least("balance_window", self.balance_window, 0)
@@ -209,17 +226,22 @@ class Spec:
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name.replace('_', '-')} must be one of {allowed}, got {getattr(self, name)!r}")
         if sorted(self.rank_order.split("-")) != sorted(AXES):
-            raise ConfigError(f"rank-order must name each of tp, cp, dp, pp once, fastest first "
-                              f"(e.g. tp-cp-dp-pp), got {self.rank_order!r}")
+            raise ConfigError(
+                f"rank-order must name each of tp, cp, dp, pp once, fastest first "
+                f"(e.g. tp-cp-dp-pp), got {self.rank_order!r}"
+            )
         if len(self.cost_coeffs) == 3:  # a,b,c as before images: an image costs the default d
             object.__setattr__(self, "cost_coeffs", (*self.cost_coeffs, DEFAULT_COST_COEFFS[3]))
         if len(self.cost_coeffs) != 4:
-            raise ConfigError(f"cost-coeffs must be numbers a,b,c[,d] (cost a*len^2 + b*len + c + d*images), "
-                              f"got {self.cost_coeffs!r}")
+            raise ConfigError(
+                f"cost-coeffs must be numbers a,b,c[,d] (cost a*len^2 + b*len + c + d*images), got {self.cost_coeffs!r}"
+            )
         self._check_images()
         if self.cp > 1 and self.seq_len % (2 * self.cp):
-            raise ConfigError(f"seq-len {self.seq_len} must be divisible by 2*cp = {2 * self.cp} "
-                              "for the load-balanced context-parallel split")
+            raise ConfigError(
+                f"seq-len {self.seq_len} must be divisible by 2*cp = {2 * self.cp} "
+                "for the load-balanced context-parallel split"
+            )
         self._check_mixture(names)
 
     def _check_images(self) -> None:
@@ -227,8 +249,10 @@ class Spec:
         _at_least("tokens_per_image", self.tokens_per_image, 1)
         with_images = [s.name for s in self.sources if s.has_images]
         if with_images and self.image_token is None:
-            raise ConfigError(f"source '{with_images[0]}' has images: give --image-token ID, the placeholder "
-                              "token id your model's vocabulary reserves for an image")
+            raise ConfigError(
+                f"source '{with_images[0]}' has images: give --image-token ID, the placeholder "
+                "token id your model's vocabulary reserves for an image"
+            )
         if self.image_token is not None and not 0 <= self.image_token < 2**31:
             raise ConfigError(f"image-token must be a token id >= 0, got {self.image_token}")
 
@@ -260,8 +284,10 @@ class Spec:
         for phase in self.mixture:
             unknown = sorted(set(phase.weights) - set(names))
             if unknown:
-                raise ConfigError(f"mixture phase names unknown source(s) {', '.join(unknown)}; "
-                                  f"sources: {', '.join(names)}")
+                raise ConfigError(
+                    f"mixture phase names unknown source(s) {', '.join(unknown)}; sources: {', '.join(names)}"
+                )
+
     @property
     def model_parallel(self) -> int:
         return self.tp * self.pp * self.cp
@@ -297,15 +323,48 @@ class Spec:
 
 # Fields that change how the job runs, never which batches it yields (steps only says where
 # to stop: a resumed run may go further).
-RUNTIME_FIELDS = ("steps", "workers", "reserve_cpus", "autoscale_every", "ring_mb", "plan_ahead", "max_restarts", "worker_timeout", "rank_timeout",
-                  "metrics_port", "senders", "broadcast_at", "checkpoint_dir", "snapshot_every", "keep_snapshots", "resume", "allow_changed_data",
-                  "read_ahead", "cache_dir", "cache_limit")
+RUNTIME_FIELDS = (
+    "steps",
+    "workers",
+    "reserve_cpus",
+    "autoscale_every",
+    "ring_mb",
+    "plan_ahead",
+    "max_restarts",
+    "worker_timeout",
+    "rank_timeout",
+    "metrics_port",
+    "senders",
+    "broadcast_at",
+    "checkpoint_dir",
+    "snapshot_every",
+    "keep_snapshots",
+    "resume",
+    "allow_changed_data",
+    "read_ahead",
+    "cache_dir",
+    "cache_limit",
+)
 # A source's fields that say how to reach its store, never what it holds.
 STORE_FIELDS = ("endpoint", "region", "anonymous")
 # Fields in bytes: a number, or one with a unit (64MB, 2GiB).
 BYTE_FIELDS = ("read_ahead", "cache_limit")
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+    "tib": 1 << 40,
+}
 
 
 def parse_bytes(value: str | int, name: str = "size") -> int:
@@ -315,10 +374,11 @@ def parse_bytes(value: str | int, name: str = "size") -> int:
     text = str(value).strip().lower().replace(" ", "")
     number = text.rstrip("bgikmt")
     try:
-        return int(float(number) * _UNITS[text[len(number):]])
+        return int(float(number) * _UNITS[text[len(number) :]])
     except (KeyError, ValueError):
-        raise ConfigError(f"{name.replace('_', '-')} must be a size in bytes like 67108864, 64MB or 2GiB, "
-                          f"got {value!r}") from None
+        raise ConfigError(
+            f"{name.replace('_', '-')} must be a size in bytes like 67108864, 64MB or 2GiB, got {value!r}"
+        ) from None
 
 
 # Fields that matter only when a source has images.

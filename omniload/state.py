@@ -17,6 +17,7 @@ from. Everything else (ring contents, worker state, token arrays) is recomputed 
                  position_start, group, delay, doc group, doc pos] (where its document is)
     live         live mixture changes so far: [step, {source: weight}]
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -26,7 +27,19 @@ import orjson
 from omniload.errors import ConfigError
 
 STATE_VERSION = 3  # 2: shuffle windows, interleaved shard order; 3: strided slices (order.Slicing)
-KEYS = ("version", "fingerprint", "step", "cursors", "windows", "passes", "weights", "tokens", "dropped", "carry", "live")
+KEYS = (
+    "version",
+    "fingerprint",
+    "step",
+    "cursors",
+    "windows",
+    "passes",
+    "weights",
+    "tokens",
+    "dropped",
+    "carry",
+    "live",
+)
 RANK_KEY = "omniload_loader_state"  # the one key of a rank's state_dict (a JSON string: DCP-friendly)
 
 
@@ -35,9 +48,11 @@ def check_state(state: Any, where: str) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise ConfigError(f"{where}: loader state must be a mapping, got {type(state).__name__}")
     if state.get("version") != STATE_VERSION:
-        raise ConfigError(f"{where}: loader state version {state.get('version')} is not supported "
-                          f"(this omniload reads version {STATE_VERSION}): resume with the omniload that "
-                          "wrote it, or start the job afresh")
+        raise ConfigError(
+            f"{where}: loader state version {state.get('version')} is not supported "
+            f"(this omniload reads version {STATE_VERSION}): resume with the omniload that "
+            "wrote it, or start the job afresh"
+        )
     missing = [k for k in KEYS if k not in state]
     if missing:
         raise ConfigError(f"{where}: loader state lacks {', '.join(missing)}")

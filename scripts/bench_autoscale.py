@@ -19,6 +19,7 @@ a balanced split keeps every worker busy, so the coordinator and the rank compet
 
     python scripts/bench_autoscale.py [--budget 2] [--sources 4] [--seconds 30] [--trials 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -117,10 +118,14 @@ def run(spec_dict: dict, seconds: float, warmup: float) -> dict:
         rank.join()
         job.stop()
     elapsed = last[0] - first[0]
-    return {"tokens_per_s": (last[1] - first[1]) / elapsed, "splits": splits,
-            "moves": status["workers"]["moves"], "coordinator_mb": status["memory_mb"]["coordinator"],
-            "costs": [s["cpu_us_per_ktoken"] for s in status["sources"]],
-            "cores": {role: max(0.0, last[2][role] - first[2][role]) / elapsed for role in last[2]}}
+    return {
+        "tokens_per_s": (last[1] - first[1]) / elapsed,
+        "splits": splits,
+        "moves": status["workers"]["moves"],
+        "coordinator_mb": status["memory_mb"]["coordinator"],
+        "costs": [s["cpu_us_per_ktoken"] for s in status["sources"]],
+        "cores": {role: max(0.0, last[2][role] - first[2][role]) / elapsed for role in last[2]},
+    }
 
 
 def main() -> None:
@@ -130,22 +135,38 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=2, help="worker processes on each side (at most the cores)")
     parser.add_argument("--sources", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=30.0, help="timed window per run")
-    parser.add_argument("--warmup", type=float, default=15.0, help="seconds before the window (auto measures, "
-                                                                    "then moves)")
+    parser.add_argument(
+        "--warmup", type=float, default=15.0, help="seconds before the window (auto measures, then moves)"
+    )
     parser.add_argument("--every", type=float, default=3.0, help="auto: --autoscale-every")
     parser.add_argument("--trials", type=int, default=3, help="runs of each side, alternating")
-    parser.add_argument("--rounds", type=int, default=_ROUNDS, help="a cheap source's per-token work (the costly "
-                                                                    "source does ten times as many rounds)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=_ROUNDS,
+        help="a cheap source's per-token work (the costly source does ten times as many rounds)",
+    )
     parser.add_argument("--docs", type=int, default=20000, help="documents per source")
-    parser.add_argument("--ring-mb", type=int, default=4, help="both sides (the job default is 4): a lane works "
-                        "ahead through its source's other lanes' turns only as far as its ring holds")
-    parser.add_argument("--shuffle-window", type=int, default=512, help="both sides (segments; 0: the job "
-                        "default, 8M tokens). The planner fills a source's share of it before the first draw: "
-                        "with costlier transforms (--rounds 160) the default window is still filling when the "
-                        "timed window ends, and both sides measure the fill (0.99x). 512 segments fill in the "
-                        "warm-up at any of these costs")
-    parser.add_argument("--shard-interleave", type=int, default=4, help="both sides: row groups read together "
-                        "(the job default is 4)")
+    parser.add_argument(
+        "--ring-mb",
+        type=int,
+        default=4,
+        help="both sides (the job default is 4): a lane works "
+        "ahead through its source's other lanes' turns only as far as its ring holds",
+    )
+    parser.add_argument(
+        "--shuffle-window",
+        type=int,
+        default=512,
+        help="both sides (segments; 0: the job "
+        "default, 8M tokens). The planner fills a source's share of it before the first draw: "
+        "with costlier transforms (--rounds 160) the default window is still filling when the "
+        "timed window ends, and both sides measure the fill (0.99x). 512 segments fill in the "
+        "warm-up at any of these costs",
+    )
+    parser.add_argument(
+        "--shard-interleave", type=int, default=4, help="both sides: row groups read together (the job default is 4)"
+    )
     args = parser.parse_args()
     cpus = len(os.sched_getaffinity(0))
     if not 1 <= args.budget <= cpus:
@@ -155,29 +176,52 @@ def main() -> None:
     sources = make_sources(args.sources, args.docs)
     for i, source in enumerate(sources):
         source["tokenizer"] = "bench_autoscale:costly" if i == 0 else "bench_autoscale:cheap"
-    base = {"sources": sources, "seq_len": 2048, "rows": 4, "seed": 0, "epochs": 0, "ring_mb": args.ring_mb,
-            "shuffle_window": args.shuffle_window, "shard_interleave": args.shard_interleave}
-    sides = {"static": dict(base, workers=args.budget),
-             "auto": dict(base, workers="auto", reserve_cpus=cpus - args.budget, autoscale_every=args.every)}
-    print(f"machine: {cpus} cores; {args.sources} sources of equal weight, source s0 ten times costlier per token "
-          f"({args.rounds} rounds per token for the others); --ring-mb {args.ring_mb}; --shuffle-window {args.shuffle_window}; "
-          f"{args.budget} worker processes on each side; one rank "
-          f"as fast as it can; {args.warmup:.0f}s warm-up, {args.seconds:.0f}s timed; {args.trials} trials alternating")
+    base = {
+        "sources": sources,
+        "seq_len": 2048,
+        "rows": 4,
+        "seed": 0,
+        "epochs": 0,
+        "ring_mb": args.ring_mb,
+        "shuffle_window": args.shuffle_window,
+        "shard_interleave": args.shard_interleave,
+    }
+    sides = {
+        "static": dict(base, workers=args.budget),
+        "auto": dict(base, workers="auto", reserve_cpus=cpus - args.budget, autoscale_every=args.every),
+    }
+    print(
+        f"machine: {cpus} cores; {args.sources} sources of equal weight, source s0 ten times costlier per token "
+        f"({args.rounds} rounds per token for the others); --ring-mb {args.ring_mb}; "
+        f"--shuffle-window {args.shuffle_window}; "
+        f"{args.budget} worker processes on each side; one rank "
+        f"as fast as it can; {args.warmup:.0f}s warm-up, {args.seconds:.0f}s timed; {args.trials} trials alternating"
+    )
     names = "/".join(s["name"] for s in sources)
-    print(f"{'trial':<6}{'side':<8}{'tokens/s':>11}  {'cores: coord':>12}{'workers':>8}{'rank':>6}{'other':>6}"
-          f"{'moves':>6}  workers per source ({names}) over time; cost CPU us/1000 tokens")
+    print(
+        f"{'trial':<6}{'side':<8}{'tokens/s':>11}  {'cores: coord':>12}{'workers':>8}{'rank':>6}{'other':>6}"
+        f"{'moves':>6}  workers per source ({names}) over time; cost CPU us/1000 tokens"
+    )
     results: dict[str, list[float]] = {"static": [], "auto": []}
     for trial in range(1, args.trials + 1):
-        for side in (("static", "auto") if trial % 2 else ("auto", "static")):
+        for side in ("static", "auto") if trial % 2 else ("auto", "static"):
             r = run(sides[side], args.seconds, args.warmup)
             results[side].append(r["tokens_per_s"])
             c = r["cores"]
-            costs = "" if side == "static" else "; cost " + "/".join("-" if x is None else f"{x:.0f}" for x in r["costs"])
-            print(f"{trial:<6}{side:<8}{r['tokens_per_s']:>11,.0f}  {c['coordinator']:>12.2f}{c['workers']:>8.2f}"
-                  f"{c['rank']:>6.2f}{c['helpers']:>6.2f}{r['moves']:>6}  {', '.join(r['splits'])}{costs}", flush=True)
+            costs = (
+                "" if side == "static" else "; cost " + "/".join("-" if x is None else f"{x:.0f}" for x in r["costs"])
+            )
+            print(
+                f"{trial:<6}{side:<8}{r['tokens_per_s']:>11,.0f}  {c['coordinator']:>12.2f}{c['workers']:>8.2f}"
+                f"{c['rank']:>6.2f}{c['helpers']:>6.2f}{r['moves']:>6}  {', '.join(r['splits'])}{costs}",
+                flush=True,
+            )
     static, auto = statistics.median(results["static"]), statistics.median(results["auto"])
-    print(f"median tokens/s: static {static:,.0f}, auto {auto:,.0f}; autoscaled / static: {auto / static:.2f}x "
-          f"(per trial: {', '.join(f'{a / s:.2f}x' for s, a in zip(results['static'], results['auto']))})")
+    print(
+        f"median tokens/s: static {static:,.0f}, auto {auto:,.0f}; autoscaled / static: {auto / static:.2f}x "
+        f"(per trial: {', '.join(f'{a / s:.2f}x' for s, a in zip(results['static'], results['auto']))})"
+    )
+
 
 if __name__ == "__main__":
     main()

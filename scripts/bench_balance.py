@@ -14,6 +14,7 @@ baseline / omniload). Then the planner's time per step at DP=8 and DP=1024.
 
     python scripts/bench_balance.py [--steps 500] [--dp 8]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,13 +74,25 @@ def first_fit_decreasing(segments: list[Segment], rows: int, seq_len: int) -> tu
 
 def simulate(steps: int, dp: int, rows: int, seq_len: int, seed: int = 0) -> dict[str, float]:
     cost = cost_function("attention", DEFAULT_COST_COEFFS, ["mix"])
-    seg_cost = lambda segs: float(cost(np.array([s.length for s in segs], dtype=np.int64), None, 0).sum()) if segs else 0.0  # noqa: E731
+    seg_cost = lambda segs: (
+        float(cost(np.array([s.length for s in segs], dtype=np.int64), None, 0).sum()) if segs else 0.0
+    )  # noqa: E731
     capacity = rows * seq_len
     ranks = [DocStream(seed * 1000 + r, seq_len) for r in range(dp)]
     carries: list[list[Segment]] = [[] for _ in range(dp)]
     stream, carry = DocStream(seed, seq_len), []
-    figures = {k: [] for k in ("base_imbalance", "base_to_bound", "base_max", "ours_imbalance", "ours_to_bound",
-                               "ours_max", "plan_s")}
+    figures = {
+        k: []
+        for k in (
+            "base_imbalance",
+            "base_to_bound",
+            "base_max",
+            "ours_imbalance",
+            "ours_to_bound",
+            "ours_max",
+            "plan_s",
+        )
+    }
     for _ in range(steps):
         costs = []
         largest = 0.0
@@ -122,16 +135,20 @@ def main() -> None:
     parser.add_argument("--large-steps", type=int, default=3)
     args = parser.parse_args()
     r = simulate(args.steps, args.dp, args.rows, args.seq_len)
-    print(f"DP={args.dp}, seq_len {args.seq_len} x rows {args.rows}, {args.steps} steps, attention cost "
-          f"a,b,c = {DEFAULT_COST_COEFFS}")
+    print(
+        f"DP={args.dp}, seq_len {args.seq_len} x rows {args.rows}, {args.steps} steps, attention cost "
+        f"a,b,c = {DEFAULT_COST_COEFFS}"
+    )
     print(f"{'':<34}{'baseline':>10}{'omniload':>10}")
     print(f"{'mean max/mean rank cost':<34}{r['base_imbalance']:>10.3f}{r['ours_imbalance']:>10.3f}")
     print(f"{'mean max / lower bound':<34}{r['base_to_bound']:>10.3f}{r['ours_to_bound']:>10.3f}")
     print(f"simulated step-time speedup (sum of max rank cost, baseline / omniload): {r['speedup']:.2f}x")
     print(f"planner time per step at DP={args.dp}: mean {r['plan_ms']:.1f} ms, p95 {r['plan_ms_p95']:.1f} ms")
     big = simulate(args.large_steps, args.large_dp, args.rows, args.seq_len)
-    print(f"planner time per step at DP={args.large_dp}: mean {big['plan_ms']:.0f} ms, p95 {big['plan_ms_p95']:.0f} ms "
-          f"(max / lower bound {big['ours_to_bound']:.3f})")
+    print(
+        f"planner time per step at DP={args.large_dp}: mean {big['plan_ms']:.0f} ms, p95 {big['plan_ms_p95']:.0f} ms "
+        f"(max / lower bound {big['ours_to_bound']:.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ top folder in its own thread), put with 32 boto3 threads. The source is
 Goals (issue 24): <= 10 s to the first batch from launch, <= 3 s with the cached catalog,
 <= 100 bytes an object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,11 @@ def raw_rates(store, bucket: str, n: int) -> tuple[float, float]:
     """moto's listing rate (keys/s, one sequential listing) and GET rate (objects/s, 16 threads)."""
     client = store.client()
     started = time.perf_counter()
-    keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="data/")
-            for o in page.get("Contents", [])]
+    keys = [
+        o["Key"]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="data/")
+        for o in page.get("Contents", [])
+    ]
     listed = len(keys) / (time.perf_counter() - started)
     sample = keys[:: max(1, len(keys) // _GET_SAMPLE)][:_GET_SAMPLE]
     started = time.perf_counter()
@@ -73,8 +77,15 @@ def raw_rates(store, bucket: str, n: int) -> tuple[float, float]:
 
 
 def spec_for(store, bucket: str, cache_dir: str) -> dict:
-    return {"sources": [{"name": "tiny", "path": f"s3://{bucket}/data/*/*.jsonl", "endpoint": store.endpoint}],
-            "seq_len": 256, "rows": 4, "seed": 0, "epochs": 1, "workers": 2, "cache_dir": cache_dir}
+    return {
+        "sources": [{"name": "tiny", "path": f"s3://{bucket}/data/*/*.jsonl", "endpoint": store.endpoint}],
+        "seq_len": 256,
+        "rows": 4,
+        "seed": 0,
+        "epochs": 1,
+        "workers": 2,
+        "cache_dir": cache_dir,
+    }
 
 
 def first_batch_s(spec: dict) -> float:
@@ -125,17 +136,22 @@ def main() -> None:
 
     set_env(CREDENTIALS)
     store = MotoServer()
-    print(f"machine: {os.cpu_count()} cores; store: moto {__import__('moto').__version__} on loopback; "
-          f"{args.folders} folders; {args.rounds} cached launches per size, "
-          f"{args.cold_rounds or args.rounds} cold")
+    print(
+        f"machine: {os.cpu_count()} cores; store: moto {__import__('moto').__version__} on loopback; "
+        f"{args.folders} folders; {args.rounds} cached launches per size, "
+        f"{args.cold_rounds or args.rounds} cold"
+    )
     rows = []
     try:
         for n in [int(x) for x in args.objects.split(",") if x]:
             bucket = f"catalog-{n}"
             puts = fill(store, bucket, n, args.folders)
             listed, gets = raw_rates(store, bucket, n)
-            print(f"N={n:,}: moto PUT {puts:,.0f}/s (32 threads), LIST {listed:,.0f} keys/s (one listing), "
-                  f"GET {gets:,.0f}/s (16 threads)", flush=True)
+            print(
+                f"N={n:,}: moto PUT {puts:,.0f}/s (32 threads), LIST {listed:,.0f} keys/s (one listing), "
+                f"GET {gets:,.0f}/s (16 threads)",
+                flush=True,
+            )
             cold, cached = [], []
             catalog_file = 0
             for round_ in range(max(args.rounds, args.cold_rounds or args.rounds)):
@@ -153,15 +169,21 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="bench-catalog-") as cache:
                 held = catalog_bytes(spec_for(store, bucket, cache))
             rows.append((n, cold, cached, held / n, catalog_file / n, listed, gets))
-            print(f"  catalog in memory: {held / n:.0f} B/object; catalog file {catalog_file / n:.0f} B/object",
-                  flush=True)
+            print(
+                f"  catalog in memory: {held / n:.0f} B/object; catalog file {catalog_file / n:.0f} B/object",
+                flush=True,
+            )
     finally:
         store.stop()
-    print(f"\n{'objects':>9}{'cold s min/med/max':>22}{'cached s min/med/max':>24}{'B/object':>10}"
-          f"{'file B/obj':>12}{'moto LIST/s':>13}{'moto GET/s':>12}")
+    print(
+        f"\n{'objects':>9}{'cold s min/med/max':>22}{'cached s min/med/max':>24}{'B/object':>10}"
+        f"{'file B/obj':>12}{'moto LIST/s':>13}{'moto GET/s':>12}"
+    )
     for n, cold, cached, per_object, file_per_object, listed, gets in rows:
-        print(f"{n:>9,}{spread(cold, '.2f'):>22}{spread(cached, '.2f'):>24}{per_object:>10.0f}"
-              f"{file_per_object:>12.0f}{listed:>13,.0f}{gets:>12,.0f}")
+        print(
+            f"{n:>9,}{spread(cold, '.2f'):>22}{spread(cached, '.2f'):>24}{per_object:>10.0f}"
+            f"{file_per_object:>12.0f}{listed:>13,.0f}{gets:>12,.0f}"
+        )
     print("goals: <= 10 s cold, <= 3 s cached, <= 100 B/object")
 
 

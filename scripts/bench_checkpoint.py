@@ -10,6 +10,7 @@ the steps since the snapshot.
 
     python scripts/bench_checkpoint.py [--steps 10000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from omniload.coordinator.ha.checkpoint import CheckpointWriter, last_position
-from omniload.coordinator.pool.intake import Doc
 from omniload.coordinator.plan.stepper import Stepper
+from omniload.coordinator.pool.intake import Doc
 from omniload.spec import Spec
 
 _TOKENS = np.zeros(1 << 22, dtype=np.int32)  # every document's tokens are a view of this
@@ -51,13 +52,26 @@ class _Source:
         long = rng.random() < 0.02
         length = int(rng.integers(20, 60) * self._seq_len) if long else max(1, int(rng.lognormal(np.log(600), 1.0)))
         self.pos += 1
-        return Doc(self.catalog.index, self.pos - 1, _TOKENS[: min(length, len(_TOKENS))], self.group, self.pos - 1,
-                   after=self.cursor)
+        return Doc(
+            self.catalog.index,
+            self.pos - 1,
+            _TOKENS[: min(length, len(_TOKENS))],
+            self.group,
+            self.pos - 1,
+            after=self.cursor,
+        )
 
 
 def _spec(seq_len: int, rows: int) -> Spec:
-    return Spec.from_dict({"sources": [{"name": f"s{i}", "path": "x", "weight": w} for i, w in enumerate((5, 3, 2))],
-                           "seq_len": seq_len, "rows": rows, "balance": "attention", "epochs": 0})
+    return Spec.from_dict(
+        {
+            "sources": [{"name": f"s{i}", "path": "x", "weight": w} for i, w in enumerate((5, 3, 2))],
+            "seq_len": seq_len,
+            "rows": rows,
+            "balance": "attention",
+            "epochs": 0,
+        }
+    )
 
 
 def _stepper(spec: Spec, dp: int) -> Stepper:
@@ -85,10 +99,12 @@ def folder_size(steps: int, dp: int, seq_len: int, rows: int) -> None:
         snapshots = [p for p in files if p.name.startswith("snapshot-")]
         records = sum(p.read_bytes().count(b"\n") for p in logs)
         log_bytes = sum(p.stat().st_size for p in logs)
-        print(f"DP={dp}, seq_len {seq_len} x rows {rows}, {steps:,} steps ({time.perf_counter() - started:.0f}s): "
-              f"folder {sum(p.stat().st_size for p in files) / 1024:,.1f} KB in {len(snapshots)} snapshots and "
-              f"{len(logs)} logs; a step's record {log_bytes / max(1, records):.0f} B; a snapshot "
-              f"{max(p.stat().st_size for p in snapshots) / 1024:.1f} KB")
+        print(
+            f"DP={dp}, seq_len {seq_len} x rows {rows}, {steps:,} steps ({time.perf_counter() - started:.0f}s): "
+            f"folder {sum(p.stat().st_size for p in files) / 1024:,.1f} KB in {len(snapshots)} snapshots and "
+            f"{len(logs)} logs; a step's record {log_bytes / max(1, records):.0f} B; a snapshot "
+            f"{max(p.stat().st_size for p in snapshots) / 1024:.1f} KB"
+        )
 
 
 def resume_time(dp: int, seq_len: int, rows: int, snapshot_at: int, replays: list[int]) -> None:
@@ -114,7 +130,9 @@ def resume_time(dp: int, seq_len: int, rows: int, snapshot_at: int, replays: lis
                 resumed.next_step(build=False)
             took = time.perf_counter() - started
             assert resumed.export_state("f") == expected, "the replay must land on the same position"
-            print(f"  {found.replay:4d} steps replayed: {took:6.2f}s ({took / max(1, found.replay) * 1000:.0f} ms/step)")
+            print(
+                f"  {found.replay:4d} steps replayed: {took:6.2f}s ({took / max(1, found.replay) * 1000:.0f} ms/step)"
+            )
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 Document lengths are lognormal (median `median_bytes`); words come from a fixed vocabulary so
 text compresses like real text. Written once per (name, size) into the cache folder.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,16 @@ import pyarrow.parquet as pq
 
 CACHE = Path.home() / ".cache" / "omniload" / "bench"
 _FORMATS = ("parquet", "jsonl", "arrow")
-_WORDS = np.array([f"{w}{i}" for i, w in enumerate(
-    "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore "
-    "et dolore magna aliqua enim ad minim veniam quis nostrud exercitation ullamco laboris nisi aliquip".split()
-    * 40)])
+_WORDS = np.array(
+    [
+        f"{w}{i}"
+        for i, w in enumerate(
+            "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore "
+            "et dolore magna aliqua enim ad minim veniam quis nostrud exercitation ullamco laboris nisi aliquip".split()
+            * 40
+        )
+    ]
+)
 
 
 def documents(n: int, seed: int, median_bytes: int) -> list[str]:

@@ -19,13 +19,14 @@ What it does not show: a real network (loopback only; a relay saves the coordina
 connections and per-connection work, while on one machine it adds a copy on the same cores),
 training work on the ranks, and more than this machine's cores.
 """
+
 from __future__ import annotations
 
 import argparse
 import multiprocessing
 import os
-import sys
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -78,12 +79,27 @@ def _start_relays(job, count: int, folder: str) -> tuple[list[subprocess.Popen],
     relays, addrs = [], []
     for node in range(count):
         path = os.path.join(folder, f"node{node}.sock")
-        relays.append(subprocess.Popen([sys.executable, "-m", "omniload.cli", "relay", "--addr", job.addr,
-                                        "--token", job.token, "--socket", path], stderr=subprocess.DEVNULL))
+        relays.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "omniload.cli",
+                    "relay",
+                    "--addr",
+                    job.addr,
+                    "--token",
+                    job.token,
+                    "--socket",
+                    path,
+                ],
+                stderr=subprocess.DEVNULL,
+            )
+        )
         addrs.append(f"unix:{path}")
     deadline = time.monotonic() + 60
     for relay, path in zip(relays, addrs):
-        while not os.path.exists(path[len("unix:"):]):
+        while not os.path.exists(path[len("unix:") :]):
             if relay.poll() is not None or time.monotonic() > deadline:
                 _stop(relays)
                 raise SystemExit(f"a relay did not start (exit code {relay.poll()})")
@@ -102,8 +118,7 @@ def _connections(coordinator, addr: str) -> int:
     import psutil
 
     port = int(addr.rsplit(":", 1)[1])
-    return sum(c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
-               for c in coordinator.net_connections("tcp"))
+    return sum(c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED for c in coordinator.net_connections("tcp"))
 
 
 def run(world: int, procs: int, steps: int, spec: dict, relay_ranks: int = 0) -> dict:
@@ -122,7 +137,9 @@ def _serve_ranks(job, world: int, procs: int, relay_ranks: int, relays: list, ad
 
     ctx = multiprocessing.get_context("spawn")
     coordinator = psutil.Process(job._process.pid)
-    senders = [p for p in coordinator.children() if "omniload.coordinator.serve.sender_process" in " ".join(p.cmdline())]
+    senders = [
+        p for p in coordinator.children() if "omniload.coordinator.serve.sender_process" in " ".join(p.cmdline())
+    ]
     start = time.time()
     pipes, children = [], []
     for p in range(procs):
@@ -138,8 +155,9 @@ def _serve_ranks(job, world: int, procs: int, relay_ranks: int, relays: list, ad
     def sample_cpu() -> None:  # to take the coordinator's CPU over the span every rank is served
         while not sampling.wait(0.25):
             try:
-                cpu_samples.append((time.time(), sum(coordinator.cpu_times()[:2]),
-                                    sum(sum(p.cpu_times()[:2]) for p in senders)))
+                cpu_samples.append(
+                    (time.time(), sum(coordinator.cpu_times()[:2]), sum(sum(p.cpu_times()[:2]) for p in senders))
+                )
             except psutil.NoSuchProcess:  # the job ended as the last ranks finished
                 return
 
@@ -163,11 +181,19 @@ def _serve_ranks(job, world: int, procs: int, relay_ranks: int, relays: list, ad
     span = served[-1][0] - served[0][0] if len(served) > 1 else float("nan")
     cpu = (served[-1][1] - served[0][1]) / span if len(served) > 1 else float("nan")
     sender_cpu = (served[-1][2] - served[0][2]) / span if len(served) > 1 else float("nan")
-    return {"world": world, "procs": procs, "tokens_per_s": sum(r["tokens"] for r in results) / (end - begin),
-            "mb_per_s": received / (end - begin) / 1e6,
-            "gap_p50": float(np.percentile(gaps, 50)), "gap_p99": float(np.percentile(gaps, 99)),
-            "first_batch": max(r["first"] for r in results) - start, "cpu": cpu, "sender_cpu": sender_cpu,
-            "bytes_per_token": received / sum(r["slots"] for r in results), "connections": connections}
+    return {
+        "world": world,
+        "procs": procs,
+        "tokens_per_s": sum(r["tokens"] for r in results) / (end - begin),
+        "mb_per_s": received / (end - begin) / 1e6,
+        "gap_p50": float(np.percentile(gaps, 50)),
+        "gap_p99": float(np.percentile(gaps, 99)),
+        "first_batch": max(r["first"] for r in results) - start,
+        "cpu": cpu,
+        "sender_cpu": sender_cpu,
+        "bytes_per_token": received / sum(r["slots"] for r in results),
+        "connections": connections,
+    }
 
 
 def main() -> None:
@@ -179,27 +205,48 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=8, help="processes the rank clients are spread over")
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--rows", type=int, default=4)
-    parser.add_argument("--modes", default="direct,relay8,senders2",
-                        help="one run each: direct (the coordinator writes to every rank), relayN (N ranks share a "
-                             "relay), sendersN (N sender processes write the batches)")
+    parser.add_argument(
+        "--modes",
+        default="direct,relay8,senders2",
+        help="one run each: direct (the coordinator writes to every rank), relayN (N ranks share a "
+        "relay), sendersN (N sender processes write the batches)",
+    )
     args = parser.parse_args()
-    spec = {"sources": make_sources(3, 20000), "seq_len": args.seq_len, "rows": args.rows, "seed": 0, "epochs": 0,
-            "ring_mb": 4, "rank_timeout": 0}
-    print(f"machine: {os.cpu_count()} cores; 3 sources, byte tokenizer, seq_len {args.seq_len} x rows {args.rows}, "
-          f"about {args.tokens / 1e6:.0f}M tokens a run, {args.procs} client processes")
-    print(f"{'world':>6}{'mode':>10}{'conns':>6}{'tokens/s':>14}{'MB/s':>8}{'gap p50':>9}{'gap p99':>9}{'p99/p50':>8}{'1st batch':>10}"
-          f"{'coord CPU':>10}{'send CPU':>9}{'B/token':>9}")
+    spec = {
+        "sources": make_sources(3, 20000),
+        "seq_len": args.seq_len,
+        "rows": args.rows,
+        "seed": 0,
+        "epochs": 0,
+        "ring_mb": 4,
+        "rank_timeout": 0,
+    }
+    print(
+        f"machine: {os.cpu_count()} cores; 3 sources, byte tokenizer, seq_len {args.seq_len} x rows {args.rows}, "
+        f"about {args.tokens / 1e6:.0f}M tokens a run, {args.procs} client processes"
+    )
+    print(
+        f"{'world':>6}{'mode':>10}{'conns':>6}{'tokens/s':>14}{'MB/s':>8}"
+        f"{'gap p50':>9}{'gap p99':>9}{'p99/p50':>8}{'1st batch':>10}"
+        f"{'coord CPU':>10}{'send CPU':>9}{'B/token':>9}"
+    )
     for world, mode in ((int(w), m) for w in args.worlds.split(",") for m in args.modes.split(",")):
         steps = max(12, round(args.tokens / (world * args.rows * args.seq_len)))
-        relay_ranks = int(mode[len("relay"):]) if mode.startswith("relay") else 0
-        senders = int(mode[len("senders"):]) if mode.startswith("senders") else 0
+        relay_ranks = int(mode[len("relay") :]) if mode.startswith("relay") else 0
+        senders = int(mode[len("senders") :]) if mode.startswith("senders") else 0
         r = run(world, args.procs, steps, {**spec, "senders": senders}, relay_ranks)
-        print(f"{world:>6}{mode:>10}{r['connections']:>6}{r['tokens_per_s']:>14,.0f}{r['mb_per_s']:>8.0f}{r['gap_p50'] * 1000:>7.0f}ms"
-              f"{r['gap_p99'] * 1000:>7.0f}ms{r['gap_p99'] / r['gap_p50']:>8.1f}{r['first_batch']:>9.1f}s"
-              f"{r['cpu']:>9.0%}{r['sender_cpu']:>9.0%}{r['bytes_per_token']:>9.2f}", flush=True)
-    print("B/token: bytes the rank clients received (frames, headers included) per token slot of their batches; "
-          "relayN: N ranks share one relay (`omniload relay`, ranks on its Unix socket); sendersN: N sender "
-          "processes write the batches from shared memory; conns: TCP connections the coordinator holds while serving")
+        print(
+            f"{world:>6}{mode:>10}{r['connections']:>6}{r['tokens_per_s']:>14,.0f}{r['mb_per_s']:>8.0f}"
+            f"{r['gap_p50'] * 1000:>7.0f}ms"
+            f"{r['gap_p99'] * 1000:>7.0f}ms{r['gap_p99'] / r['gap_p50']:>8.1f}{r['first_batch']:>9.1f}s"
+            f"{r['cpu']:>9.0%}{r['sender_cpu']:>9.0%}{r['bytes_per_token']:>9.2f}",
+            flush=True,
+        )
+    print(
+        "B/token: bytes the rank clients received (frames, headers included) per token slot of their batches; "
+        "relayN: N ranks share one relay (`omniload relay`, ranks on its Unix socket); sendersN: N sender "
+        "processes write the batches from shared memory; conns: TCP connections the coordinator holds while serving"
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ by the cost with it: max/mean rank cost per step, the median over steps.
 
     python scripts/bench_images.py [--ranks 2] [--workers 2] [--samples 3000] [--images 6000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,7 +61,7 @@ def make_corpus(root: Path, samples: int, files: int = 4, seed: int = 0) -> Path
                 w, h = (int(v) for v in rng.integers(256, 641, 2))
                 y, x = np.mgrid[0:h, 0:w]
                 base = rng.integers(0, 256, 3)
-                field = (base[None, None, :] + 0.3 * (x[..., None] * rng.random(3) + y[..., None] * rng.random(3)))
+                field = base[None, None, :] + 0.3 * (x[..., None] * rng.random(3) + y[..., None] * rng.random(3))
                 pixels = np.clip(field + rng.normal(0, 12, (h, w, 3)), 0, 255).astype(np.uint8)
                 out = io.BytesIO()
                 Image.fromarray(pixels).save(out, format="JPEG", quality=85)
@@ -104,9 +105,17 @@ def _omniload_rank(addr: str, token: str, rank: int, world: int, wanted: int, ou
 def run_omniload(folder: Path, ranks: int, workers: int, wanted: int, seq_len: int, rows: int) -> tuple:
     import omniload
 
-    spec = {"sources": [{"name": "captions", "path": str(folder / "*.parquet"), "image": "image"}],
-            "seq_len": seq_len, "rows": rows, "workers": workers, "epochs": 0, "image_size": f"{SIZE}x{SIZE}",
-            "image_token": IMAGE_TOKEN, "tokens_per_image": PER_IMAGE, "ring_mb": 16}
+    spec = {
+        "sources": [{"name": "captions", "path": str(folder / "*.parquet"), "image": "image"}],
+        "seq_len": seq_len,
+        "rows": rows,
+        "workers": workers,
+        "epochs": 0,
+        "image_size": f"{SIZE}x{SIZE}",
+        "image_token": IMAGE_TOKEN,
+        "tokens_per_image": PER_IMAGE,
+        "ring_mb": 16,
+    }
     with omniload.Job(spec) as job:
         return _run_ranks(_omniload_rank, [(job.addr, job.token, r, ranks, wanted // ranks) for r in range(ranks)])
 
@@ -130,10 +139,16 @@ class CaptionStream(IterableDataset):
         config = ImageConfig(SIZE, SIZE, IMAGE_TOKEN, PER_IMAGE)
         decode = load_image_transform(config)
         info = get_worker_info()
-        shard, shards = (self.rank, self.world) if info is None else \
-            (self.rank * info.num_workers + info.id, self.world * info.num_workers)
-        groups = [(path, g) for path in sorted(Path(self.folder).glob("*.parquet"))
-                  for g in range(pq.ParquetFile(path).num_row_groups)]
+        shard, shards = (
+            (self.rank, self.world)
+            if info is None
+            else (self.rank * info.num_workers + info.id, self.world * info.num_workers)
+        )
+        groups = [
+            (path, g)
+            for path in sorted(Path(self.folder).glob("*.parquet"))
+            for g in range(pq.ParquetFile(path).num_row_groups)
+        ]
         capacity = self.rows * self.seq_len
         tokens, pixels = [], []
         while True:  # epochs forever, as the omniload side
@@ -158,18 +173,25 @@ def _collate(tokens, pixels, capacity, torch) -> dict:
     return {"input_ids": torch.from_numpy(flat), "pixel_values": torch.from_numpy(stacked), "real": len(joined)}
 
 
-def _colocated_rank(folder: str, rank: int, world: int, workers: int, wanted: int, seq_len: int, rows: int,
-                    out) -> None:
+def _colocated_rank(
+    folder: str, rank: int, world: int, workers: int, wanted: int, seq_len: int, rows: int, out
+) -> None:
     begun = time.perf_counter()
-    loader = DataLoader(CaptionStream(folder, rank, world, seq_len, rows), batch_size=None, num_workers=workers,
-                        prefetch_factor=4 if workers else None, persistent_workers=False)
+    loader = DataLoader(
+        CaptionStream(folder, rank, world, seq_len, rows),
+        batch_size=None,
+        num_workers=workers,
+        prefetch_factor=4 if workers else None,
+        persistent_workers=False,
+    )
     out.put(_consume(loader, wanted, begun, lambda batch: batch["real"]))
 
 
 def run_colocated(folder: Path, ranks: int, workers: int, wanted: int, seq_len: int, rows: int) -> tuple:
     per_rank = max(1, workers // ranks)
-    return _run_ranks(_colocated_rank, [(str(folder), r, ranks, per_rank, wanted // ranks, seq_len, rows)
-                                        for r in range(ranks)])
+    return _run_ranks(
+        _colocated_rank, [(str(folder), r, ranks, per_rank, wanted // ranks, seq_len, rows) for r in range(ranks)]
+    )
 
 
 def _run_ranks(target, rank_args: list[tuple]) -> tuple[float, float, float]:
@@ -241,9 +263,11 @@ def main() -> None:
     args = parser.parse_args()
 
     folder = make_corpus(Path(args.cache), args.samples)
-    print(f"corpus: {folder} ({sum(p.stat().st_size for p in folder.glob('*.parquet')) / 1e6:.0f} MB), "
-          f"ranks={args.ranks}, workers={args.workers} in all, seq_len={args.seq_len}, rows={args.rows}, "
-          f"{SIZE}x{SIZE} images, {args.images} images per trial")
+    print(
+        f"corpus: {folder} ({sum(p.stat().st_size for p in folder.glob('*.parquet')) / 1e6:.0f} MB), "
+        f"ranks={args.ranks}, workers={args.workers} in all, seq_len={args.seq_len}, rows={args.rows}, "
+        f"{SIZE}x{SIZE} images, {args.images} images per trial"
+    )
     runs = {"omniload": [], "colocated": []}
     for _ in range(args.trials):  # alternated, so drift in the machine hits both alike
         runs["colocated"].append(run_colocated(folder, args.ranks, args.workers, args.images, args.seq_len, args.rows))
@@ -253,8 +277,10 @@ def main() -> None:
     for name, trials in runs.items():
         medians[name] = tuple(float(np.median([t[i] for t in trials])) for i in range(3))
         print(f"{name:<12}{medians[name][0]:>12.1f}{medians[name][1]:>14.0f}{medians[name][2]:>16.2f}")
-    print(f"omniload / colocated: images/s {medians['omniload'][0] / medians['colocated'][0]:.2f}x, "
-          f"tokens/s {medians['omniload'][1] / medians['colocated'][1]:.2f}x")
+    print(
+        f"omniload / colocated: images/s {medians['omniload'][0] / medians['colocated'][0]:.2f}x, "
+        f"tokens/s {medians['omniload'][1] / medians['colocated'][1]:.2f}x"
+    )
 
     print("\nbalance, max/mean rank cost judged with the image term (median over 200 steps):")
     print(f"{'dp':>4}{'planned with d':>18}{'planned without d':>20}")

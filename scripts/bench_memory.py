@@ -24,6 +24,7 @@ counts only what loading adds.
     python scripts/bench_memory.py [--ranks 1,2,4,8,16] [--sources 4,16] [--workers-per-rank 2]
                                    [--kinds dataloader,streaming,litdata,omniload]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,8 +67,14 @@ def _rank(kind: str, spec_dict: dict, rank: int, world: int, workers: int, conn,
         from peers import peer_loader, rank_environment
 
         rank_environment(rank, world, token)
-        loader = peer_loader(kind, addr, [s.get("weight", 1.0) for s in spec_dict["sources"]], spec_dict["rows"],
-                             spec_dict["seq_len"], workers)
+        loader = peer_loader(
+            kind,
+            addr,
+            [s.get("weight", 1.0) for s in spec_dict["sources"]],
+            spec_dict["rows"],
+            spec_dict["seq_len"],
+            workers,
+        )
     else:  # only the baselines' ranks load the readers (and, planned, the planner)
         from colocated import colocated_loader, lean_loader
 
@@ -132,8 +139,15 @@ def bare_torch_mb(n: int) -> float:
     return mb
 
 
-def loading_mb(kind: str, spec_dict: dict, n: int, workers_per_rank: int, omniload_workers: int = 4,
-               peer_folders: list[str] | None = None, breakdown: dict | None = None) -> float:
+def loading_mb(
+    kind: str,
+    spec_dict: dict,
+    n: int,
+    workers_per_rank: int,
+    omniload_workers: int = 4,
+    peer_folders: list[str] | None = None,
+    breakdown: dict | None = None,
+) -> float:
     """Mean PSS of the loading stack in MB; for omniload, `breakdown` gets its processes' PSS by role."""
     ctx = multiprocessing.get_context("spawn")
     progress = ctx.Array("l", n)
@@ -160,8 +174,10 @@ def loading_mb(kind: str, spec_dict: dict, n: int, workers_per_rank: int, omnilo
     while min(progress[:]) < _WARM_STEPS:
         dead = [p.exitcode for p in procs if not p.is_alive()]
         if time.monotonic() > deadline or dead:
-            raise RuntimeError(f"{kind}: ranks did not reach step {_WARM_STEPS}: {progress[:]}"
-                               + (f"; ranks exited with codes {dead} (their error is above)" if dead else ""))
+            raise RuntimeError(
+                f"{kind}: ranks did not reach step {_WARM_STEPS}: {progress[:]}"
+                + (f"; ranks exited with codes {dead} (their error is above)" if dead else "")
+            )
         time.sleep(0.2)
     samples = []
     began, done = time.monotonic(), min(progress[:])
@@ -171,8 +187,11 @@ def loading_mb(kind: str, spec_dict: dict, n: int, workers_per_rank: int, omnilo
         time.sleep(_SAMPLE_GAP_S)
     rate = (min(progress[:]) - done) / (time.monotonic() - began)
     if rate < 0.9 * _RATE:  # a loader that falls behind holds less in flight: its figure flatters it
-        print(f"  ({kind} at N={n}: the slowest rank ran {rate:.1f} steps/s while measured, not {_RATE:.0f}: "
-              "the loader did not keep up)", flush=True)
+        print(
+            f"  ({kind} at N={n}: the slowest rank ran {rate:.1f} steps/s while measured, not {_RATE:.0f}: "
+            "the loader did not keep up)",
+            flush=True,
+        )
     if job and breakdown is not None:
         for role, pids in _roles(job._process.pid).items():
             breakdown[role] = _pss(pids) if role != "workers" else [round(_pss([pid])) for pid in pids]
@@ -200,8 +219,9 @@ def main() -> None:
     parser.add_argument("--omniload-workers", type=int, default=4, help="omniload's worker budget (at most N*W)")
     parser.add_argument("--docs", type=int, default=6000, help="documents per source")
     parser.add_argument("--median-bytes", type=int, default=1200)
-    parser.add_argument("--kinds", default="dataloader,streaming,litdata,omniload",
-                        help=f"what to measure, of {','.join(_KINDS)}")
+    parser.add_argument(
+        "--kinds", default="dataloader,streaming,litdata,omniload", help=f"what to measure, of {','.join(_KINDS)}"
+    )
     args = parser.parse_args()
     ranks = [int(n) for n in args.ranks.split(",")]
     kinds = [k for k in args.kinds.split(",") if k]
@@ -213,10 +233,12 @@ def main() -> None:
             print(f"skipping {peer}: {why}")
             kinds.remove(peer)
     others = [k for k in kinds if k != "omniload"]
-    print(f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
-          f"{_RATE:.0f} steps/s per rank; {args.workers_per_rank} DataLoader workers per rank for "
-          f"{', '.join(_LABELS[k] for k in others) or 'no baseline'}; omniload min(K, N*W, {args.omniload_workers}) "
-          "workers in total; MB = PSS of the loading stack minus bare torch ranks")
+    print(
+        f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
+        f"{_RATE:.0f} steps/s per rank; {args.workers_per_rank} DataLoader workers per rank for "
+        f"{', '.join(_LABELS[k] for k in others) or 'no baseline'}; omniload min(K, N*W, {args.omniload_workers}) "
+        "workers in total; MB = PSS of the loading stack minus bare torch ranks"
+    )
     bare = {n: bare_torch_mb(n) for n in ranks}
     for k in (int(k) for k in args.sources.split(",")):
         # two files per source, row groups / record batches of 1000 documents (~1.5 MB of text)
@@ -232,8 +254,13 @@ def main() -> None:
         roles: dict[int, dict] = {}
         for n in ranks:
             roles[n] = {}
-            mb = {kind: loading_mb(kind, spec, n, args.workers_per_rank, args.omniload_workers, folders.get(kind),
-                                   roles[n]) - bare[n] for kind in kinds}
+            mb = {
+                kind: loading_mb(
+                    kind, spec, n, args.workers_per_rank, args.omniload_workers, folders.get(kind), roles[n]
+                )
+                - bare[n]
+                for kind in kinds
+            }
             line = "".join(f"{mb[kind]:>15,.0f}" for kind in kinds)
             if "omniload" in kinds:
                 line += "".join(f"{mb[kind] / mb['omniload']:>14.1f}x" for kind in others)
@@ -241,9 +268,15 @@ def main() -> None:
             print(f"{n:>4}{line}", flush=True)
         if first:
             print(f"omniload at N={ranks[-1]} / at N={ranks[0]}: {last / first:.2f}x")
-            print("omniload's processes, PSS MB: " + "; ".join(
-                f"N={n}: coordinator {r['coordinator']:.0f}, forkserver {r['forkserver']:.0f}, "
-                f"tracker {r['tracker']:.0f}, workers {r['workers']}" for n, r in roles.items() if r))
+            print(
+                "omniload's processes, PSS MB: "
+                + "; ".join(
+                    f"N={n}: coordinator {r['coordinator']:.0f}, forkserver {r['forkserver']:.0f}, "
+                    f"tracker {r['tracker']:.0f}, workers {r['workers']}"
+                    for n, r in roles.items()
+                    if r
+                )
+            )
 
 
 if __name__ == "__main__":

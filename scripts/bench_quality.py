@@ -26,6 +26,7 @@ the first batch and the loader position's size (a rank's state_dict, JSON bytes)
 
     python scripts/bench_quality.py [--steps 200] [--seeds 0,1,2] [--arms reference,omniload]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,9 +73,11 @@ def _texts() -> dict[str, list[tuple[str, str]]]:
             continue
         if len(text) >= 16:
             code.append((str(path.relative_to(stdlib)), text))
-    return {"code": code,
-            "docs": quality_corpus.docs(_CORPUS_SEED, _DOCS_PACKAGES, _MAX_DOC_BYTES),
-            "changelogs": quality_corpus.changelogs(_CORPUS_SEED + 1, _CHANGELOG_PACKAGES, _MAX_DOC_BYTES)}
+    return {
+        "code": code,
+        "docs": quality_corpus.docs(_CORPUS_SEED, _DOCS_PACKAGES, _MAX_DOC_BYTES),
+        "changelogs": quality_corpus.changelogs(_CORPUS_SEED + 1, _CHANGELOG_PACKAGES, _MAX_DOC_BYTES),
+    }
 
 
 def make_corpus() -> Path:
@@ -95,8 +98,10 @@ def make_corpus() -> Path:
                     f.writelines(json.dumps({"text": t}) + "\n" for t in part)
         else:
             table = pa.table({"text": train})
-            with pa.OSFile(str(folder / "changelogs.arrow"), "wb") as sink, \
-                    pa.ipc.new_file(sink, table.schema) as writer:
+            with (
+                pa.OSFile(str(folder / "changelogs.arrow"), "wb") as sink,
+                pa.ipc.new_file(sink, table.schema) as writer,
+            ):
                 for start in range(0, len(table), 32):
                     writer.write_batch(table.slice(start, 32).to_batches()[0])
     (CACHE / ".complete").touch()
@@ -105,8 +110,16 @@ def make_corpus() -> Path:
 
 def _spec(root: Path, steps: int, seed: int, **extra) -> dict:
     paths = {"code": "code/*.parquet", "docs": "docs/*.jsonl", "changelogs": "changelogs/*.arrow"}
-    return {"sources": [{"name": n, "path": str(root / paths[n]), "weight": w} for n, w in WEIGHTS.items()],
-            "seq_len": SEQ, "rows": ROWS, "seed": seed, "epochs": 0, "steps": steps, "workers": 2, **extra}
+    return {
+        "sources": [{"name": n, "path": str(root / paths[n]), "weight": w} for n, w in WEIGHTS.items()],
+        "seq_len": SEQ,
+        "rows": ROWS,
+        "seed": seed,
+        "epochs": 0,
+        "steps": steps,
+        "workers": 2,
+        **extra,
+    }
 
 
 def _encode(text: str) -> np.ndarray:
@@ -125,14 +138,14 @@ class RankBatch:
     seg_len: np.ndarray
 
 
-def omniload_steps(root: Path, steps: int, seed: int, figures: dict | None = None,
-                   **extra) -> list[list[RankBatch]]:
+def omniload_steps(root: Path, steps: int, seed: int, figures: dict | None = None, **extra) -> list[list[RankBatch]]:
     out, state_bytes = [], []
     started = time.perf_counter()
     with omniload.Job(_spec(root, steps, seed, **extra)) as job:
         env = job.env()
-        clients = [omniload.connect(env["OMNILOAD_ADDR"], env["OMNILOAD_TOKEN"], rank=r, world_size=DP)
-                   for r in range(DP)]
+        clients = [
+            omniload.connect(env["OMNILOAD_ADDR"], env["OMNILOAD_TOKEN"], rank=r, world_size=DP) for r in range(DP)
+        ]
         for batches in zip(*clients):
             if not out and figures is not None:
                 figures["first_batch_s"] = time.perf_counter() - started
@@ -140,10 +153,17 @@ def omniload_steps(root: Path, steps: int, seed: int, figures: dict | None = Non
             step = []
             for b in batches:
                 cu = b["cu_seqlens"].numpy().astype(np.int64)
-                step.append(RankBatch(b["input_ids"].numpy().copy(), b["labels"].numpy().copy(),
-                                      b["position_ids"].numpy().copy(), cu, b["source"].numpy().copy(),
-                                      np.where(b["sample_id"].numpy() >= 0, b["sample_id"].numpy() >> 12, -1),
-                                      np.diff(cu)))
+                step.append(
+                    RankBatch(
+                        b["input_ids"].numpy().copy(),
+                        b["labels"].numpy().copy(),
+                        b["position_ids"].numpy().copy(),
+                        cu,
+                        b["source"].numpy().copy(),
+                        np.where(b["sample_id"].numpy() >= 0, b["sample_id"].numpy() >> 12, -1),
+                        np.diff(cu),
+                    )
+                )
             out.append(step)
         for client in clients:
             client.close()
@@ -154,16 +174,19 @@ def omniload_steps(root: Path, steps: int, seed: int, figures: dict | None = Non
 
 def reference_steps(root: Path, steps: int, seed: int) -> list[list[RankBatch]]:
     """Seeded random windows of each source's token stream; rows to sources by the weights."""
-    from omniload.workers.readers import index_file, read_shard
     from omniload.formats.shards import detect_format
+    from omniload.workers.readers import index_file, read_shard
 
     streams, offsets, windows = [], [], []
     for s, name in enumerate(WEIGHTS):
         texts = []
         for path in sorted((root / name).iterdir()):
             if detect_format(str(path)):
-                texts += [v for shard in index_file(str(path), detect_format(str(path)), "text", 0)
-                          for v in read_shard(shard, "text")]
+                texts += [
+                    v
+                    for shard in index_file(str(path), detect_format(str(path)), "text", 0)
+                    for v in read_shard(shard, "text")
+                ]
         tokens = [_encode(t) for t in texts]
         streams.append(np.concatenate(tokens))
         offsets.append(np.concatenate([[0], np.cumsum([len(t) for t in tokens])]))
@@ -191,9 +214,17 @@ def reference_steps(root: Path, steps: int, seed: int) -> list[list[RankBatch]]:
                         lens.append(overlap)
             ids = np.stack(rows)
             labels = np.concatenate([ids[:, 1:], np.full((ROWS, 1), -100)], axis=1)
-            step.append(RankBatch(ids, labels, np.tile(np.arange(SEQ), (ROWS, 1)),
-                                  np.arange(0, ROWS * SEQ + 1, SEQ), np.array(sources), np.array(docs),
-                                  np.array(lens)))
+            step.append(
+                RankBatch(
+                    ids,
+                    labels,
+                    np.tile(np.arange(SEQ), (ROWS, 1)),
+                    np.arange(0, ROWS * SEQ + 1, SEQ),
+                    np.array(sources),
+                    np.array(docs),
+                    np.array(lens),
+                )
+            )
         out.append(step)
     return out
 
@@ -218,10 +249,15 @@ def batch_figures(steps: list[list[RankBatch]]) -> dict[str, float]:
     per_step = np.abs(shares / shares.sum(1, keepdims=True) - weights).max(1) * 100
     tens = shares[: len(shares) // 10 * 10].reshape(-1, 10, len(weights)).sum(1)
     per_ten = np.abs(tens / tens.sum(1, keepdims=True) - weights).max(1) * 100
-    return {"step_err_mean": per_step.mean(), "step_err_max": per_step.max(), "ten_err_max": per_ten.max(initial=0.0),
-            "distinct_mean": float(np.mean(distinct)), "distinct_p10": float(np.percentile(distinct, 10)),
-            "longest_run": int(max(runs)),
-            "docs_in_run": len({int(d) for step in steps for b in step for d in b.seg_doc if d >= 0})}
+    return {
+        "step_err_mean": per_step.mean(),
+        "step_err_max": per_step.max(),
+        "ten_err_max": per_ten.max(initial=0.0),
+        "distinct_mean": float(np.mean(distinct)),
+        "distinct_p10": float(np.percentile(distinct, 10)),
+        "longest_run": int(max(runs)),
+        "docs_in_run": len({int(d) for step in steps for b in step for d in b.seg_doc if d >= 0}),
+    }
 
 
 # -- training and held-out loss ---------------------------------------------------------------
@@ -255,8 +291,9 @@ def heldout_sets(root: Path, seed: int, rows_per_source: int = 96) -> dict[str, 
         for i in range(0, rows_per_source, ROWS):
             ids = np.stack([stream[a : a + SEQ] for a in starts[i : i + ROWS]])
             labels = np.concatenate([ids[:, 1:], np.full((ROWS, 1), -100)], axis=1)
-            sets["windows"].append((s, ids, np.tile(np.arange(SEQ), (ROWS, 1)), np.arange(0, ROWS * SEQ + 1, SEQ),
-                                    labels))
+            sets["windows"].append(
+                (s, ids, np.tile(np.arange(SEQ), (ROWS, 1)), np.arange(0, ROWS * SEQ + 1, SEQ), labels)
+            )
         chunks = [d[a : a + SEQ] for d in docs for a in range(0, len(d), SEQ)]
         picked = [chunks[i] for i in rng.choice(len(chunks), rows_per_source, replace=False)]
         for i in range(0, rows_per_source, ROWS):
@@ -286,19 +323,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--arms", default="reference,omniload,window-256,no-window",
-                        help="which arms to run (reference always runs: the others are measured against it)")
+    parser.add_argument(
+        "--arms",
+        default="reference,omniload,window-256,no-window",
+        help="which arms to run (reference always runs: the others are measured against it)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(2)
     root = make_corpus()
     sizes = {n: sum(f.stat().st_size for f in (root / n).iterdir()) >> 20 for n in WEIGHTS}
-    print(f"corpus {root}: {sizes} MB (train files); weights {WEIGHTS}; seq_len {SEQ} x rows {ROWS}, "
-          f"{DP} ranks, {args.steps} steps, bytes tokenizer, demo TinyGPT, seeds {args.seeds}")
-    arms = {"reference": lambda steps, seed, figures: reference_steps(root, steps, seed),
-            "omniload": lambda steps, seed, figures: omniload_steps(root, steps, seed, figures),
-            "window-256": lambda steps, seed, figures: omniload_steps(root, steps, seed, figures, shuffle_window=256),
-            "no-window": lambda steps, seed, figures: omniload_steps(root, steps, seed, figures, shuffle_window=1,
-                                                                     max_doc_share=1.0, shard_interleave=1)}
+    print(
+        f"corpus {root}: {sizes} MB (train files); weights {WEIGHTS}; seq_len {SEQ} x rows {ROWS}, "
+        f"{DP} ranks, {args.steps} steps, bytes tokenizer, demo TinyGPT, seeds {args.seeds}"
+    )
+    arms = {
+        "reference": lambda steps, seed, figures: reference_steps(root, steps, seed),
+        "omniload": lambda steps, seed, figures: omniload_steps(root, steps, seed, figures),
+        "window-256": lambda steps, seed, figures: omniload_steps(root, steps, seed, figures, shuffle_window=256),
+        "no-window": lambda steps, seed, figures: omniload_steps(
+            root, steps, seed, figures, shuffle_window=1, max_doc_share=1.0, shard_interleave=1
+        ),
+    }
     wanted = {"reference", *args.arms.split(",")}
     unknown = wanted - set(arms)
     if unknown:
@@ -313,28 +358,42 @@ def main() -> None:
             steps = make(args.steps, seed, figures)
             figures.update(batch_figures(steps))
             model = train(steps, seed)
-            figures.update(loss_windows=heldout_loss(model, evals["windows"]),
-                           loss_documents=heldout_loss(model, evals["documents"]))
+            figures.update(
+                loss_windows=heldout_loss(model, evals["windows"]),
+                loss_documents=heldout_loss(model, evals["documents"]),
+            )
             results[arm].append(figures)
-            print(f"  seed {seed} {arm:<10} held-out loss {figures['loss_windows']:.3f} (windows) "
-                  f"{figures['loss_documents']:.3f} (documents)  [{time.perf_counter() - started:.0f}s]", flush=True)
+            print(
+                f"  seed {seed} {arm:<10} held-out loss {figures['loss_windows']:.3f} (windows) "
+                f"{figures['loss_documents']:.3f} (documents)  [{time.perf_counter() - started:.0f}s]",
+                flush=True,
+            )
     print()
-    print(f"{'arm':<11}{'step err pp':>12}{'max':>6}{'10-step max':>12}{'docs/rank-batch':>16}{'p10':>5}"
-          f"{'docs in run':>12}{'longest run':>12}{'loss windows':>13}{'loss docs':>10}{'1st batch':>10}"
-          f"{'state B med/max':>16}")
+    print(
+        f"{'arm':<11}{'step err pp':>12}{'max':>6}{'10-step max':>12}{'docs/rank-batch':>16}{'p10':>5}"
+        f"{'docs in run':>12}{'longest run':>12}{'loss windows':>13}{'loss docs':>10}{'1st batch':>10}"
+        f"{'state B med/max':>16}"
+    )
     for arm, rows in results.items():
         mean = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
-        omni = f"{mean['first_batch_s']:>9.1f}s{mean['state_median']:>9.0f}/{max(r['state_max'] for r in rows):<6}" \
-            if "first_batch_s" in mean else ""
-        print(f"{arm:<11}{mean['step_err_mean']:>12.1f}{max(r['step_err_max'] for r in rows):>6.1f}"
-              f"{max(r['ten_err_max'] for r in rows):>12.1f}{mean['distinct_mean']:>16.1f}{mean['distinct_p10']:>5.1f}"
-              f"{mean['docs_in_run']:>12.0f}{max(r['longest_run'] for r in rows):>12d}{mean['loss_windows']:>13.3f}"
-              f"{mean['loss_documents']:>10.3f}{omni}")
+        omni = (
+            f"{mean['first_batch_s']:>9.1f}s{mean['state_median']:>9.0f}/{max(r['state_max'] for r in rows):<6}"
+            if "first_batch_s" in mean
+            else ""
+        )
+        print(
+            f"{arm:<11}{mean['step_err_mean']:>12.1f}{max(r['step_err_max'] for r in rows):>6.1f}"
+            f"{max(r['ten_err_max'] for r in rows):>12.1f}{mean['distinct_mean']:>16.1f}{mean['distinct_p10']:>5.1f}"
+            f"{mean['docs_in_run']:>12.0f}{max(r['longest_run'] for r in rows):>12d}{mean['loss_windows']:>13.3f}"
+            f"{mean['loss_documents']:>10.3f}{omni}"
+        )
     ref = {k: float(np.mean([r[k] for r in results["reference"]])) for k in ("loss_windows", "loss_documents")}
     for arm in list(results)[1:]:
         gap = {k: float(np.mean([r[k] for r in results[arm]])) - v for k, v in ref.items()}
-        print(f"{arm} - reference held-out loss: {gap['loss_windows']:+.3f} nats (windows), "
-              f"{gap['loss_documents']:+.3f} nats (documents)")
+        print(
+            f"{arm} - reference held-out loss: {gap['loss_windows']:+.3f} nats (windows), "
+            f"{gap['loss_documents']:+.3f} nats (documents)"
+        )
 
 
 if __name__ == "__main__":

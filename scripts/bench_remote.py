@@ -21,6 +21,7 @@ in their DataLoader workers. Each is skipped with a message where it cannot be i
 Not shown: a real network (the store and the proxy share the 2 cores with the loader, and
 moto serves from memory); memory of the read-ahead and the cache.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,24 +81,40 @@ def upload(store, folders: dict[str, Path]) -> None:
 
     client = store.client()
     client.create_bucket(Bucket=BUCKET)
-    files = [(f"{name}/{p.relative_to(root).as_posix()}", p) for name, root in folders.items()
-             for p in sorted(root.rglob("*")) if p.is_file()]
+    files = [
+        (f"{name}/{p.relative_to(root).as_posix()}", p)
+        for name, root in folders.items()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    ]
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda kp: client.put_object(Bucket=BUCKET, Key=kp[0], Body=kp[1].read_bytes()), files))
 
 
 def remote_spec(spec: dict, endpoint: str) -> dict:
     """The same sources, read from the store through `endpoint`."""
-    sources = [dict(s, path=f"s3://{BUCKET}/{s['name']}/{Path(s['path']).name}", endpoint=endpoint)
-               for s in spec["sources"]]
+    sources = [
+        dict(s, path=f"s3://{BUCKET}/{s['name']}/{Path(s['path']).name}", endpoint=endpoint) for s in spec["sources"]
+    ]
     return dict(spec, sources=sources)
 
 
 # ---- peers: their own copy of the documents, uploaded to the same store, read through the proxy
 
 
-def _peer_rank(peer: str, urls: list[str], weights: list[float], spec: dict, rank: int, world: int, steps: int,
-               workers: int, port: int, env: dict, conn) -> None:
+def _peer_rank(
+    peer: str,
+    urls: list[str],
+    weights: list[float],
+    spec: dict,
+    rank: int,
+    world: int,
+    steps: int,
+    workers: int,
+    port: int,
+    env: dict,
+    conn,
+) -> None:
     import sysconfig
 
     # spawn gives the child the parent's sys.path: add the peer interpreter's own packages after
@@ -133,9 +150,16 @@ def _peer_rank(peer: str, urls: list[str], weights: list[float], spec: dict, ran
         options = {"endpoint_url": env["AWS_ENDPOINT_URL"]}
         total = sum(weights)
         dataset = CombinedStreamingDataset(
-            [StreamingDataset(input_dir=Dir(path=f"{cache}/{i}", url=u), shuffle=True, seed=0,
-                              storage_options=options) for i, u in enumerate(urls)],
-            weights=[w / total for w in weights], iterate_over_all=False, seed=0)
+            [
+                StreamingDataset(
+                    input_dir=Dir(path=f"{cache}/{i}", url=u), shuffle=True, seed=0, storage_options=options
+                )
+                for i, u in enumerate(urls)
+            ],
+            weights=[w / total for w in weights],
+            iterate_over_all=False,
+            seed=0,
+        )
     packed = _Packed(_Tokenized(dataset, spec["sources"][0]["tokenizer"]), spec["rows"], spec["seq_len"])
     batches = iter(DataLoader(packed, batch_size=None, num_workers=workers, prefetch_factor=2 if workers else None))
     next(batches)
@@ -163,8 +187,9 @@ class _Tokenized:
             yield {"text": transform([item["text"]])[0]}
 
 
-def run_peer(peer: str, urls: list[str], spec: dict, ranks: int, steps: int, workers: int, env: dict,
-             python: str) -> dict:
+def run_peer(
+    peer: str, urls: list[str], spec: dict, ranks: int, steps: int, workers: int, env: dict, python: str
+) -> dict:
     """bench_throughput.run's shape, for a peer's ranks (run by `python`, where the peer is installed)."""
     from multiprocessing import spawn
 
@@ -176,8 +201,16 @@ def run_peer(peer: str, urls: list[str], spec: dict, ranks: int, steps: int, wor
         spawn.set_executable(sys.executable)
 
 
-def _run_peer(ctx, peer: str, urls: list[str], spec: dict, ranks: int, steps: int, workers: int,  # noqa: ANN001
-              env: dict) -> dict:
+def _run_peer(
+    ctx,
+    peer: str,
+    urls: list[str],
+    spec: dict,
+    ranks: int,
+    steps: int,
+    workers: int,  # noqa: ANN001
+    env: dict,
+) -> dict:
     from peers import free_port
 
     weights = [s.get("weight", 1.0) for s in spec["sources"]]
@@ -185,8 +218,12 @@ def _run_peer(ctx, peer: str, urls: list[str], spec: dict, ranks: int, steps: in
     pipes, procs = [], []
     for rank in range(ranks):
         parent, child = ctx.Pipe()
-        procs.append(ctx.Process(target=_peer_rank, args=(peer, urls, weights, spec, rank, ranks, steps,
-                                                          workers // ranks, port, env, child)))
+        procs.append(
+            ctx.Process(
+                target=_peer_rank,
+                args=(peer, urls, weights, spec, rank, ranks, steps, workers // ranks, port, env, child),
+            )
+        )
         procs[-1].start()
         pipes.append(parent)
     for pipe in pipes:
@@ -199,8 +236,7 @@ def _run_peer(ctx, peer: str, urls: list[str], spec: dict, ranks: int, steps: in
         proc.join(60)
         if proc.is_alive():
             proc.kill()
-    return {"tokens_per_s": sum(r["tokens"] / r["seconds"] for r in results),
-            "ttfb": max(r["ttfb"] for r in results)}
+    return {"tokens_per_s": sum(r["tokens"] / r["seconds"] for r in results), "ttfb": max(r["ttfb"] for r in results)}
 
 
 _CONVERT = """
@@ -218,8 +254,12 @@ def peer_urls(peer: str, spec: dict, store, python: str) -> list[str] | None:
     import json
     import subprocess
 
-    done = subprocess.run([python, "-c", _CONVERT, peer, json.dumps(spec), str(CACHE / "peers-remote")],
-                          capture_output=True, text=True, env=os.environ)
+    done = subprocess.run(
+        [python, "-c", _CONVERT, peer, json.dumps(spec), str(CACHE / "peers-remote")],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+    )
     if done.returncode != 0:
         print(f"skipping {peer}: converting its copy failed: {done.stderr.strip()[-500:]}")
         return None
@@ -251,11 +291,18 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=20000, help="documents per source")
     parser.add_argument("--tokenizer", default="bpe", help="'bpe' (a real byte-level BPE), 'bytes', or a path")
     parser.add_argument("--peer-rtts", default="50", help="round trips the peers read at ('' for none)")
-    parser.add_argument("--shuffle-window", type=int, default=512,
-                        help="segments; small, so the timed steps read the store rather than drain the first window")
+    parser.add_argument(
+        "--shuffle-window",
+        type=int,
+        default=512,
+        help="segments; small, so the timed steps read the store rather than drain the first window",
+    )
     parser.add_argument("--peers", default="streaming,litdata")
-    parser.add_argument("--peer-python", default=os.environ.get("PEER_PYTHON", sys.executable),
-                        help="the interpreter that has the peers installed (their ranks run under it)")
+    parser.add_argument(
+        "--peer-python",
+        default=os.environ.get("PEER_PYTHON", sys.executable),
+        help="the interpreter that has the peers installed (their ranks run under it)",
+    )
     parser.add_argument("--read-ahead", type=int, default=0, help="bytes per lane; 0: the job's default")
     args = parser.parse_args()
 
@@ -263,8 +310,15 @@ def main() -> None:
     rtts = [int(r) for r in args.rtts.split(",") if r]
     peer_rtts = [int(r) for r in args.peer_rtts.split(",") if r]
     sources = [dict(s, tokenizer=tokenizer) for s in make_sources(args.sources, args.docs)]
-    spec = {"seq_len": args.seq_len, "rows": args.rows, "seed": 0, "epochs": 0, "ring_mb": 1, "sources": sources,
-            "shuffle_window": args.shuffle_window}
+    spec = {
+        "seq_len": args.seq_len,
+        "rows": args.rows,
+        "seed": 0,
+        "epochs": 0,
+        "ring_mb": 1,
+        "sources": sources,
+        "shuffle_window": args.shuffle_window,
+    }
     if args.read_ahead:
         spec["read_ahead"] = args.read_ahead
     set_env(CREDENTIALS)  # the coordinator and its workers inherit them
@@ -273,12 +327,14 @@ def main() -> None:
     try:
         upload(store, {s["name"]: Path(s["path"]).parent for s in sources})
         cost = us_per_token(tokenizer)
-        print(f"machine: {os.cpu_count()} cores; {args.ranks} ranks, {args.workers} worker processes, "
-              f"{args.sources} sources x {args.docs} documents, seq_len {args.seq_len} x rows {args.rows}, "
-              f"{args.steps} timed steps per rank, shuffle window {args.shuffle_window} segments; "
-              f"tokenizer {Path(tokenizer).name} ({cost:.2f} us/token here, "
-              f"one process); store: moto on loopback behind a proxy holding each request RTT ms; "
-              f"{args.rounds} rounds of L " + " ".join(f"R{r} L" for r in rtts))
+        print(
+            f"machine: {os.cpu_count()} cores; {args.ranks} ranks, {args.workers} worker processes, "
+            f"{args.sources} sources x {args.docs} documents, seq_len {args.seq_len} x rows {args.rows}, "
+            f"{args.steps} timed steps per rank, shuffle window {args.shuffle_window} segments; "
+            f"tokenizer {Path(tokenizer).name} ({cost:.2f} us/token here, "
+            f"one process); store: moto on loopback behind a proxy holding each request RTT ms; "
+            f"{args.rounds} rounds of L " + " ".join(f"R{r} L" for r in rtts)
+        )
         local: list[dict] = []
         remote: dict[int, list[tuple[dict, float]]] = {rtt: [] for rtt in rtts}
         for round_ in range(args.rounds):
@@ -286,46 +342,58 @@ def main() -> None:
             before = run("omniload", spec, args.ranks, args.steps, args.workers)
             local.append(before)
             for rtt in order:
-                ours = run("omniload", remote_spec(spec, proxies[rtt].endpoint), args.ranks, args.steps,
-                           args.workers)
+                ours = run("omniload", remote_spec(spec, proxies[rtt].endpoint), args.ranks, args.steps, args.workers)
                 after = run("omniload", spec, args.ranks, args.steps, args.workers)
                 local.append(after)
                 ratio = ours["tokens_per_s"] / ((before["tokens_per_s"] + after["tokens_per_s"]) / 2)
                 remote[rtt].append((ours, ratio))
-                print(f"round {round_ + 1}: R{rtt}: {ours['tokens_per_s']:,.0f} tok/s, ttfb {ours['ttfb']:.2f}s; "
-                      f"local beside it {before['tokens_per_s']:,.0f} / {after['tokens_per_s']:,.0f} tok/s; "
-                      f"ratio {ratio:.3f}", flush=True)
+                print(
+                    f"round {round_ + 1}: R{rtt}: {ours['tokens_per_s']:,.0f} tok/s, ttfb {ours['ttfb']:.2f}s; "
+                    f"local beside it {before['tokens_per_s']:,.0f} / {after['tokens_per_s']:,.0f} tok/s; "
+                    f"ratio {ratio:.3f}",
+                    flush=True,
+                )
                 before = after
         peers: dict[tuple[str, int], list[dict]] = {}
         for peer in [p for p in args.peers.split(",") if p] if peer_rtts else ():
             urls = peer_urls(peer, {k: v for k, v in spec.items() if k != "read_ahead"}, store, args.peer_python)
             for rtt in peer_rtts if urls else ():
                 # AWS_ALLOW_HTTP: LitData's obstore client refuses a plain http endpoint without it
-                env = {"S3_ENDPOINT_URL": proxies[rtt].endpoint, "AWS_ENDPOINT_URL": proxies[rtt].endpoint,
-                       "AWS_ALLOW_HTTP": "true", "LITDATA_ASYNC_CHUNK_PREFETCH": "0"}
+                env = {
+                    "S3_ENDPOINT_URL": proxies[rtt].endpoint,
+                    "AWS_ENDPOINT_URL": proxies[rtt].endpoint,
+                    "AWS_ALLOW_HTTP": "true",
+                    "LITDATA_ASYNC_CHUNK_PREFETCH": "0",
+                }
                 for _ in range(args.rounds):
                     try:
-                        got = run_peer(peer, urls, spec, args.ranks, args.steps, args.workers, env,
-                                       args.peer_python)
+                        got = run_peer(peer, urls, spec, args.ranks, args.steps, args.workers, env, args.peer_python)
                     except Exception as exc:  # a peer that fails on this store is reported, not fatal
                         print(f"{peer} at {rtt} ms failed: {type(exc).__name__}: {exc}")
                         break
                     peers.setdefault((peer, rtt), []).append(got)
                     print(f"{peer} R{rtt}: {got['tokens_per_s']:,.0f} tok/s, ttfb {got['ttfb']:.2f}s", flush=True)
 
-        print(f"\n{'side':<22}{'runs':>5}{'tokens/s min/median/max':>36}{'ttfb s min/median/max':>26}"
-              f"{'remote/local min/median/max':>30}")
-        rows = [("local disk", local, None)] + [(f"s3, {rtt} ms RTT", [o for o, _ in remote[rtt]],
-                                                 [r for _, r in remote[rtt]]) for rtt in rtts]
+        print(
+            f"\n{'side':<22}{'runs':>5}{'tokens/s min/median/max':>36}{'ttfb s min/median/max':>26}"
+            f"{'remote/local min/median/max':>30}"
+        )
+        rows = [("local disk", local, None)] + [
+            (f"s3, {rtt} ms RTT", [o for o, _ in remote[rtt]], [r for _, r in remote[rtt]]) for rtt in rtts
+        ]
         rows += [(f"{peer}, s3 {rtt} ms", got, None) for (peer, rtt), got in peers.items()]
         for name, got, ratios in rows:
-            print(f"{name:<22}{len(got):>5}{spread([g['tokens_per_s'] for g in got], ',.0f'):>36}"
-                  f"{spread([g['ttfb'] for g in got], '.2f'):>26}{spread(ratios, '.3f') if ratios else '':>30}")
+            print(
+                f"{name:<22}{len(got):>5}{spread([g['tokens_per_s'] for g in got], ',.0f'):>36}"
+                f"{spread([g['ttfb'] for g in got], '.2f'):>26}{spread(ratios, '.3f') if ratios else '':>30}"
+            )
         for (peer, rtt), got in peers.items():
             ours = statistics.median(o["tokens_per_s"] for o, _ in remote.get(rtt, [])) if rtt in remote else None
             if ours:
-                print(f"omniload at {rtt} ms / {peer} at {rtt} ms (medians): "
-                      f"{ours / statistics.median(g['tokens_per_s'] for g in got):.2f}x")
+                print(
+                    f"omniload at {rtt} ms / {peer} at {rtt} ms (medians): "
+                    f"{ours / statistics.median(g['tokens_per_s'] for g in got):.2f}x"
+                )
     finally:
         for proxy in proxies.values():
             proxy.close()

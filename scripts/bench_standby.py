@@ -14,6 +14,7 @@ standby ("N steps replayed in T s").
 
     python scripts/bench_standby.py [--ranks 2,16,64] [--steps 400] [--kill-at 120]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,21 +56,33 @@ def rank_worker(ranks: list[int], world: int, step_s: float, out: str) -> None:
 
 def measure(world: int, steps: int, kill_at: int, step_s: float, root: Path) -> dict:
     import psutil
+    from bench_data import make_sources
 
     import omniload
     from omniload.coordinator.ha.checkpoint import last_position
     from omniload.coordinator.ha.lease import read_lease
-    from bench_data import make_sources
 
     folder = root / f"ckpt{world}"
-    spec = {"sources": make_sources(2, 3000), "seq_len": 256, "rows": 1, "epochs": 0, "steps": steps,
-            "workers": 2, "checkpoint_dir": str(folder), "snapshot_every": 50}
+    spec = {
+        "sources": make_sources(2, 3000),
+        "seq_len": 256,
+        "rows": 1,
+        "epochs": 0,
+        "steps": steps,
+        "workers": 2,
+        "checkpoint_dir": str(folder),
+        "snapshot_every": 50,
+    }
     with omniload.Job(spec, standby=1) as job:
         groups = [list(range(world))[i::_PROCESSES] for i in range(min(world, _PROCESSES))]
         outs = [root / f"ranks{world}-{i}.json" for i in range(len(groups))]
-        procs = [subprocess.Popen([sys.executable, __file__, "--worker", ",".join(map(str, g)), str(world),
-                                   str(step_s), str(out)], env={**os.environ, **job.env()})
-                 for g, out in zip(groups, outs)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--worker", ",".join(map(str, g)), str(world), str(step_s), str(out)],
+                env={**os.environ, **job.env()},
+            )
+            for g, out in zip(groups, outs)
+        ]
         while (found := last_position(folder) if folder.exists() else None) is None or found.step < kill_at:
             time.sleep(0.01)
         held = read_lease(folder)
@@ -90,9 +103,10 @@ def measure(world: int, steps: int, kill_at: int, step_s: float, root: Path) -> 
         gaps.append(min(new) - max(old))
         from_kill.append(min(new) - killed)
     lines = log.splitlines()  # a hot standby "caught up N steps"; a cold one "N steps replayed"
-    replay = next((line for line in lines if "caught up" in line), None) or \
-        next((line for line in lines if "replayed in" in line), "")
-    return {"world": world, "gap": gaps, "from_kill": from_kill, "replay": replay[replay.find(":") + 2:]}
+    replay = next((line for line in lines if "caught up" in line), None) or next(
+        (line for line in lines if "replayed in" in line), ""
+    )
+    return {"world": world, "gap": gaps, "from_kill": from_kill, "replay": replay[replay.find(":") + 2 :]}
 
 
 def main() -> None:
@@ -102,15 +116,22 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=120)
     parser.add_argument("--step-s", type=float, default=0.02, help="seconds each rank spends on a step")
     args = parser.parse_args()
-    print(f"omniload hot standby: kill -9 of the primary after {args.kill_at} consumed steps "
-          f"(--snapshot-every 50), {args.step_s * 1000:.0f} ms per step on each rank, {os.cpu_count()} cores")
-    print(f"{'ranks':>6} {'gap median':>11} {'gap max':>8} {'from kill median':>17} {'from kill max':>14}  takeover replay")
+    print(
+        f"omniload hot standby: kill -9 of the primary after {args.kill_at} consumed steps "
+        f"(--snapshot-every 50), {args.step_s * 1000:.0f} ms per step on each rank, {os.cpu_count()} cores"
+    )
+    print(
+        f"{'ranks':>6} {'gap median':>11} {'gap max':>8} {'from kill median':>17} {'from kill max':>14}"
+        "  takeover replay"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for world in map(int, args.ranks.split(",")):
             r = measure(world, args.steps, args.kill_at, args.step_s, Path(tmp))
-            print(f"{world:>6} {statistics.median(r['gap']):>10.2f}s {max(r['gap']):>7.2f}s "
-                  f"{statistics.median(r['from_kill']):>16.2f}s {max(r['from_kill']):>13.2f}s  {r['replay']}",
-                  flush=True)
+            print(
+                f"{world:>6} {statistics.median(r['gap']):>10.2f}s {max(r['gap']):>7.2f}s "
+                f"{statistics.median(r['from_kill']):>16.2f}s {max(r['from_kill']):>13.2f}s  {r['replay']}",
+                flush=True,
+            )
     print("every rank got every step exactly once, identical to the plan (checked per rank)")
 
 

@@ -10,6 +10,7 @@ measured in the same run.
 
     python scripts/bench_throughput.py [--ranks 2] [--workers 2] [--steps 300]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -142,10 +143,13 @@ def main() -> None:
     sources = make_sources(args.sources, args.docs)
     # 1 MB rings: omniload's read-ahead (a few dozen steps) stays small beside the timed window
     base = {"seq_len": args.seq_len, "rows": args.rows, "seed": 0, "epochs": 0, "ring_mb": 1}
-    print(f"machine: {os.cpu_count()} cores; {args.ranks} ranks, {args.workers} worker processes per side, "
-          f"{args.sources} sources, seq_len {args.seq_len} x rows {args.rows}, {args.steps} steps per rank")
-    print(f"{'mix':<14}{'baseline tok/s':>16}{'omniload tok/s':>16}{'ratio':>8}"
-          f"{'baseline ttfb':>15}{'omniload ttfb':>15}")
+    print(
+        f"machine: {os.cpu_count()} cores; {args.ranks} ranks, {args.workers} worker processes per side, "
+        f"{args.sources} sources, seq_len {args.seq_len} x rows {args.rows}, {args.steps} steps per rank"
+    )
+    print(
+        f"{'mix':<14}{'baseline tok/s':>16}{'omniload tok/s':>16}{'ratio':>8}{'baseline ttfb':>15}{'omniload ttfb':>15}"
+    )
     delivered = 0.0
     for mix in ("cheap", "heterogeneous"):
         mixed = [dict(s) for s in sources]
@@ -155,13 +159,17 @@ def main() -> None:
         baseline = run("baseline", spec, args.ranks, args.steps, args.workers)
         ours = run("omniload", spec, args.ranks, args.steps, args.workers)
         delivered = max(delivered, ours["bytes_per_s"])
-        print(f"{mix:<14}{baseline['tokens_per_s']:>16,.0f}{ours['tokens_per_s']:>16,.0f}"
-              f"{ours['tokens_per_s'] / baseline['tokens_per_s']:>8.2f}"
-              f"{baseline['ttfb']:>14.2f}s{ours['ttfb']:>14.2f}s")
+        print(
+            f"{mix:<14}{baseline['tokens_per_s']:>16,.0f}{ours['tokens_per_s']:>16,.0f}"
+            f"{ours['tokens_per_s'] / baseline['tokens_per_s']:>8.2f}"
+            f"{baseline['ttfb']:>14.2f}s{ours['ttfb']:>14.2f}s"
+        )
     limit = loopback_bytes_per_s()
-    print(f"omniload handed out {delivered / 1e6:,.0f} MB/s of batch tensors (the wire carries about a sixth: "
-          f"see bench_fanout); plain loopback TCP copy "
-          f"{limit / 1e6:,.0f} MB/s ({delivered / limit:.1%} of the limit)")
+    print(
+        f"omniload handed out {delivered / 1e6:,.0f} MB/s of batch tensors (the wire carries about a sixth: "
+        f"see bench_fanout); plain loopback TCP copy "
+        f"{limit / 1e6:,.0f} MB/s ({delivered / limit:.1%} of the limit)"
+    )
 
 
 if __name__ == "__main__":

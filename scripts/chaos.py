@@ -1,14 +1,15 @@
 """Chaos runs too long for the test suite (short versions: tests/integration/test_chaos.py).
 
-    python scripts/chaos.py workers [--kills 100] [--steps 1500]
-        Ranks train through a run in which random workers are SIGKILLed; prints whether every
-        rank saw exactly the batches of an undisturbed run, the longest a rank waited for a
-        batch (with and without kills), and the restarts the coordinator logged.
-    python scripts/chaos.py fuzz [--rounds 200] [--idle 500]
-        Bad connections (random bytes, truncated frames, huge lengths, wrong token and
-        version, duplicate HELLOs, ACKs for steps never sent) beside good ranks; prints
-        whether the good ranks were disturbed, the coordinator's crashes and memory growth.
+python scripts/chaos.py workers [--kills 100] [--steps 1500]
+    Ranks train through a run in which random workers are SIGKILLed; prints whether every
+    rank saw exactly the batches of an undisturbed run, the longest a rank waited for a
+    batch (with and without kills), and the restarts the coordinator logged.
+python scripts/chaos.py fuzz [--rounds 200] [--idle 500]
+    Bad connections (random bytes, truncated frames, huge lengths, wrong token and
+    version, duplicate HELLOs, ACKs for steps never sent) beside good ranks; prints
+    whether the good ranks were disturbed, the coordinator's crashes and memory growth.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,11 +66,21 @@ def _workers(job) -> list[psutil.Process]:
 
 
 def chaos_workers(kills: int, steps: int, world: int, step_s: float) -> None:
-    import omniload
     from bench_data import make_sources
 
-    spec = {"sources": make_sources(4, 4000), "seq_len": 512, "rows": 2, "workers": 4, "seed": 1, "epochs": 0,
-            "steps": steps, "max_restarts": kills, "ring_mb": 1}
+    import omniload
+
+    spec = {
+        "sources": make_sources(4, 4000),
+        "seq_len": 512,
+        "rows": 2,
+        "workers": 4,
+        "seed": 1,
+        "epochs": 0,
+        "steps": steps,
+        "max_restarts": kills,
+        "ring_mb": 1,
+    }
     with omniload.Job(spec) as job:
         calm = _run(job, world, step_s)
     rng = random.Random(0)
@@ -92,8 +103,10 @@ def chaos_workers(kills: int, steps: int, world: int, step_s: float) -> None:
         chaos = _run(job, world, step_s, during=kill_workers)
         code = job.wait(30)
     same = all(a[0] == b[0] for a, b in zip(calm, chaos))
-    print(f"{world} ranks, {steps} steps of {step_s * 1000:.0f} ms, 4 sources, 4 workers; "
-          f"{len(done)} workers SIGKILLed over {time.monotonic() - started:.0f}s")
+    print(
+        f"{world} ranks, {steps} steps of {step_s * 1000:.0f} ms, 4 sources, 4 workers; "
+        f"{len(done)} workers SIGKILLed over {time.monotonic() - started:.0f}s"
+    )
     print(f"batches identical to the undisturbed run: {same}")
     for name, run in (("undisturbed", calm), ("with kills", chaos)):
         waits = sorted(w for _, ranks_waits in run for w in ranks_waits[1:])  # the first waits for startup
@@ -102,12 +115,19 @@ def chaos_workers(kills: int, steps: int, world: int, step_s: float) -> None:
 
 
 def chaos_fuzz(rounds: int, idle: int, steps: int, senders: int = 0) -> None:
-    import omniload
     from bench_data import make_sources
+
+    import omniload
     from omniload.protocol import PREFIX, VERSION, Kind, Message, encode
 
-    spec = {"sources": make_sources(4, 2000), "seq_len": 256, "rows": 2, "workers": 2, "steps": steps,
-            "senders": senders}
+    spec = {
+        "sources": make_sources(4, 2000),
+        "seq_len": 256,
+        "rows": 2,
+        "workers": 2,
+        "steps": steps,
+        "senders": senders,
+    }
     with omniload.Job(spec) as job:
         calm = _run(job, 2, 0.0)
     rng = random.Random(1)
@@ -117,17 +137,27 @@ def chaos_fuzz(rounds: int, idle: int, steps: int, senders: int = 0) -> None:
         host, port = job.addr.rsplit(":", 1)
         coordinator = psutil.Process(job._process.pid)
         holders = [coordinator] + [p for p in coordinator.children() if "coordinator.sender" in " ".join(p.cmdline())]
-        while sum(c.laddr.port == int(port) and c.status == psutil.CONN_ESTABLISHED
-                  for holder in holders for c in holder.net_connections("tcp")) < 2:
+        while (
+            sum(
+                c.laddr.port == int(port) and c.status == psutil.CONN_ESTABLISHED
+                for holder in holders
+                for c in holder.net_connections("tcp")
+            )
+            < 2
+        ):
             time.sleep(0.05)  # the good ranks hold ranks 0 and 1 first: a HELLO for them is then a duplicate
         sockets = [socket.create_connection((host, int(port))) for _ in range(idle)]
         before = coordinator.memory_info().rss
         hello = encode(Message(Kind.HELLO, {"token": job.token, "rank": 0, "world_size": 2}))
-        frames = [lambda: rng.randbytes(rng.randint(16, 8192)), lambda: hello[: rng.randint(1, len(hello) - 1)],
-                  lambda: PREFIX.pack(b"OL", VERSION, Kind.HELLO, 1 << 31, 0),
-                  lambda: PREFIX.pack(b"OL", VERSION + 1, Kind.HELLO, 2, 0) + b"{}",
-                  lambda: encode(Message(Kind.HELLO, {"token": "wrong", "rank": 0, "world_size": 2})),
-                  lambda: hello, lambda: encode(Message(Kind.ACK, {"step": 10**9}))]
+        frames = [
+            lambda: rng.randbytes(rng.randint(16, 8192)),
+            lambda: hello[: rng.randint(1, len(hello) - 1)],
+            lambda: PREFIX.pack(b"OL", VERSION, Kind.HELLO, 1 << 31, 0),
+            lambda: PREFIX.pack(b"OL", VERSION + 1, Kind.HELLO, 2, 0) + b"{}",
+            lambda: encode(Message(Kind.HELLO, {"token": "wrong", "rank": 0, "world_size": 2})),
+            lambda: hello,
+            lambda: encode(Message(Kind.ACK, {"step": 10**9})),
+        ]
         for _ in range(rounds):
             for make in frames:
                 with socket.create_connection((host, int(port)), timeout=15) as sock:

@@ -9,6 +9,7 @@ happens. It holds a whole shard's tokens at once and prefetches 4 batches per wo
 is several times heavier than what users write: `lean_loader` below is the least a
 hand-written per-rank loader holds, and the memory benchmark compares against it.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -18,13 +19,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from omniload.coordinator.pool.catalog import SourceCatalog, build_catalog
-from omniload.coordinator.pool.intake import Doc
 from omniload.coordinator.plan.cost import cost_function
 from omniload.coordinator.plan.mixture import advance, next_source
 from omniload.coordinator.plan.packer import build_batch
 from omniload.coordinator.plan.step_plan import plan_step
 from omniload.coordinator.plan.window import units_of
+from omniload.coordinator.pool.catalog import SourceCatalog, build_catalog
+from omniload.coordinator.pool.intake import Doc
 from omniload.order import row_permutation, shard_permutation
 from omniload.spec import Spec
 from omniload.workers.readers import read_shard
@@ -85,8 +86,13 @@ class ColocatedDataset(IterableDataset):
 
 
 def colocated_loader(spec: Spec, rank: int, world: int, workers: int) -> DataLoader:
-    return DataLoader(ColocatedDataset(spec, rank, world), batch_size=None, num_workers=workers,
-                      prefetch_factor=4 if workers else None, persistent_workers=False)
+    return DataLoader(
+        ColocatedDataset(spec, rank, world),
+        batch_size=None,
+        num_workers=workers,
+        prefetch_factor=4 if workers else None,
+        persistent_workers=False,
+    )
 
 
 class LeanDataset(IterableDataset):
@@ -150,5 +156,10 @@ def pack_tokens(values: Iterator[object], rows: int, seq_len: int) -> Iterator[d
 
 
 def lean_loader(spec: Spec, rank: int, world: int, workers: int) -> DataLoader:
-    return DataLoader(LeanDataset(spec, rank, world), batch_size=None, num_workers=workers,
-                      prefetch_factor=2 if workers else None, persistent_workers=False)
+    return DataLoader(
+        LeanDataset(spec, rank, world),
+        batch_size=None,
+        num_workers=workers,
+        prefetch_factor=2 if workers else None,
+        persistent_workers=False,
+    )

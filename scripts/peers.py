@@ -7,6 +7,7 @@ plain DataLoader with the same worker count as the baseline, tokenizing and pack
 as the lean baseline does (colocated.pack_tokens). A peer that is not installed is skipped
 with a message: they are benchmark-only dependencies (pip install mosaicml-streaming litdata).
 """
+
 from __future__ import annotations
 
 import importlib.machinery
@@ -17,9 +18,8 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 
-from torch.utils.data import DataLoader, IterableDataset
-
 from colocated import pack_tokens
+from torch.utils.data import DataLoader, IterableDataset
 
 PEERS = ("streaming", "litdata")
 
@@ -43,6 +43,7 @@ def _stub_torchvision() -> None:
     (they hold nothing, so the peer's memory is not understated by a real torchvision)."""
     try:
         import torchvision  # noqa: F401
+
         return
     except Exception:
         pass
@@ -63,8 +64,10 @@ def source_texts(spec_dict: dict) -> list[list[str]]:
     from omniload.spec import Spec
     from omniload.workers.readers import read_shard
 
-    return [[v for shard in src.shards for v in read_shard(shard, src.column)]
-            for src in build_catalog(Spec.from_dict(spec_dict))]
+    return [
+        [v for shard in src.shards for v in read_shard(shard, src.column)]
+        for src in build_catalog(Spec.from_dict(spec_dict))
+    ]
 
 
 def convert(peer: str, spec_dict: dict, cache: Path) -> list[str]:
@@ -108,32 +111,47 @@ class _Packed(IterableDataset):
         return pack_tokens((item["text"] for item in self.inner), self.rows, self.seq_len)
 
 
-def peer_loader(peer: str, folders: list[str], weights: list[float], rows: int, seq_len: int,
-                workers: int) -> DataLoader:
+def peer_loader(
+    peer: str, folders: list[str], weights: list[float], rows: int, seq_len: int, workers: int
+) -> DataLoader:
     """Must run in the rank, with RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE (streaming) and
     GLOBAL_RANK/NNODES (LitData) already in the environment."""
     if peer == "streaming":
         _stub_torchvision()
         from streaming import Stream, StreamingDataset
 
-        dataset = StreamingDataset(streams=[Stream(local=f) for f in folders], shuffle=True, shuffle_seed=0,
-                                   batch_size=1, replication=None)
+        dataset = StreamingDataset(
+            streams=[Stream(local=f) for f in folders], shuffle=True, shuffle_seed=0, batch_size=1, replication=None
+        )
     else:
         from litdata import CombinedStreamingDataset, StreamingDataset
 
         total = sum(weights)
-        dataset = CombinedStreamingDataset([StreamingDataset(input_dir=f, shuffle=True, seed=0) for f in folders],
-                                           weights=[w / total for w in weights], iterate_over_all=False, seed=0)
-    return DataLoader(_Packed(dataset, rows, seq_len), batch_size=None, num_workers=workers,
-                      prefetch_factor=2 if workers else None)
+        dataset = CombinedStreamingDataset(
+            [StreamingDataset(input_dir=f, shuffle=True, seed=0) for f in folders],
+            weights=[w / total for w in weights],
+            iterate_over_all=False,
+            seed=0,
+        )
+    return DataLoader(
+        _Packed(dataset, rows, seq_len), batch_size=None, num_workers=workers, prefetch_factor=2 if workers else None
+    )
 
 
 def rank_environment(rank: int, world: int, port: int) -> None:
     """What torchrun would set, read by both peers to split the data by rank (one node);
     streaming starts a gloo process group of its own at MASTER_ADDR:MASTER_PORT."""
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      GLOBAL_RANK=str(rank), NNODES="1", NODE_RANK="0", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        GLOBAL_RANK=str(rank),
+        NNODES="1",
+        NODE_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
 
 
 def free_port() -> int:

@@ -11,35 +11,154 @@ and each package's words.
 Only `random.Random(seed).random()` is used: Python guarantees its sequence for a given seed
 across versions and platforms (its other methods may change), and no global RNG is touched.
 """
+
 from __future__ import annotations
 
 import math
 import random
 
-_SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ba", "de", "fi", "go", "hu", "ja", "ke", "li",
-              "mo", "nu", "pa", "qui", "re", "so", "tu", "ve", "xa", "ze", "an", "el", "in", "or", "un", "ist",
-              "ark", "ent", "ion", "ble", "ter", "ful", "net", "ows")
-_COMMON = ("the", "a", "of", "to", "and", "in", "is", "for", "with", "that", "this", "it", "be", "on", "as",
-           "by", "can", "when", "from", "or", "not", "are", "each", "all", "its", "one", "which", "an", "if",
-           "you", "use", "returns", "default", "value", "file", "option", "see", "new", "now", "also")
-_VERBS = ("reads", "writes", "returns", "builds", "loads", "parses", "checks", "opens", "sends", "stores",
-          "creates", "removes", "updates", "converts", "supports", "handles", "raises", "accepts")
-_DOC_NAMES = ("README.md", "CHANGES.rst", "docs/index.rst", "docs/usage.rst", "docs/api.rst", "docs/faq.md",
-              "NOTES.txt", "CONTRIBUTING.md")
-_LICENSE = ("Permission is hereby granted, free of charge, to any person obtaining a copy of this software "
-            "and associated documentation files (the \"Software\"), to deal in the Software without "
-            "restriction, including without limitation the rights to use, copy, modify, merge, publish, "
-            "distribute, sublicense, and/or sell copies of the Software, subject to the following "
-            "conditions:\n\nThe above copyright notice and this permission notice shall be included in all "
-            "copies or substantial portions of the Software.\n\nTHE SOFTWARE IS PROVIDED \"AS IS\", WITHOUT "
-            "WARRANTY OF ANY KIND, EXPRESS OR IMPLIED.\n")
-_CHANGES = ("New upstream release.", "Bump Standards-Version to {n}.{m}.{k}, no changes needed.",
-            "Fix FTBFS with gcc-{n}.", "debian/control: build-depend on {w}-dev.", "Update debian/copyright.",
-            "Add patch to fix {w} {x} on {arch}.", "Drop {w}.patch, applied upstream.",
-            "Refresh patches for {w} {n}.{m}.", "Use debhelper-compat {n}.", "Add autopkgtest for {w}.",
-            "Fix typo in {w} manual page.", "Rebuild against {w} {n}.{m}.", "Team upload.",
-            "{W} {x} now {v} the {y} file (Closes: #{bug}).", "Switch to dh-sequence-{w}.",
-            "Remove obsolete {w} maintainer script.", "Install {w} {x} examples.")
+_SYLLABLES = (
+    "ka",
+    "lo",
+    "mi",
+    "ne",
+    "ru",
+    "sa",
+    "ti",
+    "vo",
+    "ba",
+    "de",
+    "fi",
+    "go",
+    "hu",
+    "ja",
+    "ke",
+    "li",
+    "mo",
+    "nu",
+    "pa",
+    "qui",
+    "re",
+    "so",
+    "tu",
+    "ve",
+    "xa",
+    "ze",
+    "an",
+    "el",
+    "in",
+    "or",
+    "un",
+    "ist",
+    "ark",
+    "ent",
+    "ion",
+    "ble",
+    "ter",
+    "ful",
+    "net",
+    "ows",
+)
+_COMMON = (
+    "the",
+    "a",
+    "of",
+    "to",
+    "and",
+    "in",
+    "is",
+    "for",
+    "with",
+    "that",
+    "this",
+    "it",
+    "be",
+    "on",
+    "as",
+    "by",
+    "can",
+    "when",
+    "from",
+    "or",
+    "not",
+    "are",
+    "each",
+    "all",
+    "its",
+    "one",
+    "which",
+    "an",
+    "if",
+    "you",
+    "use",
+    "returns",
+    "default",
+    "value",
+    "file",
+    "option",
+    "see",
+    "new",
+    "now",
+    "also",
+)
+_VERBS = (
+    "reads",
+    "writes",
+    "returns",
+    "builds",
+    "loads",
+    "parses",
+    "checks",
+    "opens",
+    "sends",
+    "stores",
+    "creates",
+    "removes",
+    "updates",
+    "converts",
+    "supports",
+    "handles",
+    "raises",
+    "accepts",
+)
+_DOC_NAMES = (
+    "README.md",
+    "CHANGES.rst",
+    "docs/index.rst",
+    "docs/usage.rst",
+    "docs/api.rst",
+    "docs/faq.md",
+    "NOTES.txt",
+    "CONTRIBUTING.md",
+)
+_LICENSE = (
+    "Permission is hereby granted, free of charge, to any person obtaining a copy of this software "
+    'and associated documentation files (the "Software"), to deal in the Software without '
+    "restriction, including without limitation the rights to use, copy, modify, merge, publish, "
+    "distribute, sublicense, and/or sell copies of the Software, subject to the following "
+    "conditions:\n\nThe above copyright notice and this permission notice shall be included in all "
+    'copies or substantial portions of the Software.\n\nTHE SOFTWARE IS PROVIDED "AS IS", WITHOUT '
+    "WARRANTY OF ANY KIND, EXPRESS OR IMPLIED.\n"
+)
+_CHANGES = (
+    "New upstream release.",
+    "Bump Standards-Version to {n}.{m}.{k}, no changes needed.",
+    "Fix FTBFS with gcc-{n}.",
+    "debian/control: build-depend on {w}-dev.",
+    "Update debian/copyright.",
+    "Add patch to fix {w} {x} on {arch}.",
+    "Drop {w}.patch, applied upstream.",
+    "Refresh patches for {w} {n}.{m}.",
+    "Use debhelper-compat {n}.",
+    "Add autopkgtest for {w}.",
+    "Fix typo in {w} manual page.",
+    "Rebuild against {w} {n}.{m}.",
+    "Team upload.",
+    "{W} {x} now {v} the {y} file (Closes: #{bug}).",
+    "Switch to dh-sequence-{w}.",
+    "Remove obsolete {w} maintainer script.",
+    "Install {w} {x} examples.",
+)
 _ARCHES = ("amd64", "arm64", "armhf", "i386", "ppc64el", "s390x", "riscv64", "mips64el")
 _DISTS = ("unstable", "experimental", "bookworm", "bullseye", "trixie")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
@@ -118,16 +237,21 @@ def docs(seed: int, packages: int, max_bytes: int) -> list[tuple[str, str]]:
             size = min(max_bytes, int(rng.lognormal(1500, 1.2)) + 64)
             out.append((f"{p:04d}-{pkg.name}/{doc_name}", _doc_text(rng, pkg, doc_name, size)[:max_bytes]))
         if rng.below(3) == 0:
-            out.append((f"{p:04d}-{pkg.name}/LICENSE.txt", f"Copyright (c) {2000 + rng.below(25)} {pkg.name} "
-                                                          f"developers\n\n{_LICENSE}"))
+            out.append(
+                (
+                    f"{p:04d}-{pkg.name}/LICENSE.txt",
+                    f"Copyright (c) {2000 + rng.below(25)} {pkg.name} developers\n\n{_LICENSE}",
+                )
+            )
     return out
 
 
 def changelogs(seed: int, packages: int, max_bytes: int) -> list[tuple[str, str]]:
     """Debian-style changelogs, newest entry first, one per package, in sorted path order."""
     rng, out = _Rng(seed), []
-    maintainers = [f"{_word(rng, 2).capitalize()} {_word(rng, 3).capitalize()} <{_word(rng, 2)}@debian.org>"
-                   for _ in range(60)]
+    maintainers = [
+        f"{_word(rng, 2).capitalize()} {_word(rng, 3).capitalize()} <{_word(rng, 2)}@debian.org>" for _ in range(60)
+    ]
     for p in range(packages):
         pkg = _Package(rng)
         major, minor, patch = pkg.version
@@ -136,14 +260,24 @@ def changelogs(seed: int, packages: int, max_bytes: int) -> list[tuple[str, str]
             items = []
             for _ in range(1 + rng.below(5)):
                 line = rng.pick(_CHANGES).format(
-                    n=1 + rng.below(13), m=rng.below(10), k=rng.below(10), w=rng.pick(pkg.words),
-                    W=rng.pick(pkg.words).capitalize(), x=rng.pick(pkg.funcs), y=rng.pick(pkg.words),
-                    v=rng.pick(_VERBS), arch=rng.pick(_ARCHES), bug=100000 + rng.below(900000))
+                    n=1 + rng.below(13),
+                    m=rng.below(10),
+                    k=rng.below(10),
+                    w=rng.pick(pkg.words),
+                    W=rng.pick(pkg.words).capitalize(),
+                    x=rng.pick(pkg.funcs),
+                    y=rng.pick(pkg.words),
+                    v=rng.pick(_VERBS),
+                    arch=rng.pick(_ARCHES),
+                    bug=100000 + rng.below(900000),
+                )
                 items.append(f"  * {line}\n")
-            entry = (f"{pkg.name} ({major}.{minor}.{patch}-{1 + rng.below(3)}) {rng.pick(_DISTS)}; "
-                     f"urgency={rng.pick(('low', 'medium', 'medium', 'high'))}\n\n{''.join(items)}\n"
-                     f" -- {rng.pick(maintainers)}  {rng.pick(_DAYS)}, {1 + rng.below(28):02d} "
-                     f"{rng.pick(_MONTHS)} {year} {rng.below(24):02d}:{rng.below(60):02d}:00 +0000\n\n")
+            entry = (
+                f"{pkg.name} ({major}.{minor}.{patch}-{1 + rng.below(3)}) {rng.pick(_DISTS)}; "
+                f"urgency={rng.pick(('low', 'medium', 'medium', 'high'))}\n\n{''.join(items)}\n"
+                f" -- {rng.pick(maintainers)}  {rng.pick(_DAYS)}, {1 + rng.below(28):02d} "
+                f"{rng.pick(_MONTHS)} {year} {rng.below(24):02d}:{rng.below(60):02d}:00 +0000\n\n"
+            )
             parts.append(entry)
             length += len(entry)
             if length >= max_bytes:

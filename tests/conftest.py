@@ -1,5 +1,6 @@
 """Shared fixtures. Every test ends with the check of DESIGN.md invariant 3: no shared-memory
 segment of ours and no child process of the test left behind."""
+
 from __future__ import annotations
 
 import os
@@ -26,7 +27,7 @@ def _our_segments() -> list[str]:
     never those of a live coordinator of a run beside this one."""
     found = []
     for path in SHM_DIR.glob(f"{PREFIX}*"):
-        pid = path.name[len(PREFIX):].split("-", 1)[0]
+        pid = path.name[len(PREFIX) :].split("-", 1)[0]
         try:
             owner = psutil.Process(int(pid))
         except (ValueError, psutil.NoSuchProcess):
@@ -43,8 +44,12 @@ def _orphans(since: float) -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter(["create_time", "status"]):
         info = process.info
-        if (info["create_time"] or 0) >= since and info["status"] != psutil.STATUS_ZOMBIE \
-                and process.pid != os.getpid() and _ours(process):
+        if (
+            (info["create_time"] or 0) >= since
+            and info["status"] != psutil.STATUS_ZOMBIE
+            and process.pid != os.getpid()
+            and _ours(process)
+        ):
             found.append(process)
     return found
 
@@ -73,8 +78,11 @@ def nothing_left_behind():
     while time.monotonic() < deadline:
         server = rank_forkserver.server_pid()  # lives for the session; its children are ranks, checked
         keep = {server, *_SESSION_PROCESSES}
-        children = [c for c in me.children(recursive=True)
-                    if c.pid not in keep and c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+        children = [
+            c
+            for c in me.children(recursive=True)
+            if c.pid not in keep and c.is_running() and c.status() != psutil.STATUS_ZOMBIE
+        ]
         children += [p for p in _orphans(started) if p not in children and p.pid not in keep]
         leftover = set(_our_segments()) - before
         if not children and not leftover:

@@ -1,4 +1,5 @@
 """Small corpora for the tests: deterministic documents in every supported format."""
+
 from __future__ import annotations
 
 import gzip
@@ -12,8 +13,10 @@ import pyarrow.parquet as pq
 
 def documents(n: int, seed: int, min_words: int = 2, max_words: int = 120) -> list[str]:
     rng = np.random.default_rng(seed)
-    return [" ".join(f"w{seed}x{int(k)}" for k in rng.integers(0, 1000, rng.integers(min_words, max_words)))
-            for _ in range(n)]
+    return [
+        " ".join(f"w{seed}x{int(k)}" for k in rng.integers(0, 1000, rng.integers(min_words, max_words)))
+        for _ in range(n)
+    ]
 
 
 def write_parquet(path: Path, texts: list, column: str = "text", row_group_size: int = 50) -> Path:
@@ -62,8 +65,9 @@ def image_samples(n: int, seed: int, max_images: int = 2, long_every: int = 0) -
     samples = []
     for i in range(n):
         count = int(rng.integers(0, max_images + 1))
-        images = [encoded_image(image_color(i, k), (int(rng.integers(8, 64)), int(rng.integers(8, 64))))
-                  for k in range(count)]
+        images = [
+            encoded_image(image_color(i, k), (int(rng.integers(8, 64)), int(rng.integers(8, 64)))) for k in range(count)
+        ]
         words = " ".join(f"c{i}w{int(w)}" for w in rng.integers(0, 100, int(rng.integers(1, 6))))
         if long_every and i % long_every == 0:
             words = (words + " ") * 3
@@ -75,8 +79,9 @@ def image_samples(n: int, seed: int, max_images: int = 2, long_every: int = 0) -
 def write_image_parquet(path: Path, samples: list[tuple[str, list[bytes]]], row_group_size: int = 20) -> Path:
     """Text and a list<binary> image column."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.table({"text": [t for t, _ in samples],
-                      "image": pa.array([imgs for _, imgs in samples], pa.list_(pa.binary()))})
+    table = pa.table(
+        {"text": [t for t, _ in samples], "image": pa.array([imgs for _, imgs in samples], pa.list_(pa.binary()))}
+    )
     pq.write_table(table, path, row_group_size=row_group_size)
     return path
 
@@ -107,8 +112,11 @@ def make_mixed_corpus(root: Path) -> dict[str, str]:
     write_jsonl(root / "code" / "a.jsonl.gz", documents(250, 3), column="content")
     write_jsonl(root / "code" / "b.jsonl", documents(150, 4), column="content")
     write_arrow(root / "books" / "a.arrow", documents(60, 5, 200, 900))
-    return {"web": str(root / "web" / "*.parquet"), "code": str(root / "code" / "*.jsonl*"),
-            "books": str(root / "books" / "*.arrow")}
+    return {
+        "web": str(root / "web" / "*.parquet"),
+        "code": str(root / "code" / "*.jsonl*"),
+        "books": str(root / "books" / "*.arrow"),
+    }
 
 
 def mixed_sources(corpus: dict[str, str], weights=(0.6, 0.3, 0.1)) -> list[dict]:

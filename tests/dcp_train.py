@@ -3,6 +3,7 @@ torch.distributed.checkpoint (gloo, CPU). Run under torchrun:
 
     dcp_train.py full|save|load CHECKPOINT_DIR OUT   (OUT may contain {rank})
 """
+
 from __future__ import annotations
 
 import hashlib

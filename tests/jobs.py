@@ -1,4 +1,5 @@
 """Run a real job with real rank processes and collect what each rank saw."""
+
 from __future__ import annotations
 
 import json
@@ -19,14 +20,17 @@ PROBE = Path(__file__).parent / "rank_probe.py"
 ROOT = Path(__file__).parent.parent
 
 
-def start_ranks(job: omniload.Job, world: int, out_dir: Path, max_steps: int = 0,
-                env: dict[str, str] | None = None) -> list[tuple[ForkedRank, Path]]:
+def start_ranks(
+    job: omniload.Job, world: int, out_dir: Path, max_steps: int = 0, env: dict[str, str] | None = None
+) -> list[tuple[ForkedRank, Path]]:
     """`world` rank processes running tests/rank_probe.py (forked with torch imported: see rank_forkserver)."""
     ranks = []
     for rank in range(world):
         out = out_dir / f"rank{rank}-{os.urandom(3).hex()}.json"
-        process = spawn([str(out), str(max_steps)],
-                        env={**os.environ, **job.env(), "RANK": str(rank), "WORLD_SIZE": str(world), **(env or {})})
+        process = spawn(
+            [str(out), str(max_steps)],
+            env={**os.environ, **job.env(), "RANK": str(rank), "WORLD_SIZE": str(world), **(env or {})},
+        )
         ranks.append((process, out))
     return ranks
 
@@ -40,8 +44,9 @@ def collect(ranks: list[tuple[ForkedRank, Path]], timeout: float = 90) -> list[d
     return results
 
 
-def run_ranks(spec: dict[str, Any], world: int, out_dir: Path, max_steps: int = 0,
-              env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def run_ranks(
+    spec: dict[str, Any], world: int, out_dir: Path, max_steps: int = 0, env: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     with omniload.Job(spec) as job:
         return collect(start_ranks(job, world, out_dir, max_steps, env))
 
@@ -68,8 +73,12 @@ def wait_connected(job: omniload.Job, count: int, timeout: float = 60) -> None:
     coordinator = psutil.Process(job._process.pid)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if sum(c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
-               for c in coordinator.net_connections("tcp")) >= count:
+        if (
+            sum(
+                c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED for c in coordinator.net_connections("tcp")
+            )
+            >= count
+        ):
             return
         time.sleep(0.05)
     raise AssertionError(f"{count} ranks did not connect in {timeout:.0f}s")
@@ -77,8 +86,11 @@ def wait_connected(job: omniload.Job, count: int, timeout: float = 60) -> None:
 
 def senders_of(job: omniload.Job) -> list[psutil.Process]:
     """The coordinator's sender processes (--senders)."""
-    return [p for p in psutil.Process(job._process.pid).children()
-            if "omniload.coordinator.serve.sender_process" in " ".join(p.cmdline())]
+    return [
+        p
+        for p in psutil.Process(job._process.pid).children()
+        if "omniload.coordinator.serve.sender_process" in " ".join(p.cmdline())
+    ]
 
 
 def workers_of(job: omniload.Job) -> list[psutil.Process]:
@@ -88,5 +100,11 @@ def workers_of(job: omniload.Job) -> list[psutil.Process]:
 
 
 def omniload_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "omniload.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "omniload.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )

@@ -8,6 +8,7 @@ batch already fetched), writes the loader's state_dict(step=SAVE_AT) to STATE; i
 for a step not handed out yet and records the error. load: loads STATE, then trains on the
 rest. OUT gets {step: hash of the batch} for every step trained, and the error if any.
 """
+
 from __future__ import annotations
 
 import hashlib

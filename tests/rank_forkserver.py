@@ -12,6 +12,7 @@ Protocol, one unix-socket connection per child: the request is a length-prefixed
 answers "PID\\n" once forked and "RETURNCODE\\n" (Popen's convention: -N for signal N) once
 the child is reaped, then closes the connection. The server ends when its stdin closes.
 """
+
 from __future__ import annotations
 
 import array
@@ -57,7 +58,7 @@ class ForkedRank:
             self._connection.settimeout(left)
             try:
                 chunk = self._connection.recv(64)
-            except (socket.timeout, BlockingIOError):
+            except (TimeoutError, BlockingIOError):
                 return None
             if not chunk:
                 raise RuntimeError(f"the rank forkserver dropped rank pid {getattr(self, 'pid', '?')} (did it die?)")
@@ -131,8 +132,12 @@ def _start_server() -> str:
     with _server_lock:
         if _server is None or _server.poll() is not None:
             path = os.path.join(tempfile.mkdtemp(prefix="omniload-ranks-"), "fork.sock")
-            _server = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), path], cwd=_ROOT,
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            _server = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), path],
+                cwd=_ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
             ready = _server.stdout.readline()
             if ready.strip() != b"ready":
                 raise RuntimeError(f"the rank forkserver did not start (exit {_server.wait()})")
@@ -160,11 +165,14 @@ def spawn(args: list[str], env: dict[str, str]) -> ForkedRank:
     read_end, write_end = os.pipe()
     try:
         body = json.dumps({"argv": args, "env": env, "cwd": os.getcwd()}).encode()
-        connection.sendmsg([_HEADER.pack(len(body)) + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                                 array.array("i", [1, write_end]))])
+        connection.sendmsg(
+            [_HEADER.pack(len(body)) + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [1, write_end]))]
+        )
     finally:
         os.close(write_end)
-    return ForkedRank(connection, [sys.executable, "tests/rank_probe.py", *args], os.fdopen(read_end, "rb", buffering=0))
+    return ForkedRank(
+        connection, [sys.executable, "tests/rank_probe.py", *args], os.fdopen(read_end, "rb", buffering=0)
+    )
 
 
 # --- the server ---------------------------------------------------------------------------
@@ -172,10 +180,10 @@ def spawn(args: list[str], env: dict[str, str]) -> ForkedRank:
 
 def _serve(path: str) -> None:
     import numpy  # noqa: F401  what every rank imports, once
+    import rank_probe  # noqa: F401  (tests/ is sys.path[0]: this file runs as a script)
     import torch  # noqa: F401
 
     import omniload.client  # noqa: F401
-    import rank_probe  # noqa: F401  (tests/ is sys.path[0]: this file runs as a script)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -233,7 +241,7 @@ def _fork_one(connection: socket.socket, close_in_child: list) -> int:
         head, fds, _, _ = connection.recvmsg(_HEADER.size, socket.CMSG_SPACE(2 * array.array("i").itemsize))
         for level, kind, data in fds:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                descriptors.frombytes(data[:len(data) - len(data) % descriptors.itemsize])
+                descriptors.frombytes(data[: len(data) - len(data) % descriptors.itemsize])
         (size,) = _HEADER.unpack(head)
         body = b""
         while len(body) < size:

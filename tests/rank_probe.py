@@ -10,6 +10,7 @@ empty where the rank holds slices of the rows, with context parallelism). With i
 image is recorded as [sample_id of its segment, its top-left pixel's r, g, b] ("images"), and
 each step's count of PROBE_IMAGE_TOKEN tokens and of images ("image_tokens").
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,8 +50,10 @@ def main() -> None:
         step_segments.append(_segments(batch, lengths))
         if "pixel_values" in batch:
             ids = batch["sample_id"].tolist()
-            images += [[ids[seg], *pixels[:, 0, 0].tolist()]
-                       for seg, pixels in zip(batch["image_index"].tolist(), batch["pixel_values"])]
+            images += [
+                [ids[seg], *pixels[:, 0, 0].tolist()]
+                for seg, pixels in zip(batch["image_index"].tolist(), batch["pixel_values"])
+            ]
             image_tokens.append([int((batch["input_ids"] == image_token).sum()), len(batch["pixel_values"])])
         for source, sid, length in zip(batch["source"].tolist(), batch["sample_id"].tolist(), lengths):
             if source >= 0:
@@ -65,11 +68,23 @@ def main() -> None:
     if "MASTER_ADDR" in os.environ:
         dist.destroy_process_group()
     with open(out, "w") as f:
-        json.dump({"hashes": hashes, "steps": steps, "sample_ids": sample_ids,
-                   "source_tokens": source_tokens, "wait_seconds": loader.wait_seconds,
-                   "waits": waits, "step_segments": step_segments, "images": images, "image_tokens": image_tokens,
-                   "served_by": {k: (getattr(loader, "_info", None) or {}).get(k)
-                                 for k in ("pid", "host", "role", "epoch")}}, f)
+        json.dump(
+            {
+                "hashes": hashes,
+                "steps": steps,
+                "sample_ids": sample_ids,
+                "source_tokens": source_tokens,
+                "wait_seconds": loader.wait_seconds,
+                "waits": waits,
+                "step_segments": step_segments,
+                "images": images,
+                "image_tokens": image_tokens,
+                "served_by": {
+                    k: (getattr(loader, "_info", None) or {}).get(k) for k in ("pid", "host", "role", "epoch")
+                },
+            },
+            f,
+        )
 
 
 def _segments(batch: dict, lengths: list[int]) -> list[list[int]]:
@@ -77,8 +92,10 @@ def _segments(batch: dict, lengths: list[int]) -> list[list[int]]:
         return []  # context parallelism: this rank holds slices of the rows
     tokens = batch["input_ids"].reshape(-1).numpy()
     bounds = batch["cu_seqlens"].tolist()
-    return [[sid, length, zlib.crc32(tokens[start:start + length].astype("int64").tobytes())]
-            for sid, length, start in zip(batch["sample_id"].tolist(), lengths, bounds)]
+    return [
+        [sid, length, zlib.crc32(tokens[start : start + length].astype("int64").tobytes())]
+        for sid, length, start in zip(batch["sample_id"].tolist(), lengths, bounds)
+    ]
 
 
 if __name__ == "__main__":

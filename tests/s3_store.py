@@ -4,6 +4,7 @@ TCP proxy in front of it that adds latency and resets connections part-way throu
 The store is real HTTP on a real socket (pyarrow's C++ client talks to it as to AWS); only
 the objects' bodies live in memory. Objects are put with boto3, as a user would upload them.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,12 @@ import urllib.request
 from pathlib import Path
 
 # Fixed test credentials; a test that checks redaction sets its own secret.
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "omniload-test-key", "AWS_SECRET_ACCESS_KEY": "omniload-test-secret",
-               "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "omniload-test-key",
+    "AWS_SECRET_ACCESS_KEY": "omniload-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 def free_port() -> int:
@@ -33,8 +38,11 @@ class MotoServer:
     def __init__(self) -> None:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -50,8 +58,13 @@ class MotoServer:
     def client(self):  # noqa: ANN201  (boto3 is a test dependency only)
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            region_name="us-east-1",
+        )
 
     def reset(self) -> None:
         """Forget every bucket (moto's reset API): each test starts from an empty store."""
@@ -76,7 +89,8 @@ class MotoServer:
 
 
 class FaultyProxy:
-    """A TCP proxy to `target` that holds each request `delay_s` (a round trip) and, with `reset_every` = N, resets every Nth connection after some of the response
+    """A TCP proxy to `target` that holds each request `delay_s` (a round trip) and, with `reset_every` = N,
+    resets every Nth connection after some of the response
     body has passed: the reset in the middle of a body that S3 clients do not retry by
     themselves. `resets` counts the resets made. Runs in threads of the test process."""
 
@@ -111,8 +125,9 @@ class FaultyProxy:
         threading.Thread(target=self._pipe, args=(client, upstream, answered, False), daemon=True).start()
         self._pipe(upstream, client, answered, cut, request=False)
 
-    def _pipe(self, source: socket.socket, sink: socket.socket, answered: list[bool], cut: bool,
-              request: bool = True) -> None:
+    def _pipe(
+        self, source: socket.socket, sink: socket.socket, answered: list[bool], cut: bool, request: bool = True
+    ) -> None:
         sent = 0
         try:
             while data := source.recv(65536):

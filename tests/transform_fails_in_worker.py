@@ -1,5 +1,6 @@
 """A tokenizer module (`module:function`) that imports in the coordinator but not in a source
 worker, as one needing a file or a device only some processes can see would."""
+
 from __future__ import annotations
 
 import multiprocessing

@@ -1,4 +1,5 @@
 """User transforms (`module:function`) that misbehave on purpose, for the failure tests."""
+
 from __future__ import annotations
 
 import os

@@ -10,6 +10,7 @@ Where the images go in the text: each `<image>` in the text marks one image, in 
 without markers gets its images before the text. Each image becomes `--tokens-per-image`
 copies of `--image-token` in the sample's tokens.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -76,8 +77,10 @@ def _checked(pixels: object, config: ImageConfig) -> np.ndarray:
     array = np.asarray(pixels)
     want = (3, config.height, config.width)
     if array.shape != want or array.dtype != np.uint8:
-        raise ValueError(f"--image-transform returned {array.dtype} {list(array.shape)}; expected uint8 {list(want)} "
-                         "(the --image-size)")
+        raise ValueError(
+            f"--image-transform returned {array.dtype} {list(array.shape)}; expected uint8 {list(want)} "
+            "(the --image-size)"
+        )
     return array
 
 

@@ -4,7 +4,8 @@ A shard is a unit of the source's order: one parquet row group, one Arrow record
 run of JSON lines, or a run of WebDataset-style samples of a tar file. A worker reads it in
 slices of about `Shard.slice_rows` rows (about SLICE_BYTES of the column, from the file's
 metadata, so the same for every run; omniload.order.Slicing says which rows) and holds one
-slice of a shard at a time, whatever the row-group size. The index counts rows from file metadata (parquet footer, Arrow IPC
+slice of a shard at a time, whatever the row-group size. The index counts rows from file metadata (parquet footer,
+Arrow IPC
 footer) or, for JSON lines, one pass over the file that also records byte offsets so plain
 files can be split; a gzipped file is one shard. Values are strings (to be tokenized) or
 integer arrays (an already tokenized list<int> column, used as is). A source with images
@@ -14,6 +15,7 @@ A tar file's samples are its members grouped by key, WebDataset's way: `dir/KEY.
 `dir/KEY.txt` (or `dir/KEY.json` holding the text under the source's column) and further
 images `dir/KEY.1.png`... make one sample; a sample's files are adjacent in the archive.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,7 +40,9 @@ JSONL_SHARD_ROWS = 4096
 TAR_SHARD_ROWS = 1024
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm")
 _TEXT_SUFFIXES = ("txt", "text")
-SLICE_BYTES = 256 << 10  # column bytes per slice: a lane holds about this much per shard it reads (--shard-interleave of them)
+SLICE_BYTES = (
+    256 << 10
+)  # column bytes per slice: a lane holds about this much per shard it reads (--shard-interleave of them)
 MAX_SLICES = 16  # per shard: each slice of a strided shard reads (decodes) the whole shard
 _READ_BUFFER = 256 << 10  # parquet: read column chunks through a buffer, not whole
 
@@ -54,13 +58,16 @@ def use_system_allocator() -> None:
 DATA_ERRORS = (ValueError, TypeError, OverflowError, KeyError, IndexError, EOFError, OSError, pa.ArrowException)
 
 
-def index_file(path: str, fmt: str, column: str, first_ordinal: int, image: str | None = None,
-               files: Files = LOCAL) -> list[Shard]:
+def index_file(
+    path: str, fmt: str, column: str, first_ordinal: int, image: str | None = None, files: Files = LOCAL
+) -> list[Shard]:
     """Shards of one file (`image`: the column of encoded images, if any); raises BadFile
     naming the problem. An object in a store: its shards record its size and version."""
     if image is not None and fmt not in ("parquet", "arrow"):
-        raise BadFile(f"image={image} needs parquet or Arrow files (a {fmt} file has no columns); "
-                      "images in a .tar file are its image members")
+        raise BadFile(
+            f"image={image} needs parquet or Arrow files (a {fmt} file has no columns); "
+            "images in a .tar file are its image members"
+        )
     try:
         if fmt == "parquet":
             shards = _index_parquet(path, _columns(column, image), first_ordinal, files)
@@ -93,11 +100,15 @@ def _check_columns(schema: pa.Schema, columns: tuple[str, ...]) -> None:
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or _is_int_list(kind)):
         raise BadFile(f"column '{columns[0]}' has type {kind}; expected text or a list of token ids")
     if len(columns) > 1 and _is_int_list(kind):
-        raise BadFile(f"column '{columns[0]}' holds token ids; with image= the text column must be text, "
-                      "for the placeholders to go where it says <image>")
+        raise BadFile(
+            f"column '{columns[0]}' holds token ids; with image= the text column must be text, "
+            "for the placeholders to go where it says <image>"
+        )
     if len(columns) > 1 and not _is_image_type(schema.field(columns[1]).type):
-        raise BadFile(f"image column '{columns[1]}' has type {schema.field(columns[1]).type}; expected binary "
-                      "(encoded JPEG/PNG...), a struct with a 'bytes' field (Hugging Face Image), or a list of those")
+        raise BadFile(
+            f"image column '{columns[1]}' has type {schema.field(columns[1]).type}; expected binary "
+            "(encoded JPEG/PNG...), a struct with a 'bytes' field (Hugging Face Image), or a list of those"
+        )
 
 
 def _is_image_type(kind: pa.DataType) -> bool:
@@ -123,14 +134,16 @@ def slice_rows_for(rows: int, size: int) -> int:
 def _index_parquet(path: str, columns: tuple[str, ...], ordinal: int, files: Files) -> list[Shard]:
     meta = pq.ParquetFile(files.source(path))
     _check_columns(meta.schema_arrow, columns)
-    leaves = [j for j in range(meta.metadata.num_columns)
-              if meta.metadata.schema.column(j).path.split(".")[0] in columns]
+    leaves = [
+        j for j in range(meta.metadata.num_columns) if meta.metadata.schema.column(j).path.split(".")[0] in columns
+    ]
     shards = []
     for i in range(meta.num_row_groups):
         group = meta.metadata.row_group(i)
         size = sum(group.column(j).total_uncompressed_size for j in leaves)
-        shards.append(Shard(path, "parquet", i, i + 1, group.num_rows, ordinal,
-                            slice_rows=slice_rows_for(group.num_rows, size)))
+        shards.append(
+            Shard(path, "parquet", i, i + 1, group.num_rows, ordinal, slice_rows=slice_rows_for(group.num_rows, size))
+        )
         ordinal += group.num_rows
     return shards
 
@@ -145,8 +158,17 @@ def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int, files: Files
             shards = []
             for i in range(reader.num_record_batches):
                 batch = reader.get_batch(i)  # reads the batch header only (memory-mapped body)
-                shards.append(Shard(path, "arrow", i, i + 1, batch.num_rows, ordinal,
-                                    slice_rows=slice_rows_for(batch.num_rows, nbytes(batch))))
+                shards.append(
+                    Shard(
+                        path,
+                        "arrow",
+                        i,
+                        i + 1,
+                        batch.num_rows,
+                        ordinal,
+                        slice_rows=slice_rows_for(batch.num_rows, nbytes(batch)),
+                    )
+                )
                 ordinal += batch.num_rows
             return shards
     except pa.ArrowInvalid:
@@ -170,8 +192,16 @@ def _index_jsonl(path: str, column: str, ordinal: int, files: Files) -> list[Sha
     rows = offset = shard_offset = shard_start = 0
 
     def shard_to(stop: int) -> Shard:
-        return Shard(path, "jsonl", shard_start, stop, stop - shard_start, ordinal + shard_start, shard_offset,
-                     slice_rows=slice_rows_for(stop - shard_start, offset - shard_offset))
+        return Shard(
+            path,
+            "jsonl",
+            shard_start,
+            stop,
+            stop - shard_start,
+            ordinal + shard_start,
+            shard_offset,
+            slice_rows=slice_rows_for(stop - shard_start, offset - shard_offset),
+        )
 
     with _open_text(path, files) as f:
         for line in f:
@@ -203,8 +233,11 @@ def read_shard(shard: Shard, column: str, image: str | None = None, files: Files
     """All values of a shard's column (with `image`: (text, images) pairs), in file order;
     raises BadFile naming the problem."""
     if shard.format in ("jsonl", "tar"):
-        return [value for part in iter_slices(dataclasses.replace(shard, slice_rows=0), column, files=files)
-                for value in part]
+        return [
+            value
+            for part in iter_slices(dataclasses.replace(shard, slice_rows=0), column, files=files)
+            for value in part
+        ]
     columns = _columns(column, image)
     try:
         if shard.format == "parquet":
@@ -221,8 +254,10 @@ def read_shard(shard: Shard, column: str, image: str | None = None, files: Files
     except (pa.ArrowException, OSError, EOFError, KeyError) as exc:
         raise BadFile(f"cannot read {shard.format} shard {shard.start}: {exc}") from None
     if len(values) != shard.rows:
-        raise BadFile(f"has {len(values)} rows in shard {shard.start}, the index counted {shard.rows}: "
-                      "was the file changed while the job ran?")
+        raise BadFile(
+            f"has {len(values)} rows in shard {shard.start}, the index counted {shard.rows}: "
+            "was the file changed while the job ran?"
+        )
     return _to_values(values)
 
 
@@ -263,8 +298,9 @@ def _image_lists(images: pa.Array) -> list[list[bytes]]:
     return [[] if b is None else [b] for b in images.to_pylist()]
 
 
-def iter_slices(shard: Shard, column: str, first: int = 0, image: str | None = None,
-                files: Files = LOCAL) -> Iterator[list]:
+def iter_slices(
+    shard: Shard, column: str, first: int = 0, image: str | None = None, files: Files = LOCAL
+) -> Iterator[list]:
     """A shard's values slice by slice (order.Slicing: `shard.slicing.members(j)` of slice j), from
     slice `first` on, so the caller holds one slice, never the shard. A strided shard's slices
     each read the shard anew (any slice can come first); the others are read on from the
@@ -280,14 +316,19 @@ def iter_slices(shard: Shard, column: str, first: int = 0, image: str | None = N
             chunks = (_strided_slice(shard, columns, slicing.count, k, files) for k in range(first, slicing.count))
         else:  # read on from the file's start: slice `first` starts at row first * size
             size = slicing.size or shard.rows
-            rows: Iterator[object] = _jsonl_values(shard, column, 1, first * size, files) \
-                if shard.format == "jsonl" else _tar_values(shard, column, first * size, files)
+            rows: Iterator[object] = (
+                _jsonl_values(shard, column, 1, first * size, files)
+                if shard.format == "jsonl"
+                else _tar_values(shard, column, first * size, files)
+            )
             chunks = _runs(rows, size)
         for values in chunks:
             # each slice, not the total at the end: a lane stops reading a shard at its last turn
             if len(values) != len(slicing.members(j)):
-                raise BadFile(f"{part_name(shard.format, shard.start)}: slice {j} has {len(values)} rows, the "
-                              f"index expects {len(slicing.members(j))}: was the file changed while the job ran?")
+                raise BadFile(
+                    f"{part_name(shard.format, shard.start)}: slice {j} has {len(values)} rows, the "
+                    f"index expects {len(slicing.members(j))}: was the file changed while the job ran?"
+                )
             j += 1
             yield values
     except (BadFile, StoreError):
@@ -295,8 +336,10 @@ def iter_slices(shard: Shard, column: str, first: int = 0, image: str | None = N
     except (pa.ArrowException, OSError, EOFError, KeyError, tarfile.TarError) as exc:
         raise BadFile(f"cannot read {part_name(shard.format, shard.start)}: {exc}") from None
     if j < slicing.count:
-        raise BadFile(f"{part_name(shard.format, shard.start)} ran out of rows before slice {j} of {slicing.count}, "
-                      f"the index counted {shard.rows}: was the file changed while the job ran?")
+        raise BadFile(
+            f"{part_name(shard.format, shard.start)} ran out of rows before slice {j} of {slicing.count}, "
+            f"the index counted {shard.rows}: was the file changed while the job ran?"
+        )
 
 
 def warm(shard: Shard, column: str, image: str | None, files: Files) -> None:
@@ -314,8 +357,7 @@ def _warm(shard: Shard, columns: tuple[str, ...], files: Files) -> None:
         return
     meta = pq.ParquetFile(file).metadata
     group = meta.row_group(shard.start)
-    chunks = [group.column(j) for j in range(group.num_columns)
-              if meta.schema.column(j).path.split(".")[0] in columns]
+    chunks = [group.column(j) for j in range(group.num_columns) if meta.schema.column(j).path.split(".")[0] in columns]
     starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in chunks]
     file.warm(min(starts), max(s + c.total_compressed_size for s, c in zip(starts, chunks)))
 
@@ -347,8 +389,9 @@ def _arrow_chunks(shard: Shard, columns: tuple[str, ...], size: int, files: File
     if shard.format == "parquet":
         reader = pq.ParquetFile(_source(shard, files), buffer_size=_READ_BUFFER, pre_buffer=False)
         try:
-            for batch in reader.iter_batches(batch_size=size, row_groups=[shard.start], columns=list(columns),
-                                             use_threads=False):
+            for batch in reader.iter_batches(
+                batch_size=size, row_groups=[shard.start], columns=list(columns), use_threads=False
+            ):
                 yield _select(batch, columns)
         finally:
             reader.close()
@@ -406,8 +449,9 @@ def _sample_key(name: str) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), rest.rpartition(".")[2].lower()
 
 
-def _tar_samples(path: str, offset: int, files: Files, size: int = 0,
-                 version: str = "") -> Iterator[tuple[int, str, list[tuple[str, bytes | None]]]]:
+def _tar_samples(
+    path: str, offset: int, files: Files, size: int = 0, version: str = ""
+) -> Iterator[tuple[int, str, list[tuple[str, bytes | None]]]]:
     """(header offset, key, [(suffix, data), ...]) of each sample from byte `offset` on (0 for a
     compressed file); data is read for text and image members only."""
     with files.open(path, size, version) as raw:
@@ -460,14 +504,34 @@ def _index_tar(path: str, column: str, ordinal: int, files: Files) -> list[Shard
         if rows == 0:
             _tar_value(key, members, column)  # a file of the wrong shape fails at startup
         if not compressed and rows - shard_start == TAR_SHARD_ROWS:
-            shards.append(Shard(path, "tar", shard_start, rows, rows - shard_start, ordinal + shard_start,
-                                shard_offset, slice_rows_for(rows - shard_start, size)))
+            shards.append(
+                Shard(
+                    path,
+                    "tar",
+                    shard_start,
+                    rows,
+                    rows - shard_start,
+                    ordinal + shard_start,
+                    shard_offset,
+                    slice_rows_for(rows - shard_start, size),
+                )
+            )
             shard_start, shard_offset, size = rows, offset, 0
         rows += 1
         size += sum(len(data) for _, data in members if data is not None)
     if rows > shard_start or not shards:
-        shards.append(Shard(path, "tar", shard_start, rows, rows - shard_start, ordinal + shard_start,
-                            shard_offset, slice_rows_for(rows - shard_start, size)))
+        shards.append(
+            Shard(
+                path,
+                "tar",
+                shard_start,
+                rows,
+                rows - shard_start,
+                ordinal + shard_start,
+                shard_offset,
+                slice_rows_for(rows - shard_start, size),
+            )
+        )
     return shards
 
 
@@ -475,8 +539,9 @@ def _tar_values(shard: Shard, column: str, first: int = 0, files: Files = LOCAL)
     """The shard's (text, images) values in file order, from its row `first` on."""
     seekable = not _compressed(shard.file, files, shard.size, shard.version)  # else read from the start (one shard)
     skip, taken = first + (0 if seekable else shard.start), first
-    for _, key, members in _tar_samples(shard.file, shard.byte_offset if seekable else 0, files, shard.size,
-                                        shard.version):
+    for _, key, members in _tar_samples(
+        shard.file, shard.byte_offset if seekable else 0, files, shard.size, shard.version
+    ):
         if taken >= shard.rows:
             break
         if skip:

@@ -5,6 +5,7 @@ the `tokenizers` library (extra `omniload[tokenizers]`), no download. `module:fu
 user's function, called on each value and returning a sequence of ints. Values that are
 already token arrays (a list<int> column) pass through whatever the transform.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -34,14 +35,17 @@ def load_transform(name: str) -> Transform:
     except AttributeError:
         raise ConfigError(f"tokenizer {name!r}: module '{module}' has no function '{func}'") from None
     except Exception as exc:  # the user's module runs on import; whatever it raises is the cause
-        raise ConfigError(f"tokenizer {name!r}: importing module '{module}' failed: "
-                          f"{type(exc).__name__}: {exc}") from None
+        raise ConfigError(
+            f"tokenizer {name!r}: importing module '{module}' failed: {type(exc).__name__}: {exc}"
+        ) from None
     return _per_value(fn)
 
 
 def _bytes_transform(values: Sequence[object]) -> list[np.ndarray]:
-    return [v if isinstance(v, np.ndarray) else np.frombuffer(_text(v).encode("utf-8"), np.uint8).astype(np.int32)
-            for v in values]
+    return [
+        v if isinstance(v, np.ndarray) else np.frombuffer(_text(v).encode("utf-8"), np.uint8).astype(np.int32)
+        for v in values
+    ]
 
 
 def _hf_transform(path: str) -> Transform:
@@ -50,7 +54,9 @@ def _hf_transform(path: str) -> Transform:
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise ConfigError(f"tokenizer {path!r} needs the tokenizers library: pip install 'omniload[tokenizers]'") from None
+        raise ConfigError(
+            f"tokenizer {path!r} needs the tokenizers library: pip install 'omniload[tokenizers]'"
+        ) from None
     try:
         tokenizer = Tokenizer.from_file(path)
     except Exception as exc:  # the library raises plain Exception for malformed files

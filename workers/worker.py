@@ -5,6 +5,7 @@ omniload.order) with its own ring. The worker never blocks on one full ring whil
 has room, so a worker serving several sources cannot stall the coordinator. It exits when
 its lanes are done, when the coordinator is gone, or (killed) when the coordinator stops it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -16,25 +17,24 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Generator, Iterator
-from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from omniload.errors import ConfigError
+from omniload.formats.lane_config import ImageConfig, LaneConfig, WorkerConfig
+from omniload.formats.records import doc_record, error_record, skip_record
+from omniload.formats.ring import RecordTooLarge, Ring
+from omniload.formats.shards import BadFile, Shard, part_name
 from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at, turns_of_lane
-from omniload.formats.lane_config import ImageConfig
-from omniload.workers.images import DECODE_ERRORS, ImageTransform, load_image_transform, place_images, text_pieces
-from omniload.formats.lane_config import LaneConfig, WorkerConfig
 from omniload.storage.disk_cache import DiskCache
 from omniload.storage.files import Files
 from omniload.storage.objects import StoreError
 from omniload.storage.urls import is_remote
+from omniload.workers.images import DECODE_ERRORS, ImageTransform, load_image_transform, place_images, text_pieces
 from omniload.workers.readers import DATA_ERRORS, LOCAL, iter_slices, use_system_allocator, warm
-from omniload.formats.shards import BadFile, Shard, part_name
-from omniload.formats.records import doc_record, error_record, skip_record
-from omniload.formats.ring import RecordTooLarge, Ring
 from omniload.workers.transforms import Transform, load_transform
 
 _BURST = 64  # records per lane before the worker looks at its other lanes
@@ -143,16 +143,19 @@ def _produce(lane: LaneConfig, files: Files = LOCAL) -> Iterator[tuple]:
         first_pos = 0
 
 
-def _produce_group(lane: LaneConfig, transform: Callable[[list], list], k: int, first_pos: int,
-                   files: Files = LOCAL) -> Generator[tuple, None, bool]:
+def _produce_group(
+    lane: LaneConfig, transform: Callable[[list], list], k: int, first_pos: int, files: Files = LOCAL
+) -> Generator[tuple, None, bool]:
     """This lane's turns of group k from position first_pos: the group's shards read together,
     their rows taken in turn (omniload.order.interleave_rows), each shard streamed a slice at a
     time, and the rows transformed _TRANSFORM_ROWS positions at a time across the shards (one
     batch of tokens held per lane, not one per shard; never past the turn: the rows after it
     are other lanes' to transform). An unreadable shard's rows (from where reading failed) are
     skipped (on_bad_file=skip) or its first due row is an ERROR; returns True after an ERROR."""
-    members = [shard_at(g, len(lane.shards), lane.seed, lane.source_index)
-               for g in group_members(k, len(lane.shards), lane.interleave)]
+    members = [
+        shard_at(g, len(lane.shards), lane.seed, lane.source_index)
+        for g in group_members(k, len(lane.shards), lane.interleave)
+    ]
     shards = [lane.shards[index] for _, index in members]
     turns = list(turns_of_lane(lane.lane, lane.num_lanes, k, sum(shard.rows for shard in shards), first_pos))
     if not turns:  # a group smaller than a turn is often wholly another lane's
@@ -162,15 +165,19 @@ def _produce_group(lane: LaneConfig, transform: Callable[[list], list], k: int, 
     # from the first of them
     first_due = np.array([shard.rows for shard in shards])
     for turn in turns:
-        np.minimum.at(first_due, member[turn.start:turn.stop], row[turn.start:turn.stop])
+        np.minimum.at(first_due, member[turn.start : turn.stop], row[turn.start : turn.stop])
     rows = [_open_shard(lane, epoch, index, int(first_due[m]), files) for m, (epoch, index) in enumerate(members)]
     if files is not LOCAL:  # the next group's first bytes come in while this one is read
         for g in group_members(k + 1, len(lane.shards), lane.interleave):
-            warm(lane.shards[shard_at(g, len(lane.shards), lane.seed, lane.source_index)[1]], lane.column,
-                 lane.image_column, files)
+            warm(
+                lane.shards[shard_at(g, len(lane.shards), lane.seed, lane.source_index)[1]],
+                lane.column,
+                lane.image_column,
+                files,
+            )
 
     def due(m: int, pos: int) -> int:  # shard m's rows this lane has from position pos on
-        return sum(int(np.count_nonzero(member[max(t.start, pos):t.stop] == m)) for t in turns)
+        return sum(int(np.count_nonzero(member[max(t.start, pos) : t.stop] == m)) for t in turns)
 
     def unreadable(m: int, pos: int) -> tuple:
         gone = rows[m]
@@ -178,8 +185,9 @@ def _produce_group(lane: LaneConfig, transform: Callable[[list], list], k: int, 
         if gone.fatal:  # the store, not the file: skipping would change what the batches hold
             return error_record(k, pos, gone.message)
         if not lane.skip_bad_files:
-            return error_record(k, pos, f"{gone.message} (the job stops on a bad file; "
-                                        "--on-bad-file skip skips it instead)")
+            return error_record(
+                k, pos, f"{gone.message} (the job stops on a bad file; --on-bad-file skip skips it instead)"
+            )
         return skip_record(k, pos, "" if gone.said else gone.say_once(due(m, pos)))
 
     for turn in turns:
@@ -210,11 +218,16 @@ def _produce_group(lane: LaneConfig, transform: Callable[[list], list], k: int, 
                     if not lane.skip_bad_files or rows[m].fatal:
                         return True
                 elif isinstance(sample, _BadSample):  # one sample's image: the rest of the file is fine
-                    message = f"{shards[m].file}: {part_name(shards[m].format, shards[m].start)}, " \
-                              f"row {ordinals[pos]}: {sample.message}"
+                    message = (
+                        f"{shards[m].file}: {part_name(shards[m].format, shards[m].start)}, "
+                        f"row {ordinals[pos]}: {sample.message}"
+                    )
                     if not lane.skip_bad_files:
-                        yield error_record(k, pos, f"{message} (the job stops on a bad file; --on-bad-file skip "
-                                                   "skips the sample instead)")
+                        yield error_record(
+                            k,
+                            pos,
+                            f"{message} (the job stops on a bad file; --on-bad-file skip skips the sample instead)",
+                        )
                         return True
                     yield skip_record(k, pos, f"skipped a sample: {message}")
                 else:
@@ -224,8 +237,9 @@ def _produce_group(lane: LaneConfig, transform: Callable[[list], list], k: int, 
     return False
 
 
-def _open_shard(lane: LaneConfig, epoch: int, index: int, first_due: int,
-                files: Files = LOCAL) -> _ShardRows | _Unreadable:
+def _open_shard(
+    lane: LaneConfig, epoch: int, index: int, first_due: int, files: Files = LOCAL
+) -> _ShardRows | _Unreadable:
     """A shard's rows from `first_due` on (its first due slice read now, so an unreadable file
     is known at once), or why it cannot be read."""
     shard = lane.shards[index]
@@ -270,8 +284,9 @@ class _ShardRows:
 
     fatal = False  # (an _Unreadable's field: a shard read so far is never fatal)
 
-    def __init__(self, shard: Shard, column: str, order: np.ndarray, image_column: str | None = None,
-                 files: Files = LOCAL) -> None:
+    def __init__(
+        self, shard: Shard, column: str, order: np.ndarray, image_column: str | None = None, files: Files = LOCAL
+    ) -> None:
         self.order = order
         self._files = files
         self._shard, self._column, self._image_column = shard, column, image_column
@@ -308,8 +323,9 @@ class _ShardRows:
         except StoreError as exc:  # names the object already
             raise _ReadFailed(str(exc), fatal=True) from None
         except DATA_ERRORS as exc:  # bad data readers.py did not foresee is still the file's; other errors are
-            raise _ReadFailed(f"{self._shard.file}: cannot read {part_name(self._shard.format, self._shard.start)}: "
-                              f"{_cause(exc)}") from None  # bugs: the worker dies
+            raise _ReadFailed(
+                f"{self._shard.file}: cannot read {part_name(self._shard.format, self._shard.start)}: {_cause(exc)}"
+            ) from None  # bugs: the worker dies
 
 
 def _cause(exc: BaseException) -> str:
@@ -335,8 +351,9 @@ def _with_images(transform: Transform, decode: ImageTransform, config: ImageConf
     markers tokenized in one call, the images decoded, placeholders put in (workers/images.py)."""
 
     def samples(values: list) -> list:  # of (text, images) values
-        pieces = [text_pieces(text if isinstance(text, str) else "" if text is None else str(text))
-                  for text, _ in values]
+        pieces = [
+            text_pieces(text if isinstance(text, str) else "" if text is None else str(text)) for text, _ in values
+        ]
         flat = iter(_transform(transform, [p for row in pieces for p in row]))
         out: list[Any] = []  # (ids, image positions, pixels), or a _BadSample
         for row, (_, images) in zip(pieces, values):
@@ -384,6 +401,7 @@ def _exit_with(pid: int) -> None:
 
     The worker's parent is the forkserver, which by design outlives the coordinator while
     any worker lives, so the worker must watch the coordinator itself."""
+
     def watch() -> None:
         try:
             pidfd = os.pidfd_open(pid)

@@ -20,6 +20,7 @@ load_state_dict are not affected). Snapshots are atomic (temporary file, fsync, 
 of the folder); once one is durable, all but the newest `keep` snapshots and the logs older
 than the oldest kept one are removed.
 """
+
 from __future__ import annotations
 
 import logging
@@ -66,8 +67,14 @@ class CheckpointWriter:
     before the next snapshot, at most one snapshot (a newer one replaces it: the log then
     spans both), and one merged record after it."""
 
-    def __init__(self, folder: str | os.PathLike, snapshot_every: int, keep: int, job: dict[str, Any],
-                 on_error: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self,
+        folder: str | os.PathLike,
+        snapshot_every: int,
+        keep: int,
+        job: dict[str, Any],
+        on_error: Callable[[BaseException], None],
+    ) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._every, self._keep = snapshot_every, keep
@@ -93,7 +100,9 @@ class CheckpointWriter:
         self._live_seen = state["live"]
         snapshot = self._first or state["step"] % self._every == 0
         with self._wake:
-            self._pending.add(state["step"], live, note, (state, dp, note if self._first else None) if snapshot else None)
+            self._pending.add(
+                state["step"], live, note, (state, dp, note if self._first else None) if snapshot else None
+            )
             self._first = False
             self._wake.notify()
 
@@ -195,8 +204,9 @@ class _Pending:
     def __bool__(self) -> bool:
         return bool(self.before or self.snapshot or self.after)
 
-    def add(self, step: int, live: list, note: str | None,
-            snapshot: tuple[dict[str, Any], int, str | None] | None) -> None:
+    def add(
+        self, step: int, live: list, note: str | None, snapshot: tuple[dict[str, Any], int, str | None] | None
+    ) -> None:
         record = self.after if self.snapshot else self.before
         record[_STEP] = step
         if live:
@@ -231,8 +241,10 @@ def last_position(folder: str | os.PathLike) -> Recovery | None:
             step, live = _read_log(folder, state["step"])
             return Recovery(state, job, dp, step, live)
     if snapshots:
-        raise ConfigError(f"checkpoint folder {str(folder)!r}: no snapshot reads cleanly; "
-                          "start without --resume or restore the folder from a backup")
+        raise ConfigError(
+            f"checkpoint folder {str(folder)!r}: no snapshot reads cleanly; "
+            "start without --resume or restore the folder from a backup"
+        )
     return None
 
 
@@ -286,8 +298,12 @@ def _read_log(folder: Path, base: int) -> tuple[int, list]:
                 record = orjson.loads(body)
                 consumed = int(record[_STEP])
             except (ValueError, KeyError, TypeError):
-                log.warning("checkpoint: %s line %d is torn or corrupt; resuming at step %d, the last consistent one",
-                            path.name, number, step)
+                log.warning(
+                    "checkpoint: %s line %d is torn or corrupt; resuming at step %d, the last consistent one",
+                    path.name,
+                    number,
+                    step,
+                )
                 return step, live
             if consumed > step:
                 step = consumed
@@ -296,7 +312,7 @@ def _read_log(folder: Path, base: int) -> tuple[int, list]:
 
 
 def _step_of(path: Path, prefix: str) -> int:
-    return int(path.stem[len(prefix):])
+    return int(path.stem[len(prefix) :])
 
 
 def _fsync_folder(folder: Path) -> None:

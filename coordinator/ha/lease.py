@@ -15,6 +15,7 @@ not matter; a rank also refuses a coordinator whose epoch is below one it has se
 
 The decisions (`judge`, `must_fence`) are pure; the file functions are the only I/O.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,8 +60,16 @@ def job_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()[:16]
 
 
-def judge(watch: Watch | None, lease: Lease | None, now: float, *, job: str, holder_alive: bool | None,
-          ended: int | None, lease_s: float = LEASE_S) -> tuple[str, Watch | None]:
+def judge(
+    watch: Watch | None,
+    lease: Lease | None,
+    now: float,
+    *,
+    job: str,
+    holder_alive: bool | None,
+    ended: int | None,
+    lease_s: float = LEASE_S,
+) -> tuple[str, Watch | None]:
     """A standby's decision and what it keeps watching: WAIT (no lease of this job yet), FOLLOW,
     TAKE_OVER (the holder is gone or its lease expired) or ENDED (its primary ended the job).
     `holder_alive`: False only when the holder ran on this host and its process is gone."""
@@ -82,8 +91,10 @@ def must_fence(epoch: int, highest: int, renewed_at: float, now: float, fence_s:
     if highest > epoch:
         return f"a standby took over as the primary of epoch {highest} (this one held epoch {epoch})"
     if now - renewed_at > fence_s:
-        return (f"could not renew its lease for {now - renewed_at:.1f}s (the checkpoint folder is unreachable "
-                "or the host stalled); a standby may take over")
+        return (
+            f"could not renew its lease for {now - renewed_at:.1f}s (the checkpoint folder is unreachable "
+            "or the host stalled); a standby may take over"
+        )
     return None
 
 
@@ -94,7 +105,9 @@ def lease_path(folder: str | os.PathLike, epoch: int) -> Path:
 
 def highest_epoch(folder: str | os.PathLike) -> int:
     """The highest epoch leased in the folder (0: none yet)."""
-    epochs = [int(p.stem[len(_LEASE):]) for p in Path(folder).glob(f"{_LEASE}*.json") if p.stem[len(_LEASE):].isdigit()]
+    epochs = [
+        int(p.stem[len(_LEASE) :]) for p in Path(folder).glob(f"{_LEASE}*.json") if p.stem[len(_LEASE) :].isdigit()
+    ]
     return max(epochs, default=0)
 
 
@@ -148,7 +161,7 @@ def remove_older(folder: str | os.PathLike, epoch: int) -> None:
     """Forget the leases and ends of epochs before `epoch`: only the newest decides anything."""
     for prefix in (_LEASE, _ENDED):
         for path in Path(folder).glob(f"{prefix}*.json"):
-            number = path.stem[len(prefix):]
+            number = path.stem[len(prefix) :]
             if number.isdigit() and int(number) < epoch:
                 path.unlink(missing_ok=True)
 

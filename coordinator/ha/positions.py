@@ -8,6 +8,7 @@ position every rank has consumed goes to the CheckpointWriter (ha/checkpoint.py)
 on its own thread; a failure there stops the job through the coordinator's one failure path,
 naming the folder and what to do.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -46,8 +47,9 @@ class Positions:
         """Start the checkpoint writer, where the job has a folder (--checkpoint-dir or --resume)."""
         folder = self._spec.checkpoint_dir or self._spec.resume
         if folder:
-            self._writer = CheckpointWriter(folder, self._spec.snapshot_every, self._spec.keep_snapshots,
-                                            self.identity, self._failed)
+            self._writer = CheckpointWriter(
+                folder, self._spec.snapshot_every, self._spec.keep_snapshots, self.identity, self._failed
+            )
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """From now on a writer's failure stops the job on `loop` (before: only logged)."""
@@ -68,9 +70,11 @@ class Positions:
             return
         what = explain_mismatch(saved_job or {}, self.identity)
         if not self._spec.allow_changed_data:
-            raise ConfigError(f"the spec or files differ from the {where}:\n{what}\n checkpoint fingerprint: "
-                              f"{state['fingerprint']}\n job fingerprint: {self.fingerprint}\n"
-                              "resume with the same spec and files, or pass --allow-changed-data")
+            raise ConfigError(
+                f"the spec or files differ from the {where}:\n{what}\n checkpoint fingerprint: "
+                f"{state['fingerprint']}\n job fingerprint: {self.fingerprint}\n"
+                "resume with the same spec and files, or pass --allow-changed-data"
+            )
         log.warning("the data differs from the %s (--allow-changed-data):\n%s", where, what)
         self._note = f"allow_changed_data: resumed at step {state['step']} over changed data:\n{what}"
 

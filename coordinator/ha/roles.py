@@ -12,6 +12,7 @@ Everything else — lifecycle (server.py), planning (plan/driver.py), ranks and 
   Then it serves as "promoted": the folder's position starts the job, and each rank goes on
   from its own position, which must be the one this coordinator plans for that step.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -94,8 +95,10 @@ class Standby:
         job = self._job
         folder = job.spec.checkpoint_dir
         if not folder:
-            raise ConfigError("a standby coordinator needs --checkpoint-dir: the primary's folder, whose lease "
-                              "and delta log it follows")
+            raise ConfigError(
+                "a standby coordinator needs --checkpoint-dir: the primary's folder, whose lease "
+                "and delta log it follows"
+            )
         os.makedirs(folder, exist_ok=True)
         job.port = job.port or free_port(job.host)
         addr = f"{reachable(job.host)}:{job.port}"
@@ -119,8 +122,7 @@ class Standby:
         if found is None:
             log.warning("the primary left no checkpoint in %s yet; planning from the job's start", folder)
             return None
-        self._job.positions.check_same_data({**found.state, "step": found.step}, f"checkpoint in {folder}",
-                                            found.job)
+        self._job.positions.check_same_data({**found.state, "step": found.step}, f"checkpoint in {folder}", found.job)
         return found
 
     async def follow(self, recovery: Recovery | None) -> bool:
@@ -151,8 +153,12 @@ class Standby:
             if turn is not None:
                 await loop.run_in_executor(None, self._take_over, turn.epoch)
                 planning.start_position = planning.export()
-                log.warning("took over at step %d: caught up %d steps in %.2fs (a hot standby)", planning.stepper.step,
-                            planning.stepper.step - before, time.monotonic() - started)
+                log.warning(
+                    "took over at step %d: caught up %d steps in %.2fs (a hot standby)",
+                    planning.stepper.step,
+                    planning.stepper.step - before,
+                    time.monotonic() - started,
+                )
                 return True
             try:
                 async with asyncio.timeout(_FOLLOW_S):
@@ -180,18 +186,25 @@ class Standby:
         if planned is None:
             self._brought.setdefault(at, brought)
         elif planned != brought:
-            raise OmniloadError(f"a rank brings a loader position for step {at} that differs from the one this "
-                                f"coordinator planned from {self._job.spec.checkpoint_dir}: the ranks and the "
-                                "checkpoint folder are not of the same run (restore the ranks and the folder together)")
+            raise OmniloadError(
+                f"a rank brings a loader position for step {at} that differs from the one this "
+                f"coordinator planned from {self._job.spec.checkpoint_dir}: the ranks and the "
+                "checkpoint folder are not of the same run (restore the ranks and the folder together)"
+            )
 
     def check_planned(self, number: int, position: dict) -> bool:
         """A planned step whose position a rank brought must be that one; else the job fails."""
         expected = self._brought.pop(number + 1, None) if self._brought else None
         if expected is not None and expected != position:
-            self._job.fail("the takeover", OmniloadError(
-                f"a rank brought a loader position for step {number + 1} that differs from the one this coordinator "
-                f"planned from {self._job.spec.checkpoint_dir}: the ranks and the checkpoint folder are not of the "
-                "same run"))
+            self._job.fail(
+                "the takeover",
+                OmniloadError(
+                    f"a rank brought a loader position for step {number + 1} that differs from the one this "
+                    "coordinator "
+                    f"planned from {self._job.spec.checkpoint_dir}: the ranks and the checkpoint folder are not of the "
+                    "same run"
+                ),
+            )
             return False
         return True
 

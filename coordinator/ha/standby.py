@@ -21,6 +21,7 @@ depends on is also the one arbiter of who is primary.
 The primary's `LeaseKeeper` renews the lease on a thread (a disk write never waits on the
 event loop) and calls `on_fenced` once, from that thread, when the primary must stop serving.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,12 +64,17 @@ class Follower:
         lease = leases.read_lease(self.folder)
         alive = leases.holder_alive(lease) if lease is not None else None
         ended = leases.ended_code(self.folder, lease.epoch) if lease is not None else None
-        decision, self._watch = leases.judge(self._watch, lease, time.monotonic(), job=self.job,
-                                             holder_alive=alive, ended=ended)
+        decision, self._watch = leases.judge(
+            self._watch, lease, time.monotonic(), job=self.job, holder_alive=alive, ended=ended
+        )
         if decision == leases.WAIT and not self._warned and time.monotonic() - self._started > _NO_PRIMARY_WARN_S:
             self._warned = True
-            log.warning("standby at %s: no primary of this job holds a lease in %s yet; is it running with the "
-                        "same --checkpoint-dir and OMNILOAD_TOKEN?", self.addr, self.folder)
+            log.warning(
+                "standby at %s: no primary of this job holds a lease in %s yet; is it running with the "
+                "same --checkpoint-dir and OMNILOAD_TOKEN?",
+                self.addr,
+                self.folder,
+            )
         if lease is None:  # judge waits while there is no lease
             return None
         if decision == leases.ENDED:
@@ -76,13 +82,26 @@ class Follower:
             return Turn(code=ended)
         if decision == leases.FOLLOW and self._following != lease.epoch:
             self._following = lease.epoch
-            log.info("standby at %s: following the primary of epoch %d (pid %d on %s, %s)", self.addr, lease.epoch,
-                     lease.pid, lease.host, lease.addr)
+            log.info(
+                "standby at %s: following the primary of epoch %d (pid %d on %s, %s)",
+                self.addr,
+                lease.epoch,
+                lease.pid,
+                lease.host,
+                lease.addr,
+            )
         if decision == leases.TAKE_OVER:
             why = "its process is gone" if alive is False else f"its lease was not renewed for {leases.LEASE_S:g}s"
             if leases.acquire(self.folder, lease.epoch + 1, self.addr, self.job):
-                log.warning("standby at %s takes over as the primary of epoch %d: the primary of epoch %d (pid %d on "
-                            "%s) %s", self.addr, lease.epoch + 1, lease.epoch, lease.pid, lease.host, why)
+                log.warning(
+                    "standby at %s takes over as the primary of epoch %d: the primary of epoch %d (pid %d on %s) %s",
+                    self.addr,
+                    lease.epoch + 1,
+                    lease.epoch,
+                    lease.pid,
+                    lease.host,
+                    why,
+                )
                 return Turn(epoch=lease.epoch + 1)
             self._watch = None  # another standby was faster: follow it
         return None

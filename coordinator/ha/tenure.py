@@ -10,6 +10,7 @@ the new primary) and exits with FENCED_EXIT. Without a checkpoint folder there i
 UNHELD -> HELD (`take_first`, `hold`) -> FENCED (lost) | RELEASED (`release`: the job's end
 recorded, so that standbys leave).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -76,5 +77,8 @@ class Tenure:
         if self._job.should_exit.is_set():
             return
         log.error("this coordinator (epoch %d) stops serving: %s", self.epoch, reason)
-        self._job.halt(FENCED_EXIT, {"message": f"coordinator of epoch {self.epoch} fenced: {reason}",
-                                     "fenced": True}, abandon_checkpoints=True)
+        self._job.halt(
+            FENCED_EXIT,
+            {"message": f"coordinator of epoch {self.epoch} fenced: {reason}", "fenced": True},
+            abandon_checkpoints=True,
+        )

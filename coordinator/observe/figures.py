@@ -2,11 +2,13 @@
 
 Counters come from where the work happens: intakes count the documents and tokens the
 planner reads (a shuffle window is read in bursts, so these rates are bursty), delivery counts
-the real tokens of the steps every rank consumed, the planner thread times its steps, ranks report their time spent waiting in
+the real tokens of the steps every rank consumed, the planner thread times its steps, ranks report their time
+spent waiting in
 their ACKs, and the pool knows its workers. The coordinator's tick samples them about once a
 second into rates (`Figures.sample`); `snapshot()` is the one view that `omniload status`,
 `job.status()`, the Prometheus endpoint and launch's progress line all show.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,12 +17,11 @@ from typing import Any
 
 import psutil
 
-from omniload.order import groups_per_epoch
-
-from omniload.coordinator.serve.delivery import Delivery
-from omniload.coordinator.pool.intake import SourceIntake
 from omniload.coordinator.plan.plan_loop import Planner
+from omniload.coordinator.pool.intake import SourceIntake
 from omniload.coordinator.pool.worker_pool import WorkerPool
+from omniload.coordinator.serve.delivery import Delivery
+from omniload.order import groups_per_epoch
 
 SAMPLE_S = 1.0  # rates are measured over at least this long
 
@@ -46,8 +47,9 @@ class Rates:
 
 
 class Figures:
-    def __init__(self, job_id: str, names: Sequence[str], intakes: Sequence[SourceIntake], pool: WorkerPool,
-                 planner: Planner) -> None:
+    def __init__(
+        self, job_id: str, names: Sequence[str], intakes: Sequence[SourceIntake], pool: WorkerPool, planner: Planner
+    ) -> None:
         self._job_id, self._names, self._intakes, self._pool, self._planner = job_id, names, intakes, pool, planner
         self._started = time.monotonic()
         self._rates = Rates()
@@ -73,21 +75,38 @@ class Figures:
     def snapshot(self, delivery: Delivery | None, stall_message: str | None) -> dict[str, Any]:
         rate = self._rates.rate
         return {
-            "job": self._job_id, "uptime_s": round(time.monotonic() - self._started, 1),
-            "steps": {"planned": delivery.planned if delivery else 0,
-                      "slowest": delivery.slowest if delivery else 0,
-                      "final": delivery.final if delivery else None},
-            "delivered": {"tokens": delivery.delivered_tokens if delivery else 0,
-                          "tokens_per_s": round(rate.get("delivered", 0.0))},
+            "job": self._job_id,
+            "uptime_s": round(time.monotonic() - self._started, 1),
+            "steps": {
+                "planned": delivery.planned if delivery else 0,
+                "slowest": delivery.slowest if delivery else 0,
+                "final": delivery.final if delivery else None,
+            },
+            "delivered": {
+                "tokens": delivery.delivered_tokens if delivery else 0,
+                "tokens_per_s": round(rate.get("delivered", 0.0)),
+            },
             "sources": [self._source(intake, rate) for intake in self._intakes],
-            "ranks": [] if delivery is None else [
-                {"rank": s.rank, "step": delivery.consumed(s.rank), "lag": delivery.planned - delivery.consumed(s.rank),
-                 "wait_percent": round(100 * min(1.0, rate.get(("wait", s.rank), 0.0)), 1),
-                 "credits": s.credits, "connection": s.connection, "via": s.via if s.writer is not None else ""}
-                for s in delivery.ranks.values()],
+            "ranks": []
+            if delivery is None
+            else [
+                {
+                    "rank": s.rank,
+                    "step": delivery.consumed(s.rank),
+                    "lag": delivery.planned - delivery.consumed(s.rank),
+                    "wait_percent": round(100 * min(1.0, rate.get(("wait", s.rank), 0.0)), 1),
+                    "credits": s.credits,
+                    "connection": s.connection,
+                    "via": s.via if s.writer is not None else "",
+                }
+                for s in delivery.ranks.values()
+            ],
             "planner": self._planner_figures(),
-            "workers": {"count": sum(1 for w in self._pool.workers if w is not None),
-                        "autoscale": bool(self._pool.scaling), "moves": self._pool.scaling.get("moves", 0)},
+            "workers": {
+                "count": sum(1 for w in self._pool.workers if w is not None),
+                "autoscale": bool(self._pool.scaling),
+                "moves": self._pool.scaling.get("moves", 0),
+            },
             "memory_mb": self._memory(),
             "waiting_for": stall_message,
         }
@@ -107,18 +126,25 @@ class Figures:
         cost = self._pool.scaling.get("costs", [None] * (index + 1))[index]
         store = [r.store() for r in rings]
         retries, fetched, held = (sum(f[i] for f in store) for i in range(3))
-        return {"name": name, "docs": intake.docs, "tokens": intake.tokens,
-                "docs_per_s": round(rate.get(("docs", name), 0.0), 1),
-                "tokens_per_s": round(rate.get(("tokens", name), 0.0)),
-                "ring_fill": round(sum(r.used() for r in rings) / sum(r.capacity for r in rings), 3),
-                "workers": len(workers), "worker_cpu_percent": round(100 * cpu, 1),
-                "cpu_us_per_ktoken": None if cost is None else round(cost * 1e9, 1),  # measured (autoscale only)
-                "restarts": self._pool.restarts_of_source(index),
-                "epoch": intake.group // per_epoch, "cursor": list(intake.cursor),
-                # reads from a store (0 for local files): retried requests, bytes fetched, bytes its
-                # lanes' block caches hold now (each lane at most --read-ahead)
-                "store_retries": retries, "store_fetched_mb": round(fetched / 2**20, 1),
-                "read_ahead_mb": round(held / 2**20, 1)}
+        return {
+            "name": name,
+            "docs": intake.docs,
+            "tokens": intake.tokens,
+            "docs_per_s": round(rate.get(("docs", name), 0.0), 1),
+            "tokens_per_s": round(rate.get(("tokens", name), 0.0)),
+            "ring_fill": round(sum(r.used() for r in rings) / sum(r.capacity for r in rings), 3),
+            "workers": len(workers),
+            "worker_cpu_percent": round(100 * cpu, 1),
+            "cpu_us_per_ktoken": None if cost is None else round(cost * 1e9, 1),  # measured (autoscale only)
+            "restarts": self._pool.restarts_of_source(index),
+            "epoch": intake.group // per_epoch,
+            "cursor": list(intake.cursor),
+            # reads from a store (0 for local files): retried requests, bytes fetched, bytes its
+            # lanes' block caches hold now (each lane at most --read-ahead)
+            "store_retries": retries,
+            "store_fetched_mb": round(fetched / 2**20, 1),
+            "read_ahead_mb": round(held / 2**20, 1),
+        }
 
     def _memory(self) -> dict[str, float]:
         """Resident memory of the coordinator and its workers (RSS: cheap to read; the workers'
@@ -133,9 +159,12 @@ class Figures:
             except psutil.Error:  # it just exited
                 pass
         rings = sum(ring.span for ring in self._pool.rings.values())
-        return {"coordinator": round(psutil.Process().memory_info().rss / 2**20, 1),
-                **{f"coordinator_{key}": round(value / 2**20, 1) for key, value in _own_memory().items()},
-                "workers": round(workers / 2**20, 1), "rings": round(rings / 2**20, 1)}
+        return {
+            "coordinator": round(psutil.Process().memory_info().rss / 2**20, 1),
+            **{f"coordinator_{key}": round(value / 2**20, 1) for key, value in _own_memory().items()},
+            "workers": round(workers / 2**20, 1),
+            "rings": round(rings / 2**20, 1),
+        }
 
     def _cpu_seconds(self, pid: int) -> float:
         try:

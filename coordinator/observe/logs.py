@@ -1,4 +1,5 @@
 """Logging for the coordinator process: one prefixed line per event on stderr."""
+
 from __future__ import annotations
 
 import logging

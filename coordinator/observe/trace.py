@@ -14,6 +14,7 @@ Traceable: from the oldest snapshot kept (and step 0 while the job's first snaps
 1, is kept) to the last step every rank consumed. The workers run as in a job (a small pool:
 the data do not depend on it); they are stopped and their rings unlinked whatever happens.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -26,18 +27,17 @@ from typing import Any
 
 import orjson
 
-from omniload.errors import ConfigError, OmniloadError
-from omniload.layout import Layout
-from omniload.order import split_sample_id
-from omniload.spec import Spec
-from omniload.formats.shards import part_name
-
-from omniload.coordinator.pool.catalog import SourceCatalog, build_catalog, fingerprint, job_identity
 from omniload.coordinator.ha.checkpoint import explain_mismatch, last_position, log_after, read_snapshot, snapshot_steps
+from omniload.coordinator.plan.stepper import Cancelled, Step, Stepper
+from omniload.coordinator.pool.catalog import SourceCatalog, build_catalog, fingerprint, job_identity
 from omniload.coordinator.pool.intake import SourceIntake
 from omniload.coordinator.pool.lane_split import assign_lanes
 from omniload.coordinator.pool.worker_pool import WorkerPool, describe_exit, stop_helpers
-from omniload.coordinator.plan.stepper import Cancelled, Step, Stepper
+from omniload.errors import ConfigError, OmniloadError
+from omniload.formats.shards import part_name
+from omniload.layout import Layout
+from omniload.order import split_sample_id
+from omniload.spec import Spec
 
 _WATCH_S = 0.1  # how often the trace looks for a dead worker
 
@@ -76,8 +76,9 @@ class StepTrace:
     notes: list[str]
 
 
-def trace_step(folder: str | os.PathLike, step: int, rank: int | None = None, dp_rank: int | None = None,
-               workers: int = 2) -> StepTrace:
+def trace_step(
+    folder: str | os.PathLike, step: int, rank: int | None = None, dp_rank: int | None = None, workers: int = 2
+) -> StepTrace:
     """Trace `step` (0-based, as loader.step) on every data-parallel rank, or on the one of
     global `rank` or of `dp_rank`. Raises ConfigError naming what stops it (range, changed files)."""
     folder = Path(folder)
@@ -90,16 +91,21 @@ def trace_step(folder: str | os.PathLike, step: int, rank: int | None = None, dp
     finally:
         stop_helpers()  # the indexing child's forkserver: the replay's pool starts its own
     _check_same_data(folder, state, job, job_identity(spec, catalog))
-    live = [change for change in state["live"] + log_after(folder, base if base is not None else 0)[1]
-            if change[0] <= step]
-    planned, after = _plan(spec, catalog, dp, None if base is None else state, live,
-                           step - (base or 0), workers)
+    live = [
+        change for change in state["live"] + log_after(folder, base if base is not None else 0)[1] if change[0] <= step
+    ]
+    planned, after = _plan(spec, catalog, dp, None if base is None else state, live, step - (base or 0), workers)
     _confirm(folder, step + 1, after, base is None)
     shards = _Shards(catalog)
     ranks = [_rank_trace(d, planned.batches[d], shards, layout, spec) for d in wanted]
-    return StepTrace(step=step, snapshot=base, replayed=step - (base or 0),
-                     layout={"world": layout.world, "dp": dp, "tp": spec.tp, "cp": spec.cp, "pp": spec.pp,
-                             "order": spec.rank_order}, ranks=ranks, notes=notes)
+    return StepTrace(
+        step=step,
+        snapshot=base,
+        replayed=step - (base or 0),
+        layout={"world": layout.world, "dp": dp, "tp": spec.tp, "cp": spec.cp, "pp": spec.pp, "order": spec.rank_order},
+        ranks=ranks,
+        notes=notes,
+    )
 
 
 def trace_to_dict(trace: StepTrace) -> dict[str, Any]:
@@ -125,11 +131,14 @@ def _snapshot_for(folder: Path, step: int) -> tuple[int | None, tuple[dict, int,
         if step == 0 and kept[0] == 1 and (loaded := read_snapshot(folder, 1)) is not None:
             return None, loaded
     first = 0 if kept[0] == 1 else kept[0]
-    where = (f"every rank has consumed steps up to {consumed - 1} by the folder's log (it lags the ranks by at "
-             "most one write)" if step >= consumed else
-             f"the snapshots kept are of steps {', '.join(map(str, kept))}; the job keeps the newest "
-             "--keep-snapshots and removes older ones with their logs: run it with a larger --keep-snapshots "
-             "to trace further back (the folder spans about keep-snapshots x snapshot-every steps)")
+    where = (
+        f"every rank has consumed steps up to {consumed - 1} by the folder's log (it lags the ranks by at "
+        "most one write)"
+        if step >= consumed
+        else f"the snapshots kept are of steps {', '.join(map(str, kept))}; the job keeps the newest "
+        "--keep-snapshots and removes older ones with their logs: run it with a larger --keep-snapshots "
+        "to trace further back (the folder spans about keep-snapshots x snapshot-every steps)"
+    )
     span = f"steps {first} to {consumed - 1} can be traced" if consumed > first else "no step can be traced yet"
     raise ConfigError(f"step {step} cannot be traced from {folder}: {span}; {where}")
 
@@ -143,23 +152,31 @@ def _saved_spec(job: dict[str, Any], folder: Path, workers: int) -> Spec:
 def _check_same_data(folder: Path, state: dict, job: dict, identity: dict) -> None:
     now = fingerprint(identity)
     if now != state["fingerprint"]:
-        raise ConfigError(f"the files differ from those the job in {folder} read, so its steps cannot be "
-                          f"recomputed:\n{explain_mismatch(job, identity)}\n checkpoint fingerprint: "
-                          f"{state['fingerprint']}\n files now: {now}\nrestore the job's files to trace its steps")
+        raise ConfigError(
+            f"the files differ from those the job in {folder} read, so its steps cannot be "
+            f"recomputed:\n{explain_mismatch(job, identity)}\n checkpoint fingerprint: "
+            f"{state['fingerprint']}\n files now: {now}\nrestore the job's files to trace its steps"
+        )
 
 
 def _wanted_ranks(layout: Layout, spec: Spec, rank: int | None, dp_rank: int | None) -> tuple[list[int], list[str]]:
     notes = []
     if spec.cp > 1:
-        notes.append(f"cp {spec.cp}: each rank of a replica receives its slice of every row; sample_id and "
-                     "cu_seqlens, and this trace, describe the full rows")
+        notes.append(
+            f"cp {spec.cp}: each rank of a replica receives its slice of every row; sample_id and "
+            "cu_seqlens, and this trace, describe the full rows"
+        )
     if rank is not None:
         coords = layout.coords(rank)  # raises for a rank outside the world
-        notes.append(f"rank {rank} is dp rank {coords['dp']} (tp {coords['tp']}, cp {coords['cp']}, pp "
-                     f"{coords['pp']}) in a world of {layout.world}")
+        notes.append(
+            f"rank {rank} is dp rank {coords['dp']} (tp {coords['tp']}, cp {coords['cp']}, pp "
+            f"{coords['pp']}) in a world of {layout.world}"
+        )
         if not layout.needs_data(rank, spec.pp_data):
-            notes.append(f"rank {rank} receives no batch itself (pipeline stage {coords['pp']}, pp-data "
-                         f"{spec.pp_data}); its replica's batch follows")
+            notes.append(
+                f"rank {rank} receives no batch itself (pipeline stage {coords['pp']}, pp-data "
+                f"{spec.pp_data}); its replica's batch follows"
+            )
         return [coords["dp"]], notes
     if dp_rank is not None:
         if not 0 <= dp_rank < layout.dp:
@@ -169,15 +186,15 @@ def _wanted_ranks(layout: Layout, spec: Spec, rank: int | None, dp_rank: int | N
 
 
 # -- planning, offline -------------------------------------------------------------------------
-def _plan(spec: Spec, catalog: list[SourceCatalog], dp: int, state: dict | None, live: list, replay: int,
-          workers: int) -> tuple[Step, dict]:
+def _plan(
+    spec: Spec, catalog: list[SourceCatalog], dp: int, state: dict | None, live: list, replay: int, workers: int
+) -> tuple[Step, dict]:
     """The step `replay` steps after `state` (None: the job's start), and the position after it."""
     plan = assign_lanes(spec.weights(), max(1, min(workers, len(catalog))))
     pool = WorkerPool(spec, catalog, plan, os.urandom(4).hex(), os.getpid())
     watch = None
     try:
-        intakes = [SourceIntake(src, pool.source_rings(src.index), spec.seed, spec.shard_interleave)
-                   for src in catalog]
+        intakes = [SourceIntake(src, pool.source_rings(src.index), spec.seed, spec.shard_interleave) for src in catalog]
         stepper = Stepper(spec, intakes, live_changes=[(at, weights) for at, weights in live])
         if state is not None:
             stepper.restore({**state, "live": live})
@@ -201,8 +218,10 @@ def _plan(spec: Spec, catalog: list[SourceCatalog], dp: int, state: dict | None,
 def _next_step(stepper: Stepper, build: bool) -> Step:
     planned = stepper.next_step(build=build)
     if planned is None:
-        raise OmniloadError(f"the data ended at step {stepper.step} in the replay, before the folder's last step: "
-                            "the folder and the data disagree (a bug in omniload: please report it)")
+        raise OmniloadError(
+            f"the data ended at step {stepper.step} in the replay, before the folder's last step: "
+            "the folder and the data disagree (a bug in omniload: please report it)"
+        )
     return planned
 
 
@@ -213,8 +232,7 @@ class _Watch:
     def __init__(self, pool: WorkerPool, cancel: threading.Event) -> None:
         self.failure = ""
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(pool, cancel), name="omniload-trace-watch",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(pool, cancel), name="omniload-trace-watch", daemon=True)
         self._thread.start()
 
     def _run(self, pool: WorkerPool, cancel: threading.Event) -> None:
@@ -242,9 +260,11 @@ def _confirm(folder: Path, step: int, position: dict, required: bool) -> None:
     keys = ("step", "cursors", "windows", "passes", "weights", "tokens", "dropped", "carry")
     ours = orjson.loads(orjson.dumps({k: position[k] for k in keys}))
     if ours != {k: loaded[0][k] for k in keys}:
-        raise ConfigError(f"replaying to step {step - 1} does not reproduce the snapshot of step {step} in {folder}: "
-                          "that step was planned otherwise (a job that resumed there with another number of ranks, "
-                          "or from a position its ranks brought), so it cannot be traced from this folder")
+        raise ConfigError(
+            f"replaying to step {step - 1} does not reproduce the snapshot of step {step} in {folder}: "
+            "that step was planned otherwise (a job that resumed there with another number of ranks, "
+            "or from a position its ranks brought), so it cannot be traced from this folder"
+        )
 
 
 # -- from sample_id to file and row ------------------------------------------------------------
@@ -266,11 +286,22 @@ class _Shards:
         src = self._catalog[source]
         shard = src.shards[bisect.bisect_right(self._firsts[source], ordinal) - 1]
         if not shard.first_ordinal <= ordinal < shard.first_ordinal + shard.rows:
-            raise OmniloadError(f"sample_id {sid}: row {ordinal} of source '{src.name}' is in no shard "
-                                "(a bug in omniload: please report it)")
-        return Traced(sample_id=sid, source=src.name, file=shard.file, format=shard.format, part=shard.start,
-                      row=ordinal - self._file_first[source][shard.file], chunk=chunk, tokens=tokens,
-                      batch_row=batch_row, offset=offset)
+            raise OmniloadError(
+                f"sample_id {sid}: row {ordinal} of source '{src.name}' is in no shard "
+                "(a bug in omniload: please report it)"
+            )
+        return Traced(
+            sample_id=sid,
+            source=src.name,
+            file=shard.file,
+            format=shard.format,
+            part=shard.start,
+            row=ordinal - self._file_first[source][shard.file],
+            chunk=chunk,
+            tokens=tokens,
+            batch_row=batch_row,
+            offset=offset,
+        )
 
 
 def _rank_trace(dp_rank: int, batch: dict, shards: _Shards, layout: Layout, spec: Spec) -> RankTrace:
@@ -282,13 +313,16 @@ def _rank_trace(dp_rank: int, batch: dict, shards: _Shards, layout: Layout, spec
             padding += length
             continue
         segments.append(shards.locate(sid, length, *divmod(cu[k], spec.seq_len)))
-    return RankTrace(dp_rank=dp_rank, ranks=_replica(layout, dp_rank, spec.pp_data), segments=segments,
-                     padding=padding)
+    return RankTrace(dp_rank=dp_rank, ranks=_replica(layout, dp_rank, spec.pp_data), segments=segments, padding=padding)
 
 
 def _replica(layout: Layout, dp_rank: int, pp_data: str) -> list[int]:
-    ranks = [layout.rank_of({"dp": dp_rank, "tp": t, "cp": c, "pp": p})
-             for p in range(layout.pp) for c in range(layout.cp) for t in range(layout.tp)]
+    ranks = [
+        layout.rank_of({"dp": dp_rank, "tp": t, "cp": c, "pp": p})
+        for p in range(layout.pp)
+        for c in range(layout.cp)
+        for t in range(layout.tp)
+    ]
     return sorted(r for r in ranks if layout.needs_data(r, pp_data))
 
 
@@ -298,16 +332,33 @@ _COLUMNS = ("batch row", "at", "tokens", "sample_id", "source", "file", "part", 
 
 def format_trace(trace: StepTrace) -> str:
     """A readable table per data-parallel rank."""
-    origin = (f"snapshot {trace.snapshot}, {trace.replayed} steps replayed" if trace.snapshot is not None
-              else "the job's start")
+    origin = (
+        f"snapshot {trace.snapshot}, {trace.replayed} steps replayed"
+        if trace.snapshot is not None
+        else "the job's start"
+    )
     lines = [f"step {trace.step} (from {origin}; dp {trace.layout['dp']}, world {trace.layout['world']})"]
     lines += [f"note: {note}" for note in trace.notes]
     for rank in trace.ranks:
         tokens = sum(s.tokens for s in rank.segments)
-        lines.append(f"\ndp rank {rank.dp_rank} (ranks {_ranges(rank.ranks)}): {len(rank.segments)} segments, "
-                     f"{tokens} tokens, {rank.padding} padding")
-        rows = [[str(s.batch_row), str(s.offset), str(s.tokens), str(s.sample_id), s.source, s.file, part_name(s.format, s.part),
-                 str(s.row), str(s.chunk)] for s in rank.segments]
+        lines.append(
+            f"\ndp rank {rank.dp_rank} (ranks {_ranges(rank.ranks)}): {len(rank.segments)} segments, "
+            f"{tokens} tokens, {rank.padding} padding"
+        )
+        rows = [
+            [
+                str(s.batch_row),
+                str(s.offset),
+                str(s.tokens),
+                str(s.sample_id),
+                s.source,
+                s.file,
+                part_name(s.format, s.part),
+                str(s.row),
+                str(s.chunk),
+            ]
+            for s in rank.segments
+        ]
         widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(_COLUMNS)]
         for cells in [list(_COLUMNS), *rows]:
             lines.append("  " + "  ".join(cell.ljust(width) for cell, width in zip(cells, widths)).rstrip())

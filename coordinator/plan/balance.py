@@ -14,6 +14,7 @@ Every rank has `rows` rows of `seq_len` tokens, and a segment must fit inside on
 
 The lower bound on the most expensive rank is max(mean rank cost, largest single segment).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -41,12 +42,25 @@ class Assignment:
         mean = float(self.cost.mean()) if len(self.cost) else 0.0
         bound = max(mean, float(placed.max()) if len(placed) else 0.0)
         worst = float(self.cost.max()) if len(self.cost) else 0.0
-        return {"max_cost": worst, "mean_cost": mean, "lower_bound": bound,
-                "imbalance": worst / mean if mean else 1.0, "to_bound": worst / bound if bound else 1.0}
+        return {
+            "max_cost": worst,
+            "mean_cost": mean,
+            "lower_bound": bound,
+            "imbalance": worst / mean if mean else 1.0,
+            "to_bound": worst / bound if bound else 1.0,
+        }
 
 
-def assign(lengths: Ints, costs: Floats, carried: int, dp: int, rows: int, seq_len: int,
-           groups: Sequence[Ints] = (), may_wait: Mask | None = None) -> Assignment:
+def assign(
+    lengths: Ints,
+    costs: Floats,
+    carried: int,
+    dp: int,
+    rows: int,
+    seq_len: int,
+    groups: Sequence[Ints] = (),
+    may_wait: Mask | None = None,
+) -> Assignment:
     """Place segments; the first `carried` of them were carried over and go first.
 
     `groups`: segments that must share one rank, each in a whole row of its own, in order
@@ -64,14 +78,24 @@ def assign(lengths: Ints, costs: Floats, carried: int, dp: int, rows: int, seq_l
         _place_group(group, costs, rank_of, row_of, free, rank_cost, seq_len)
     order = np.concatenate([_by_cost(costs[:carried]), carried + _by_cost(costs[carried:])])
     order = order[~pinned[order]]
-    _greedy(order, lengths, costs, rank_of, row_of, free, rank_cost,
-            1.1 * max(costs.sum() / dp, costs.max(initial=0.0)), may_wait)
+    _greedy(
+        order,
+        lengths,
+        costs,
+        rank_of,
+        row_of,
+        free,
+        rank_cost,
+        1.1 * max(costs.sum() / dp, costs.max(initial=0.0)),
+        may_wait,
+    )
     _refine(lengths, costs, rank_of, row_of, free, rank_cost, pinned)
     return Assignment(rank_of, row_of, rank_cost)
 
 
-def _place_group(group: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints, rank_cost: Floats,
-                 seq_len: int) -> None:
+def _place_group(
+    group: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints, rank_cost: Floats, seq_len: int
+) -> None:
     """All of `group` into whole free rows of the cheapest rank that has enough; else carried."""
     whole = (free == seq_len).sum(axis=1)
     candidates = np.flatnonzero(whole >= len(group))
@@ -85,8 +109,17 @@ def _place_group(group: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: 
     rank_cost[r] += costs[group].sum()
 
 
-def _greedy(order: Ints, lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints, rank_cost: Floats,
-            limit: float, may_wait: Mask | None) -> None:
+def _greedy(
+    order: Ints,
+    lengths: Ints,
+    costs: Floats,
+    rank_of: Ints,
+    row_of: Ints,
+    free: Ints,
+    rank_cost: Floats,
+    limit: float,
+    may_wait: Mask | None,
+) -> None:
     """LPT in rounds: the next `dp` segments by cost go to the ranks by cost, most expensive
     segment to the cheapest rank, each into its best-fitting row; vectorized per round.
     Segments that do not fit their rank try again, a few times, with the cheapest ranks that
@@ -110,8 +143,17 @@ def _greedy(order: Ints, lengths: Ints, costs: Floats, rank_of: Ints, row_of: In
             _place_anywhere(items, lengths, costs, rank_of, row_of, free, rank_cost)
 
 
-def _fill_rows(order: Ints, lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints,
-               rank_cost: Floats, limit: float, may_wait: Mask | None) -> None:
+def _fill_rows(
+    order: Ints,
+    lengths: Ints,
+    costs: Floats,
+    rank_of: Ints,
+    row_of: Ints,
+    free: Ints,
+    rank_cost: Floats,
+    limit: float,
+    may_wait: Mask | None,
+) -> None:
     """_greedy's result for one rank (each segment into its best-fitting row, in order), in
     plain Python: rounds of one segment would cost a dozen numpy calls each, which made this
     a third of a dp=1 coordinator's CPU."""
@@ -133,8 +175,9 @@ def _fill_rows(order: Ints, lengths: Ints, costs: Floats, rank_of: Ints, row_of:
     rank_cost[0] = cost
 
 
-def _place_round(items: Ints, ranks: Ints, lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints,
-                 rank_cost: Floats) -> Ints:
+def _place_round(
+    items: Ints, ranks: Ints, lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints, rank_cost: Floats
+) -> Ints:
     """Item k into rank k's best-fitting row where it fits; returns the items that did not."""
     ranks = ranks[: len(items)]
     items_here = items[: len(ranks)]
@@ -147,11 +190,12 @@ def _place_round(items: Ints, ranks: Ints, lengths: Ints, costs: Floats, rank_of
     free[at_ranks, at_rows] -= need[ok]
     rank_cost[at_ranks] += costs[placed]
     rank_of[placed], row_of[placed] = at_ranks, at_rows
-    return np.concatenate([items_here[~ok], items[len(ranks):]])
+    return np.concatenate([items_here[~ok], items[len(ranks) :]])
 
 
-def _place_anywhere(items: Ints, lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints,
-                    rank_cost: Floats) -> None:
+def _place_anywhere(
+    items: Ints, lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints, rank_cost: Floats
+) -> None:
     """Each of `items` to the cheapest rank with room for it; what fits nowhere is carried."""
     room = free.max(axis=1)
     largest = int(room.max())
@@ -180,8 +224,9 @@ def _best_row(free_rows: Ints, length: int) -> int:
     return int(fits[np.argmin(free_rows[fits])])
 
 
-def _refine(lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints, rank_cost: Floats,
-            pinned: Mask) -> None:
+def _refine(
+    lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints, rank_cost: Floats, pinned: Mask
+) -> None:
     if len(rank_cost) < 2:
         return
     movable = np.flatnonzero((rank_of >= 0) & ~pinned)
@@ -195,8 +240,18 @@ def _refine(lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Int
             return
 
 
-def _improve(hi: int, lo: int, gap: float, lengths: Ints, costs: Floats, rank_of: Ints, row_of: Ints, free: Ints,
-             rank_cost: Floats, members: dict[int, list[int]]) -> bool:
+def _improve(
+    hi: int,
+    lo: int,
+    gap: float,
+    lengths: Ints,
+    costs: Floats,
+    rank_of: Ints,
+    row_of: Ints,
+    free: Ints,
+    rank_cost: Floats,
+    members: dict[int, list[int]],
+) -> bool:
     """The move or swap between ranks hi and lo that best halves their gap; False if none helps."""
     best: tuple[float, int, int | None, int] | None = None  # (distance from gap/2, x, y or None, row in lo)
     lo_rows = free[lo]

@@ -8,6 +8,7 @@ the vision encoder: by default d = 256*b, what 256 tokens cost the linear layers
 224 px runs 256 patches through layers about as wide). `tokens`: len. A user `module:function`
 receives a SampleMeta (its `extra` holds `images`) and returns a float (measured costs).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -47,7 +48,11 @@ def cost_function(balance: str, coeffs: tuple[float, ...], sources: list[str]) -
         raise ConfigError(f"balance {balance!r}: cannot load it: {exc}") from None
 
     def user_cost(lengths: np.ndarray, source_idx: np.ndarray, images: np.ndarray) -> np.ndarray:
-        return np.array([float(fn(SampleMeta(int(n), sources[s], {"images": int(k)})))
-                         for n, s, k in zip(lengths, source_idx, images)])
+        return np.array(
+            [
+                float(fn(SampleMeta(int(n), sources[s], {"images": int(k)})))
+                for n, s, k in zip(lengths, source_idx, images)
+            ]
+        )
 
     return user_cost

@@ -7,6 +7,7 @@ last consumed one; `reposition` moves the job to the position the first rank bro
 workers restarted at the cursors there; `start` runs the planner once the first rank is
 admitted, and `allow` lets it plan further as the slowest rank moves.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,8 +45,9 @@ class Planning:
         """The stepper's position now, the job's fingerprint with it."""
         return self.stepper.export_state(self._fingerprint)
 
-    def plan_with(self, encode: Callable[[Step, dict[str, Any]], Any], on_step: StepHandler,
-                  on_end: Callable[[int], None]) -> Planner:
+    def plan_with(
+        self, encode: Callable[[Step, dict[str, Any]], Any], on_step: StepHandler, on_end: Callable[[int], None]
+    ) -> Planner:
         """The planner (on the loop): `encode` makes a step's frames, `on_step` and `on_end` get them."""
         self.planner = Planner(self.stepper, self._fingerprint, encode, on_step, on_end)
         return self.planner
@@ -70,11 +72,15 @@ class Planning:
         except Exception as exc:
             fail("the resume", exc)
             return False
-        log.warning("%s from %s at step %d, its last consistent step (snapshot of step %d, %d steps "
-                    "replayed in %.2fs)", doing,
-                    self._spec.resume or self._spec.checkpoint_dir, recovery.step,
-                    recovery.state["step"], recovery.replay,
-                    time.monotonic() - started)
+        log.warning(
+            "%s from %s at step %d, its last consistent step (snapshot of step %d, %d steps replayed in %.2fs)",
+            doing,
+            self._spec.resume or self._spec.checkpoint_dir,
+            recovery.step,
+            recovery.state["step"],
+            recovery.replay,
+            time.monotonic() - started,
+        )
         return True
 
     async def reposition(self, position: dict[str, Any], workforce: Workforce) -> None:

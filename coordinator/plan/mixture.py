@@ -8,6 +8,7 @@ segments' lengths alone.
 When weights change, passes carry on, and a source that just got a weight starts at the
 current lowest pass, so it gets its new share from then on, with no burst to catch up.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -33,4 +34,3 @@ def join(passes: list[float], before: Sequence[float], after: Sequence[float]) -
     for s, (old, new) in enumerate(zip(before, after)):
         if old <= 0 < new:
             passes[s] = max(passes[s], floor)
-

@@ -4,6 +4,7 @@ A document longer than a row is split into row-sized chunks, each its own segmen
 segments go is the planner's decision (step_plan.py, balance.py); this module turns one rank's
 rows of segments into the arrays of the batch schema.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -46,8 +47,9 @@ def chunk_bounds(length: int, seq_len: int) -> list[tuple[int, int]]:
     return [(start, min(start + seq_len, length)) for start in range(0, length, seq_len)]
 
 
-def compact_batch(rows: Sequence[Sequence[Segment]], seq_len: int,
-                  image_hw: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+def compact_batch(
+    rows: Sequence[Sequence[Segment]], seq_len: int, image_hw: tuple[int, int] | None = None
+) -> dict[str, np.ndarray]:
     """A rank's batch as it travels (omniload.batch_arrays): token ids, segment bounds and ids; with
     `image_hw` (a job with image sources) also its images, in the order of their placeholder
     tokens in input_ids read row by row, and the segment each belongs to."""
@@ -79,8 +81,12 @@ def compact_batch(rows: Sequence[Sequence[Segment]], seq_len: int,
             starts.append(0)
     cu_seqlens = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu_seqlens[1:])
-    wire: dict[str, np.ndarray] = {"input_ids": input_ids, "cu_seqlens": cu_seqlens, "source": np.asarray(sources, dtype=np.int32),
-            "sample_id": np.asarray(sample_ids, dtype=np.int64)}
+    wire: dict[str, np.ndarray] = {
+        "input_ids": input_ids,
+        "cu_seqlens": cu_seqlens,
+        "source": np.asarray(sources, dtype=np.int32),
+        "sample_id": np.asarray(sample_ids, dtype=np.int64),
+    }
     if any(starts):
         wire["position_start"] = np.asarray(starts, dtype=np.int32)
     if image_hw is not None:
@@ -89,7 +95,8 @@ def compact_batch(rows: Sequence[Sequence[Segment]], seq_len: int,
     return wire
 
 
-def build_batch(rows: Sequence[Sequence[Segment]], seq_len: int,
-                image_hw: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+def build_batch(
+    rows: Sequence[Sequence[Segment]], seq_len: int, image_hw: tuple[int, int] | None = None
+) -> dict[str, np.ndarray]:
     """The arrays a rank receives; see README 'Batch schema'."""
     return expand(compact_batch(rows, seq_len, image_hw))

@@ -5,6 +5,7 @@ With cp > 1 every row is cut into 2*cp equal chunks and cp rank i takes chunks i
 expensive one). input_ids, labels and position_ids are sliced the same way, so labels and
 positions stay those of the full row. cu_seqlens, source and sample_id describe the full rows.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -13,6 +13,7 @@ Lifecycle: CREATED -> PLANNING (start) -> ENDED (the data ended) | STOPPED (stop
 is applied between two steps, so the step it names is exactly the first one planned with
 the new weights.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,9 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from omniload.errors import OmniloadError
-
 from omniload.coordinator.plan.stepper import Compute, Requests, Step, Stepper
+from omniload.errors import OmniloadError
 
 _INLINE_MAX_S = 0.003  # computations of a kind that take longer than this (on average) go to a thread
 
@@ -65,8 +65,14 @@ async def drive(requests: Requests, offloader: Offloader) -> Any:
 
 
 class Planner:
-    def __init__(self, stepper: Stepper, fingerprint: str, encode: Callable[[Step, dict], Any],
-                 on_step: StepHandler, on_end: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        stepper: Stepper,
+        fingerprint: str,
+        encode: Callable[[Step, dict], Any],
+        on_step: StepHandler,
+        on_end: Callable[[int], None],
+    ) -> None:
         self._stepper, self._fingerprint, self._encode = stepper, fingerprint, encode
         self._on_step, self._on_end = on_step, on_end
         self._offloader = Offloader()
@@ -121,17 +127,20 @@ class Planner:
                 started = time.perf_counter()
                 step = await drive(stepper.step_requests(), self._offloader)
                 if step is None:
-                    self._finish(f"the data has ended after {stepper.step} steps: there is no later step to "
-                                 "apply new weights to")
+                    self._finish(
+                        f"the data has ended after {stepper.step} steps: there is no later step to apply new weights to"
+                    )
                     self._on_end(stepper.step)
                     return
                 position = stepper.export_state(self._fingerprint)
-                frames = await self._offloader.run("encode", lambda: self._encode(step, position))
+                # awaited within this iteration: the lambda never outlives its step and position
+                frames = await self._offloader.run("encode", lambda: self._encode(step, position))  # noqa: B023
                 self._count(step, time.perf_counter() - started)
                 self._on_step(step.number, frames, position, sum(step.tokens))
         except BaseException as exc:
-            self._finish("the job is stopping" if isinstance(exc, asyncio.CancelledError)
-                         else f"the planner failed: {exc}")
+            self._finish(
+                "the job is stopping" if isinstance(exc, asyncio.CancelledError) else f"the planner failed: {exc}"
+            )
             raise
 
     async def _next_boundary(self) -> bool:
@@ -151,17 +160,25 @@ class Planner:
         """What the planner has done: steps, time per step (waiting for records included), and
         the last step's balance, carry-over and weights."""
         mean = self._seconds / self._steps if self._steps else 0.0
-        return {"steps": self._steps, "ms_per_step": round(1000 * mean, 2),
-                "last_ms": round(1000 * self._last_step_s, 2), **self._last}
+        return {
+            "steps": self._steps,
+            "ms_per_step": round(1000 * mean, 2),
+            "last_ms": round(1000 * self._last_step_s, 2),
+            **self._last,
+        }
 
     def _count(self, step: Step, seconds: float) -> None:
         self._steps += 1
         self._seconds += seconds
         self._last_step_s = seconds
         plan = step.figures
-        self._last = {"imbalance": round(plan.get("imbalance", 1.0), 4), "max_cost": plan.get("max_cost", 0.0),
-                      "mean_cost": plan.get("mean_cost", 0.0), "carry": plan.get("carried", 0),
-                      "weights": [round(w, 4) for w in step.weights]}
+        self._last = {
+            "imbalance": round(plan.get("imbalance", 1.0), 4),
+            "max_cost": plan.get("max_cost", 0.0),
+            "mean_cost": plan.get("mean_cost", 0.0),
+            "carry": plan.get("carried", 0),
+            "weights": [round(w, 4) for w in step.weights],
+        }
 
     def _finish(self, why: str) -> None:
         self._over = self._over or why

@@ -8,6 +8,7 @@ moves forward, so finding it again costs at most one look per step over the whol
 `find_stall` says which rank the others wait for, when that is what is happening: the planner
 cannot go further and some other rank has consumed everything planned.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
@@ -65,15 +66,24 @@ class Stall:
         waiting = ", ".join(map(str, self.waiting[:8])) + (" ..." if len(self.waiting) > 8 else "")
         why = f"rank(s) {waiting} are {self.ahead} steps ahead of it and wait"
         if self.connection == "connected" and self.ahead >= plan_ahead:
-            why += (f": --plan-ahead {plan_ahead} lets no rank get further ahead of the slowest. A rank that draws "
-                    "batches the others do not (say, for evaluation) blocks the job: draw the same number of "
-                    "batches on every rank")
+            why += (
+                f": --plan-ahead {plan_ahead} lets no rank get further ahead of the slowest. A rank that draws "
+                "batches the others do not (say, for evaluation) blocks the job: draw the same number of "
+                "batches on every rank"
+            )
         limit = f"--rank-timeout {timeout_s:.0f}s" if timeout_s else "--rank-timeout is off"
         return f"{what}; {why} ({limit})"
 
 
-def find_stall(progress: Progress, planned: int, plan_ahead: int, heard: Mapping[int, float],
-               connection: Mapping[int, str], now: float, ended: bool = False) -> Stall | None:
+def find_stall(
+    progress: Progress,
+    planned: int,
+    plan_ahead: int,
+    heard: Mapping[int, float],
+    connection: Mapping[int, str],
+    now: float,
+    ended: bool = False,
+) -> Stall | None:
     """The rank the others wait for, or None when nobody waits on a rank (e.g. on a slow source).
 
     `heard[rank]` is when the rank last acknowledged, connected or disconnected;
@@ -86,5 +96,11 @@ def find_stall(progress: Progress, planned: int, plan_ahead: int, heard: Mapping
     if not waiting or planned == progress.slowest:
         return None
     rank = min(laggards, key=lambda r: (heard.get(r, now), r))
-    return Stall(rank, progress.slowest, now - heard.get(rank, now), connection[rank],
-                 tuple(sorted(waiting)), planned - progress.slowest)
+    return Stall(
+        rank,
+        progress.slowest,
+        now - heard.get(rank, now),
+        connection[rank],
+        tuple(sorted(waiting)),
+        planned - progress.slowest,
+    )

@@ -6,6 +6,7 @@ straight line from where the previous phase ended (the sources' own weights befo
 first phase) to this phase's weights. After the last phase its weights stay. A live change
 (`omniload mix`) recorded at step s sets the weights from step s on and replaces the schedule.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -13,8 +14,14 @@ from collections.abc import Sequence
 from omniload.spec import Phase
 
 
-def weights_at(phases: Sequence[Phase], base: Sequence[float], names: Sequence[str], step: int, tokens: int,
-               live: Sequence[tuple[int, dict[str, float]]] = ()) -> list[float]:
+def weights_at(
+    phases: Sequence[Phase],
+    base: Sequence[float],
+    names: Sequence[str],
+    step: int,
+    tokens: int,
+    live: Sequence[tuple[int, dict[str, float]]] = (),
+) -> list[float]:
     """Normalized weights for `step`, having drawn `tokens` tokens before it."""
     changes = [weights for at, weights in live if at <= step]
     if changes:

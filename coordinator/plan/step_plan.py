@@ -6,6 +6,7 @@ step's figures: each rank's cost, max/mean, and the lower bound. A document may 
 `doc_cap` tokens of a rank (or one segment, if that is longer): a further chunk of it placed
 on the same rank waits for the next step instead, unless it has waited --balance-window steps.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,16 @@ class StepPlan:
     figures: dict[str, Any]
 
 
-def plan_step(carry: Sequence[Segment], fresh: Sequence[Segment], dp: int, rows: int, seq_len: int,
-              cost_fn: CostFn, window: int = 0, doc_cap: int = 0) -> StepPlan:
+def plan_step(
+    carry: Sequence[Segment],
+    fresh: Sequence[Segment],
+    dp: int,
+    rows: int,
+    seq_len: int,
+    cost_fn: CostFn,
+    window: int = 0,
+    doc_cap: int = 0,
+) -> StepPlan:
     segments = [*carry, *fresh]
     lengths = np.array([s.length for s in segments], dtype=np.int64)
     sources = np.array([s.source for s in segments], dtype=np.int64)
@@ -39,8 +48,7 @@ def plan_step(carry: Sequence[Segment], fresh: Sequence[Segment], dp: int, rows:
         if segment.group >= 0:
             groups.setdefault(segment.group, []).append(i)
     may_wait = np.fromiter((s.delay < window for s in segments), bool, len(segments)) if window else None
-    placed = assign(lengths, costs, len(carry), dp, rows, seq_len,
-                    [np.array(g) for g in groups.values()], may_wait)
+    placed = assign(lengths, costs, len(carry), dp, rows, seq_len, [np.array(g) for g in groups.values()], may_wait)
     bins: list[list[list[Segment]]] = [[[] for _ in range(rows)] for _ in range(dp)]
     left = []
     held: dict[tuple[int, DocKey], int] = {}  # (rank, document) -> its tokens on that rank
@@ -57,6 +65,10 @@ def plan_step(carry: Sequence[Segment], fresh: Sequence[Segment], dp: int, rows:
             bins[rank][row].append(segment)
         else:
             left.append(dataclasses.replace(segment, delay=segment.delay + 1))
-    figures = {**placed.figures(costs), "rank_cost": placed.cost.tolist(), "carried": len(left),
-               "max_delay": max((s.delay for s in segments), default=0)}
+    figures = {
+        **placed.figures(costs),
+        "rank_cost": placed.cost.tolist(),
+        "carried": len(left),
+        "max_delay": max((s.delay for s in segments), default=0),
+    }
     return StepPlan(bins, left, figures)

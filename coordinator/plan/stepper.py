@@ -11,6 +11,7 @@ result. `next_step` drives it on the calling thread, sleeping and computing in p
 trace, tests); the coordinator drives it on its event loop (coordinator/plan/plan_loop.py), where
 it awaits instead of sleeping and moves a costly `Compute` to a thread.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,17 +24,16 @@ from typing import Any, NamedTuple
 
 from numpy.typing import NDArray
 
+from omniload.coordinator.plan.cost import cost_function
+from omniload.coordinator.plan.mixture import advance, join, next_source
+from omniload.coordinator.plan.packer import DocKey, Segment, compact_batch, doc_key
+from omniload.coordinator.plan.schedule import in_force, weights_at
+from omniload.coordinator.plan.step_plan import StepPlan, plan_step
+from omniload.coordinator.plan.window import Block, Unit, block_tokens_for, make_block, restore_block, units_of
+from omniload.coordinator.pool.intake import Doc, SourceIntake
 from omniload.errors import SourceFailed
 from omniload.spec import Spec
 from omniload.state import STATE_VERSION
-
-from omniload.coordinator.plan.cost import cost_function
-from omniload.coordinator.pool.intake import Doc, SourceIntake
-from omniload.coordinator.plan.mixture import advance, join, next_source
-from omniload.coordinator.plan.packer import DocKey, Segment, compact_batch, doc_key
-from omniload.coordinator.plan.step_plan import StepPlan, plan_step
-from omniload.coordinator.plan.schedule import in_force, weights_at
-from omniload.coordinator.plan.window import Block, Unit, block_tokens_for, make_block, restore_block, units_of
 
 _POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
 _BREATHE_S = 0.002  # the longest a step computes between two chances for others to run
@@ -110,8 +110,9 @@ class _Restoring:
 
 
 class Stepper:
-    def __init__(self, spec: Spec, intakes: list[SourceIntake],
-                 live_changes: list[tuple[int, dict[str, float]]] | None = None) -> None:
+    def __init__(
+        self, spec: Spec, intakes: list[SourceIntake], live_changes: list[tuple[int, dict[str, float]]] | None = None
+    ) -> None:
         self._spec = spec
         self._intakes = intakes
         self.dp = 0  # data-parallel size: known once the first rank connects
@@ -145,11 +146,17 @@ class Stepper:
     def export_state(self, fingerprint: str) -> dict[str, Any]:
         """The position after the last step planned (see omniload.state for the keys)."""
         return {
-            "version": STATE_VERSION, "fingerprint": fingerprint, "step": self.step,
+            "version": STATE_VERSION,
+            "fingerprint": fingerprint,
+            "step": self.step,
             "cursors": {i.catalog.name: list(self._next[i.catalog.index]) for i in self._intakes},
-            "windows": {i.catalog.name: w.position() if w is not None and not w.exhausted else None
-                        for i, w in zip(self._intakes, self.windows)},
-            "passes": list(self.passes), "weights": list(self.weights), "tokens": self.tokens_drawn,
+            "windows": {
+                i.catalog.name: w.position() if w is not None and not w.exhausted else None
+                for i, w in zip(self._intakes, self.windows)
+            },
+            "passes": list(self.passes),
+            "weights": list(self.weights),
+            "tokens": self.tokens_drawn,
             "dropped": self.dropped,
             "carry": [list(CarriedSegment.of(s)) for s in self.carry],
             "live": [[at, weights] for at, weights in in_force(self.live_changes, self.step)],
@@ -212,8 +219,9 @@ class Stepper:
 
     def upcoming_weights(self) -> list[float]:
         """The weights the next step will draw with (schedule, then live changes)."""
-        return weights_at(self._spec.mixture, self._base_weights, self._names, self.step, self.tokens_drawn,
-                          self.live_changes)
+        return weights_at(
+            self._spec.mixture, self._base_weights, self._names, self.step, self.tokens_drawn, self.live_changes
+        )
 
     def change_weights(self, weights: dict[str, float]) -> int:
         """Set the weights of the named sources from the next step on (the others keep theirs);
@@ -270,9 +278,10 @@ class Stepper:
             return None
         carry, dp, image_hw = list(self.carry), self.dp, self._image_hw
 
-        def balance_and_build() -> tuple[StepPlan, list[dict[str, NDArray[Any]]]]:  # pure: the costly part of a step at a large dp
-            plan = plan_step(carry, fresh, dp, spec.rows, spec.seq_len, self._cost, spec.balance_window,
-                             self._rank_cap)
+        def balance_and_build() -> tuple[
+            StepPlan, list[dict[str, NDArray[Any]]]
+        ]:  # pure: the costly part of a step at a large dp
+            plan = plan_step(carry, fresh, dp, spec.rows, spec.seq_len, self._cost, spec.balance_window, self._rank_cap)
             return plan, [compact_batch(rows, spec.seq_len, image_hw) for rows in plan.rows] if build else []
 
         plan, batches = yield Compute(balance_and_build)
@@ -280,8 +289,13 @@ class Stepper:
         for segment in self.carry:  # not delivered: the next step counts it, and draws around it
             if weights[segment.source] > 0:
                 advance(self.passes, segment.source, -segment.length, weights)
-        step = Step(self.step, batches, [sum(s.length for row in rows for s in row) for rows in plan.rows],
-                    {**plan.figures, "dropped": self.dropped}, weights)
+        step = Step(
+            self.step,
+            batches,
+            [sum(s.length for row in rows for s in row) for rows in plan.rows],
+            {**plan.figures, "dropped": self.dropped},
+            weights,
+        )
         self.step += 1
         self.live_changes[:] = in_force(self.live_changes, self.step)  # what replay needs, no history
         return step
@@ -376,9 +390,12 @@ class Stepper:
                 return None
             waited = time.monotonic() - since
             if waited > self._spec.worker_timeout:
-                raise SourceFailed(intake.catalog.name, f"no sample arrived for {waited:.0f}s (worker timeout "
-                                   f"{self._spec.worker_timeout:.0f}s): is a transform stuck? "
-                                   "Raise --worker-timeout for very slow transforms")
+                raise SourceFailed(
+                    intake.catalog.name,
+                    f"no sample arrived for {waited:.0f}s (worker timeout "
+                    f"{self._spec.worker_timeout:.0f}s): is a transform stuck? "
+                    "Raise --worker-timeout for very slow transforms",
+                )
             yield delay
             delay = min(delay * 2, _POLL_MAX_S)
         self._next[intake.catalog.index] = doc.after

@@ -4,7 +4,8 @@ A source's documents, in their deterministic order, are cut into units (a unit i
 segment: a document or one row-sized chunk of a longer one; with long_docs=bucket, a run of
 chunks kept together). Units are gathered into blocks of at least the window size, a
 document's units always in one block, and long enough that a document's tokens come at no
-more than half the cap's rate (see block_tokens_for). Each block is drawn in an order seeded by (seed, source, block start): every document
+more than half the cap's rate (see block_tokens_for). Each block is drawn in an order seeded by (seed, source,
+block start): every document
 gets a random phase u and its c units a random order, the j-th of them the key (j + u) / c, so
 a document's units are evenly spaced over the whole block (one unit: a uniform key) and a long
 document reaches many steps a little at a time instead of filling consecutive ones. The
@@ -20,6 +21,7 @@ first document and its end is the intake's cursor, so a restore re-reads from st
 cursor and rebuilds the same block; units before `head` are drawn, and `taken` lists the
 units at or after `head` drawn out of turn (by the cap). A few ints, never tokens.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -28,10 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from omniload.order import MAX_CHUNKS, sample_id
-
-from omniload.coordinator.pool.intake import Doc
 from omniload.coordinator.plan.packer import DocKey, Segment, chunk_bounds, doc_key
+from omniload.coordinator.pool.intake import Doc
+from omniload.order import MAX_CHUNKS, sample_id
 
 Unit = tuple[Segment, ...]
 
@@ -126,34 +127,65 @@ def units_of(doc: Doc, seq_len: int, bucket_rows: int = 0, rows: int = 0) -> lis
     tokens, origin = compact(doc.tokens), doc.origin
     bounds = chunk_bounds(len(tokens), seq_len)
     if len(bounds) > MAX_CHUNKS:
-        raise ValueError(f"a document of {len(tokens)} tokens makes more than {MAX_CHUNKS} chunks of "
-                         f"--seq-len {seq_len}")
+        raise ValueError(
+            f"a document of {len(tokens)} tokens makes more than {MAX_CHUNKS} chunks of --seq-len {seq_len}"
+        )
     ids = [sample_id(doc.source, doc.ordinal, chunk) for chunk in range(len(bounds))]
     if doc.pixels is not None and doc.image_at is not None:  # the intake sets both or neither
         return [_with_images(doc, tokens, doc.image_at, doc.pixels, bounds, ids, seq_len, rows)]
     if not bucket_rows or len(bounds) < 2:
-        return [(Segment(doc.source, i, stop - start, tokens[start:stop], origin=origin),)
-                for i, (start, stop) in zip(ids, bounds)]
-    segments = [Segment(doc.source, i, stop - start, tokens[start:stop], origin=origin,
-                        position_start=(chunk % bucket_rows) * seq_len, group=ids[chunk - chunk % bucket_rows])
-                for chunk, (i, (start, stop)) in enumerate(zip(ids, bounds))]
+        return [
+            (Segment(doc.source, i, stop - start, tokens[start:stop], origin=origin),)
+            for i, (start, stop) in zip(ids, bounds)
+        ]
+    segments = [
+        Segment(
+            doc.source,
+            i,
+            stop - start,
+            tokens[start:stop],
+            origin=origin,
+            position_start=(chunk % bucket_rows) * seq_len,
+            group=ids[chunk - chunk % bucket_rows],
+        )
+        for chunk, (i, (start, stop)) in enumerate(zip(ids, bounds))
+    ]
     return [tuple(segments[first : first + bucket_rows]) for first in range(0, len(segments), bucket_rows)]
 
 
-def _with_images(doc: Doc, tokens: np.ndarray, image_at: np.ndarray, pixels: np.ndarray,
-                 bounds: list[tuple[int, int]], ids: list[int], seq_len: int, rows: int) -> Unit:
+def _with_images(
+    doc: Doc,
+    tokens: np.ndarray,
+    image_at: np.ndarray,
+    pixels: np.ndarray,
+    bounds: list[tuple[int, int]],
+    ids: list[int],
+    seq_len: int,
+    rows: int,
+) -> Unit:
     """A sample with images as one unit. Its images must reach the rank that has their
     placeholders, so a sample longer than a row is kept whole like long_docs=bucket: whole
     rows of one rank, positions running on."""
     if len(bounds) == 1:
         return (Segment(doc.source, ids[0], len(tokens), tokens, origin=doc.origin, images=pixels),)
     if rows and len(bounds) > rows:
-        raise ValueError(f"a sample with images of {len(tokens)} tokens needs {len(bounds)} rows of --seq-len "
-                         f"{seq_len} on one rank, more than --rows {rows}: raise --rows or --seq-len, or drop "
-                         "such samples with --long-docs drop")
+        raise ValueError(
+            f"a sample with images of {len(tokens)} tokens needs {len(bounds)} rows of --seq-len "
+            f"{seq_len} on one rank, more than --rows {rows}: raise --rows or --seq-len, or drop "
+            "such samples with --long-docs drop"
+        )
     # image_at is increasing: each chunk's images are a slice (a view, not a copy of the pixels)
     cuts = np.searchsorted(image_at, [start for start, _ in bounds] + [len(tokens)])
-    return tuple(Segment(doc.source, i, stop - start, tokens[start:stop], origin=doc.origin, position_start=start,
-                         group=ids[0], images=pixels[cuts[chunk]:cuts[chunk + 1]] if cuts[chunk] < cuts[chunk + 1]
-                         else None)
-                 for chunk, (i, (start, stop)) in enumerate(zip(ids, bounds)))
+    return tuple(
+        Segment(
+            doc.source,
+            i,
+            stop - start,
+            tokens[start:stop],
+            origin=doc.origin,
+            position_start=start,
+            group=ids[0],
+            images=pixels[cuts[chunk] : cuts[chunk + 1]] if cuts[chunk] < cuts[chunk + 1] else None,
+        )
+        for chunk, (i, (start, stop)) in enumerate(zip(ids, bounds))
+    )

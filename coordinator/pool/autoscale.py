@@ -14,6 +14,7 @@ settles instead of chasing noise. A source whose rings ran empty while the plann
 it (starved) counts its demand STARVED_BOOST times: it gets workers first, and keeps gaining
 them window after window while it stays starved.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -67,8 +68,10 @@ def initial_plan(weights: Sequence[float], workers: int, reserve: int, cpus: int
 def pack(lanes: Sequence[int], demand: Sequence[float], budget: int) -> Plan:
     """At most `budget` workers, every lane on exactly one, packed longest-processing-time first
     by each lane's share of its source's demand. Deterministic: ties go to the lower index."""
-    items = sorted(((demand[s] / lanes[s], s, j) for s in range(len(lanes)) for j in range(lanes[s])),
-                   key=lambda item: (-item[0], item[1], item[2]))
+    items = sorted(
+        ((demand[s] / lanes[s], s, j) for s in range(len(lanes)) for j in range(lanes[s])),
+        key=lambda item: (-item[0], item[1], item[2]),
+    )
     n = min(budget, len(items))
     workers: Plan = [[] for _ in range(n)]
     load = [0.0] * n
@@ -141,8 +144,9 @@ def keep_in_place(old: Plan, new: Plan) -> Plan:
 
 def changed_workers(old: Plan, new: Plan) -> list[int]:
     """Indexes whose lanes differ: the workers a move must stop and start."""
-    return [i for i in range(max(len(old), len(new)))
-            if i >= len(old) or i >= len(new) or sorted(old[i]) != sorted(new[i])]
+    return [
+        i for i in range(max(len(old), len(new))) if i >= len(old) or i >= len(new) or sorted(old[i]) != sorted(new[i])
+    ]
 
 
 def workers_per_source(plan: Plan, num_sources: int) -> list[int]:

@@ -7,9 +7,11 @@ folder and, with --cache-dir, in the cache: a restart, a standby or the next run
 sources reads it instead of listing and indexing again; workers still check each object's
 size and version when they read it, so a changed object stops the job instead of changing a batch.
 """
+
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import hashlib
 import logging
@@ -21,14 +23,14 @@ from typing import Any
 
 import orjson
 
+from omniload.coordinator.pool.forkserver import forkserver_context
 from omniload.errors import ConfigError
+from omniload.formats.lane_config import ImageConfig
+from omniload.formats.shards import BadFile, Shard, detect_format
 from omniload.order import MAX_ORDINAL
 from omniload.spec import IMAGE_FIELDS, RUNTIME_FIELDS, STORE_FIELDS, Source, Spec
 from omniload.storage.urls import StoreOptions, is_remote, redact
-from omniload.formats.lane_config import ImageConfig
 from omniload.workers.images import load_image_transform, require_pillow
-from omniload.coordinator.pool.forkserver import forkserver_context
-from omniload.formats.shards import BadFile, Shard, detect_format
 from omniload.workers.transforms import load_transform
 
 log = logging.getLogger("omniload")
@@ -70,9 +72,18 @@ def build_catalog(spec: Spec) -> list[SourceCatalog]:
         path, indexed = cached
         log.warning("read the sources' catalog from %s (remove it to list the store again)", path)
     else:
-        requests = [IndexRequest(source.name, tuple(files), tuple(p for p in source.path if is_remote(p)), source.format,
-                                 source.column, source.image, source.store_options())
-                    for source, files in zip(spec.sources, found)]
+        requests = [
+            IndexRequest(
+                source.name,
+                tuple(files),
+                tuple(p for p in source.path if is_remote(p)),
+                source.format,
+                source.column,
+                source.image,
+                source.store_options(),
+            )
+            for source, files in zip(spec.sources, found)
+        ]
         with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
             indexed = child.submit(index_files, requests, spec.on_bad_file == "stop").result()
         if remote:
@@ -100,23 +111,13 @@ def index_files(sources: list[IndexRequest], stop_at_bad: bool) -> list[list[tup
     from concurrent.futures import ThreadPoolExecutor
 
     from omniload.storage.files import Files
-    from omniload.workers.readers import index_file
 
     out = []
     for request in sources:
         files = sorted(set(request.files) | set(_listed(request)))
         access = Files(request.store)
         remote = [path for path, _ in files if is_remote(path)]
-
-        def index(item: tuple[str, str], rows: int = 0) -> list[Shard] | str:
-            path, fmt = item
-            try:
-                return index_file(path, fmt, request.column, rows, request.image, access)
-            except BadFile as exc:
-                return redact(str(exc))
-            except OSError as exc:  # the store failed past its retries: never a file to skip
-                raise ConfigError(f"source '{request.name}': {exc}") from None
-
+        index = functools.partial(_index_one, request, access)
         ahead: dict[str, list[Shard] | str] = {}
         if remote:  # objects are a few round trips each: index them at once, number their rows after
             with ThreadPoolExecutor(_INDEX_THREADS) as pool:
@@ -138,6 +139,20 @@ def index_files(sources: list[IndexRequest], stop_at_bad: bool) -> list[list[tup
     return out
 
 
+def _index_one(request: IndexRequest, access: Any, item: tuple[str, str], rows: int = 0) -> list[Shard] | str:
+    """One file's shards (ordinals from `rows`), or why it cannot be read; ConfigError when the
+    store failed past its retries (never a file to skip). In the indexing child."""
+    from omniload.workers.readers import index_file
+
+    path, fmt = item
+    try:
+        return index_file(path, fmt, request.column, rows, request.image, access)
+    except BadFile as exc:
+        return redact(str(exc))
+    except OSError as exc:
+        raise ConfigError(f"source '{request.name}': {exc}") from None
+
+
 def _listed(request: IndexRequest) -> list[tuple[str, str]]:
     """(url, format) of the objects the source's URLs name."""
     from omniload.storage.objects import list_matching
@@ -153,24 +168,31 @@ def _listed(request: IndexRequest) -> list[tuple[str, str]]:
         for obj in objects:
             fmt = request.format if request.format != "auto" else detect_format(obj.url)
             if fmt is None:
-                raise ConfigError(f"source '{request.name}': cannot tell the format of {redact(obj.url)!r} from its "
-                                  "name; add format=parquet|jsonl|arrow|tar to the source")
+                raise ConfigError(
+                    f"source '{request.name}': cannot tell the format of {redact(obj.url)!r} from its "
+                    "name; add format=parquet|jsonl|arrow|tar to the source"
+                )
             found.append((obj.url, fmt))
     return found
 
 
 def _catalog_key(spec: Spec) -> str:
-    sources = [{k: v for k, v in s.items() if k not in ("weight", "epochs", "tokenizer")}
-               for s in spec.to_dict()["sources"]]
-    return hashlib.blake2b(orjson.dumps([sources, spec.on_bad_file], option=orjson.OPT_SORT_KEYS),
-                           digest_size=8).hexdigest()
+    sources = [
+        {k: v for k, v in s.items() if k not in ("weight", "epochs", "tokenizer")} for s in spec.to_dict()["sources"]
+    ]
+    return hashlib.blake2b(
+        orjson.dumps([sources, spec.on_bad_file], option=orjson.OPT_SORT_KEYS), digest_size=8
+    ).hexdigest()
 
 
 def _catalog_paths(spec: Spec, kept_only: bool = False) -> list[Path]:
     """Where the catalog is looked for (the folder resumed from first), or only where it is kept."""
     name = CATALOG_FILE.format(key=_catalog_key(spec))
-    folders = [None if kept_only else spec.resume, spec.checkpoint_dir,
-               os.path.join(spec.cache_dir, "catalogs") if spec.cache_dir else None]
+    folders = [
+        None if kept_only else spec.resume,
+        spec.checkpoint_dir,
+        os.path.join(spec.cache_dir, "catalogs") if spec.cache_dir else None,
+    ]
     return [Path(folder) / name for folder in folders if folder]
 
 
@@ -179,21 +201,40 @@ def _cached_catalog(spec: Spec) -> tuple[Path, list[list[tuple[str, str, list[Sh
         try:
             data = orjson.loads(path.read_bytes())
             fields = data["fields"]
-            return path, [[(f, fmt, shards if isinstance(shards, str) else [Shard(**dict(zip(fields, s)))
-                                                                            for s in shards])
-                           for f, fmt, shards in source] for source in data["sources"]]
+            return path, [
+                [
+                    (f, fmt, shards if isinstance(shards, str) else [Shard(**dict(zip(fields, s))) for s in shards])
+                    for f, fmt, shards in source
+                ]
+                for source in data["sources"]
+            ]
         except FileNotFoundError:
             continue
-        except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:  # damaged, or another version's
+        except (
+            OSError,
+            orjson.JSONDecodeError,
+            KeyError,
+            TypeError,
+            ValueError,
+        ) as exc:  # damaged, or another version's
             log.warning("ignoring the catalog at %s (%s): listing the store again", path, exc)
     return None
 
 
 def _keep_catalog(spec: Spec, indexed: list[list[tuple[str, str, list[Shard] | str]]]) -> None:
     fields = [f.name for f in dataclasses.fields(Shard)]
-    data = orjson.dumps({"fields": fields, "sources": [
-        [[f, fmt, shards if isinstance(shards, str) else [dataclasses.astuple(s) for s in shards]]
-         for f, fmt, shards in source] for source in indexed]})
+    data = orjson.dumps(
+        {
+            "fields": fields,
+            "sources": [
+                [
+                    [f, fmt, shards if isinstance(shards, str) else [dataclasses.astuple(s) for s in shards]]
+                    for f, fmt, shards in source
+                ]
+                for source in indexed
+            ],
+        }
+    )
     for path in _catalog_paths(spec, kept_only=True):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -221,26 +262,33 @@ def _find_files(source: Source, spec: Spec) -> list[tuple[str, str]]:
     for path in _match_files(source) if any(not is_remote(p) for p in source.path) else []:
         fmt = source.format if source.format != "auto" else detect_format(path)
         if fmt is None:
-            raise ConfigError(f"source '{source.name}': cannot tell the format of {path!r} from its name; "
-                              "add format=parquet|jsonl|arrow|tar to the source")
+            raise ConfigError(
+                f"source '{source.name}': cannot tell the format of {path!r} from its name; "
+                "add format=parquet|jsonl|arrow|tar to the source"
+            )
         files.append((path, fmt))
     return files
 
 
-def _catalog_of(index: int, source: Source, spec: Spec,
-                files: list[tuple[str, str, list[Shard] | str]]) -> SourceCatalog:
+def _catalog_of(
+    index: int, source: Source, spec: Spec, files: list[tuple[str, str, list[Shard] | str]]
+) -> SourceCatalog:
     images = image_config(spec) if source.has_images else None
     shards: list[Shard] = []
     for path, fmt, file_shards in files:
         if isinstance(file_shards, str):  # why the file cannot be read
             if spec.on_bad_file == "stop":
-                raise ConfigError(f"source '{source.name}': {path}: {file_shards} (the job stops on a bad file; "
-                                  "--on-bad-file skip skips it instead)")
+                raise ConfigError(
+                    f"source '{source.name}': {path}: {file_shards} (the job stops on a bad file; "
+                    "--on-bad-file skip skips it instead)"
+                )
             log.warning("source '%s': skipping %s: %s", source.name, path, file_shards)
             continue
         if fmt == "tar" and images is None:  # the glob did not say .tar, the files do
-            raise ConfigError(f"source '{source.name}': {path} is a tar file: give format=tar to the source "
-                              "(and --image-token) so that its images are decoded")
+            raise ConfigError(
+                f"source '{source.name}': {path} is a tar file: give format=tar to the source "
+                "(and --image-token) so that its images are decoded"
+            )
         shards.extend(file_shards)
     rows = sum(s.rows for s in shards)
     if rows == 0:
@@ -248,8 +296,18 @@ def _catalog_of(index: int, source: Source, spec: Spec,
     if rows >= MAX_ORDINAL:
         raise ConfigError(f"source '{source.name}': {rows} rows exceed the limit of {MAX_ORDINAL}; split the source")
     epochs = spec.epochs if source.epochs is None else source.epochs
-    return SourceCatalog(index, source.name, source.column, source.tokenizer or spec.tokenizer, tuple(shards), rows,
-                         epochs, source.image, images, source.store_options())
+    return SourceCatalog(
+        index,
+        source.name,
+        source.column,
+        source.tokenizer or spec.tokenizer,
+        tuple(shards),
+        rows,
+        epochs,
+        source.image,
+        images,
+        source.store_options(),
+    )
 
 
 def _match_files(source: Source) -> list[str]:
@@ -272,8 +330,10 @@ def job_identity(spec: Spec, catalog: list[SourceCatalog]) -> dict[str, Any]:
         for shard in src.shards:
             rows[shard.file] = rows.get(shard.file, 0) + shard.rows
         versions = {s.file: (s.size, s.version) for s in src.shards if is_remote(s.file)}
-        files[src.name] = [[path, versions[path][0], n, versions[path][1]] if path in versions
-                           else [path, os.path.getsize(path), n] for path, n in sorted(rows.items())]
+        files[src.name] = [
+            [path, versions[path][0], n, versions[path][1]] if path in versions else [path, os.path.getsize(path), n]
+            for path, n in sorted(rows.items())
+        ]
     data_spec = {k: v for k, v in spec.to_dict().items() if k not in RUNTIME_FIELDS}
     if not spec.has_images:  # a text-only job keeps the identity it had before images existed
         data_spec = {k: v for k, v in data_spec.items() if k not in IMAGE_FIELDS}

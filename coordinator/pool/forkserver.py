@@ -5,6 +5,7 @@ which costs a process some 30 MB. Workers come from a forkserver that imports wo
 (FORKSERVER_PRELOAD), so each worker shares those pages instead of importing it again. What
 a worker is told at start is omniload/formats/lane_config.py.
 """
+
 from __future__ import annotations
 
 import multiprocessing

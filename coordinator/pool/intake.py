@@ -5,6 +5,7 @@ omniload.order). Each position belongs to one lane (order.lane_of), whose worker
 positions in order, so the next record of that lane's ring is always the one wanted: no
 reordering, and no buffer beyond the rings.
 """
+
 from __future__ import annotations
 
 import logging
@@ -12,12 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from omniload.coordinator.pool.catalog import SourceCatalog
 from omniload.errors import SourceFailed
-from omniload.order import group_members, groups_per_epoch, lane_of, shard_permutation
 from omniload.formats.records import RecordKind, decode, images_of, tokens_of
 from omniload.formats.ring import Ring
-
-from omniload.coordinator.pool.catalog import SourceCatalog
+from omniload.order import group_members, groups_per_epoch, lane_of, shard_permutation
 
 log = logging.getLogger("omniload")
 
@@ -84,8 +84,11 @@ class SourceIntake:
             if record.kind is RecordKind.ERROR:
                 raise SourceFailed(self.catalog.name, bytes(record.payload).decode(errors="replace"))
             if (record.group, record.pos) != self.cursor:
-                raise SourceFailed(self.catalog.name, f"record {record.group}:{record.pos} arrived where "
-                                   f"{self.group}:{self.pos} was due (a bug in omniload; please report it)")
+                raise SourceFailed(
+                    self.catalog.name,
+                    f"record {record.group}:{record.pos} arrived where "
+                    f"{self.group}:{self.pos} was due (a bug in omniload; please report it)",
+                )
             self._advance(1)
             if record.kind is RecordKind.SKIP:
                 if record.payload:  # said once per unreadable file
@@ -99,8 +102,9 @@ class SourceIntake:
                 assert config is not None  # only an image source's workers write records with images
                 at, pixels = images_of(record, config.height, config.width)
                 self.images += record.images
-                return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos, at, pixels,
-                           self.cursor)
+                return Doc(
+                    self.catalog.index, record.ordinal, tokens, record.group, record.pos, at, pixels, self.cursor
+                )
             return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos, after=self.cursor)
         return None
 

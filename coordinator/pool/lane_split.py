@@ -6,6 +6,7 @@ remainder), one lane per worker. With fewer, each source has one lane and lanes 
 onto workers heaviest first (longest-processing-time), so one worker serves several light
 sources.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

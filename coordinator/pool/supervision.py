@@ -13,18 +13,26 @@ lanes by measured cost promises enough more throughput (coordinator/pool/autosca
 the workers whose lanes change and starts them at the cursors, as for a crash: the data
 cannot tell.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Callable
 
-from omniload.errors import SourceFailed
-
-from omniload.coordinator.pool.autoscale import MARGIN, Window, changed_workers, demands, resplit, update_costs, \
-    update_taken, workers_per_source
+from omniload.coordinator.pool.autoscale import (
+    MARGIN,
+    Window,
+    changed_workers,
+    demands,
+    resplit,
+    update_costs,
+    update_taken,
+    workers_per_source,
+)
 from omniload.coordinator.pool.intake import SourceIntake
 from omniload.coordinator.pool.worker_pool import WorkerPool, describe_exit
+from omniload.errors import SourceFailed
 
 log = logging.getLogger("omniload")
 _JOIN_DEAD_S = 1.0  # a worker whose sentinel fired has exited: its join only reaps it
@@ -32,8 +40,13 @@ _STARVED_POLLS = 20  # empty polls in a window (about 0.2 s of the planner waiti
 
 
 class Supervisor:
-    def __init__(self, pool: WorkerPool, intakes: list[SourceIntake], max_restarts: int,
-                 fail: Callable[[str, BaseException], None]) -> None:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        intakes: list[SourceIntake],
+        max_restarts: int,
+        fail: Callable[[str, BaseException], None],
+    ) -> None:
         self._pool, self._intakes, self._max_restarts = pool, intakes, max_restarts
         self._fail = fail
         self._tasks: set[asyncio.Task] = set()
@@ -44,8 +57,12 @@ class Supervisor:
         for worker_id in range(len(self._pool.workers)):
             self._watch(worker_id)
         spec = self._pool.spec
-        if spec.workers == 0 and spec.autoscale_every > 0 and len(self._pool.plan) > 1 \
-                and sum(self._pool.lane_counts) > len(self._pool.plan):  # else no packing differs
+        if (
+            spec.workers == 0
+            and spec.autoscale_every > 0
+            and len(self._pool.plan) > 1
+            and sum(self._pool.lane_counts) > len(self._pool.plan)
+        ):  # else no packing differs
             self._scaler = asyncio.get_running_loop().create_task(self._autoscale(spec.autoscale_every))
             self._scaler.add_done_callback(self._scaler_done)
 
@@ -96,11 +113,16 @@ class Supervisor:
         sources = ", ".join(f"'{s}'" for s in self._pool.sources_of(worker_id))
         cause = f"worker {worker.pid} for source {sources} {describe_exit(code)}"
         if self._pool.restarts[worker_id] >= self._max_restarts:
-            raise SourceFailed(sources.strip("'"), f"{cause}; gave up after {self._max_restarts} restarts "
-                               "(--max-restarts)")
+            raise SourceFailed(
+                sources.strip("'"), f"{cause}; gave up after {self._max_restarts} restarts (--max-restarts)"
+            )
         self._pool.restarts[worker_id] += 1
-        log.warning("%s; restarting it at the source cursor (restart %d of %d)", cause,
-                    self._pool.restarts[worker_id], self._max_restarts)
+        log.warning(
+            "%s; restarting it at the source cursor (restart %d of %d)",
+            cause,
+            self._pool.restarts[worker_id],
+            self._max_restarts,
+        )
         await self._start(worker_id)
 
     async def _start(self, worker_id: int) -> None:
@@ -166,9 +188,11 @@ class Supervisor:
                 continue
             before = workers_per_source(pool.plan, len(names))
             after = workers_per_source(plan, len(names))
-            log.info("autoscale: workers per source %s (cost in CPU us per 1000 tokens: %s)",
-                     ", ".join(f"{n} {b}->{a}" for n, b, a in zip(names, before, after)),
-                     ", ".join(f"{n} {c * 1e9:.0f}" for n, c in zip(names, costs) if c is not None))
+            log.info(
+                "autoscale: workers per source %s (cost in CPU us per 1000 tokens: %s)",
+                ", ".join(f"{n} {b}->{a}" for n, b, a in zip(names, before, after)),
+                ", ".join(f"{n} {c * 1e9:.0f}" for n, c in zip(names, costs) if c is not None),
+            )
             await self.replan(plan)
             pool.scaling["moves"] += 1
             last = self._counters()  # the restart's refill is not the sources' steady cost
@@ -184,5 +208,7 @@ def _windows(last: list[tuple[float, int, int, int]], now: list[tuple[float, int
     empty at least _STARVED_POLLS times, and at least half as often as for the most starved."""
     polls = [b[3] - a[3] for a, b in zip(last, now)]
     threshold = max(_STARVED_POLLS, max(polls, default=0) / 2)
-    return [Window(cpu_s=max(0.0, b[0] - a[0]), produced=max(0, b[1] - a[1]), taken=b[2] - a[2],
-                   starved=p >= threshold) for a, b, p in zip(last, now, polls)]
+    return [
+        Window(cpu_s=max(0.0, b[0] - a[0]), produced=max(0, b[1] - a[1]), taken=b[2] - a[2], starved=p >= threshold)
+        for a, b, p in zip(last, now, polls)
+    ]

@@ -8,6 +8,7 @@ STOPPED by a re-split, its lanes started again by other workers at the cursors).
 The lanes (one ring each) are fixed for the job; the plan, which worker produces which
 lanes, may change (`set_plan`, for the autoscaler), and never changes the data.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,13 +23,12 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
-from omniload.errors import ConfigError
-from omniload.spec import Spec
-from omniload.formats.ring import SHM_DIR, Ring, segment_path
-from omniload.formats.lane_config import LaneConfig, WorkerConfig
-from omniload.coordinator.pool.forkserver import forkserver_context, run
-
 from omniload.coordinator.pool.catalog import SourceCatalog
+from omniload.coordinator.pool.forkserver import forkserver_context, run
+from omniload.errors import ConfigError
+from omniload.formats.lane_config import LaneConfig, WorkerConfig
+from omniload.formats.ring import SHM_DIR, Ring, segment_path
+from omniload.spec import Spec
 
 log = logging.getLogger("omniload")
 _WORKER_JOIN_S = 5.0
@@ -49,8 +49,7 @@ class WorkerProcess:
 
     def __init__(self, ctx: multiprocessing.context.ForkServerContext, config: WorkerConfig) -> None:
         self.config = config
-        self._process = ctx.Process(target=run, args=(config,), name=f"omniload-worker-{config.worker_id}",
-                                    daemon=True)
+        self._process = ctx.Process(target=run, args=(config,), name=f"omniload-worker-{config.worker_id}", daemon=True)
 
     def start(self) -> None:
         with _REAP_LOCK:
@@ -93,8 +92,14 @@ class WorkerProcess:
 class WorkerPool:
     """Owns every ring (creates and unlinks them) and every worker process."""
 
-    def __init__(self, spec: Spec, catalog: list[SourceCatalog], plan: list[list[tuple[int, int]]],
-                 job_id: str, coordinator_pid: int) -> None:
+    def __init__(
+        self,
+        spec: Spec,
+        catalog: list[SourceCatalog],
+        plan: list[list[tuple[int, int]]],
+        job_id: str,
+        coordinator_pid: int,
+    ) -> None:
         self.spec = self._spec = spec
         self._catalog = catalog
         self._plan = plan
@@ -129,16 +134,33 @@ class WorkerPool:
             src = self._catalog[source]
             k, pos = cursor_of(source)
             num_lanes = self.lane_counts[source]
-            lanes.append(LaneConfig(
-                source_index=source, source_name=src.name, column=src.column, tokenizer=src.tokenizer,
-                lane=lane, num_lanes=num_lanes, ring_path=str(self.rings[(source, lane)].path),
-                shards=src.shards, seed=self._spec.seed, epochs=src.epochs, interleave=self._spec.shard_interleave,
-                start_group=k, start_pos=pos,
-                skip_bad_files=self._spec.on_bad_file == "skip", image_column=src.image_column, images=src.images,
-                store=src.store, read_ahead=self._spec.read_ahead, cache_dir=self._spec.cache_dir,
-                cache_limit=self._spec.cache_limit))
-        process = WorkerProcess(self._ctx, WorkerConfig(worker_id=worker_id, coordinator_pid=self._coordinator_pid,
-                                                         lanes=tuple(lanes)))
+            lanes.append(
+                LaneConfig(
+                    source_index=source,
+                    source_name=src.name,
+                    column=src.column,
+                    tokenizer=src.tokenizer,
+                    lane=lane,
+                    num_lanes=num_lanes,
+                    ring_path=str(self.rings[(source, lane)].path),
+                    shards=src.shards,
+                    seed=self._spec.seed,
+                    epochs=src.epochs,
+                    interleave=self._spec.shard_interleave,
+                    start_group=k,
+                    start_pos=pos,
+                    skip_bad_files=self._spec.on_bad_file == "skip",
+                    image_column=src.image_column,
+                    images=src.images,
+                    store=src.store,
+                    read_ahead=self._spec.read_ahead,
+                    cache_dir=self._spec.cache_dir,
+                    cache_limit=self._spec.cache_limit,
+                )
+            )
+        process = WorkerProcess(
+            self._ctx, WorkerConfig(worker_id=worker_id, coordinator_pid=self._coordinator_pid, lanes=tuple(lanes))
+        )
         process.start()
         self.workers[worker_id] = process
         return process
@@ -218,8 +240,9 @@ def ring_span(ring_mb: int, lanes: int, source_lanes: int = 1) -> int:
     return min(ring_mb << 20, max(MIN_SPAN_MB << 20, share))
 
 
-def _create_rings(spec: Spec, plan: list[list[tuple[int, int]]], job_id: str,
-                  coordinator_pid: int) -> dict[tuple[int, int], Ring]:
+def _create_rings(
+    spec: Spec, plan: list[list[tuple[int, int]]], job_id: str, coordinator_pid: int
+) -> dict[tuple[int, int], Ring]:
     """One ring per lane, for records up to --ring-mb, its span (ring_span) allocated; raises
     ConfigError (and leaves no ring) when the shared-memory directory cannot hold them all."""
     rings: dict[tuple[int, int], Ring] = {}
@@ -250,7 +273,8 @@ def _shm_error(exc: OSError, spec: Spec, plan: list[list[tuple[int, int]]]) -> C
     return ConfigError(
         f"{SHM_DIR} is too small for this job's rings: it holds {_mb(usage.total)} with {_mb(usage.free)} free, "
         f"the job needs {_mb(need)} ({lanes} lanes x {each}); "
-        f"enlarge {SHM_DIR} (docker run --shm-size=...) or lower --ring-mb{fewer}")
+        f"enlarge {SHM_DIR} (docker run --shm-size=...) or lower --ring-mb{fewer}"
+    )
 
 
 def _mb(size: int) -> str:
@@ -267,8 +291,10 @@ def stop_helpers() -> None:
     after _HELPER_STOP_S rather than hanging the shutdown."""
     from multiprocessing import forkserver, resource_tracker
 
-    for helper, pid_field in ((forkserver._forkserver, "_forkserver_pid"),
-                              (resource_tracker._resource_tracker, "_pid")):
+    for helper, pid_field in (
+        (forkserver._forkserver, "_forkserver_pid"),
+        (resource_tracker._resource_tracker, "_pid"),
+    ):
         pid = getattr(helper, pid_field, None)
         if pid is None or not hasattr(helper, "_stop"):
             continue

@@ -5,6 +5,7 @@ CREATED (the pool and its rings) -> STARTED (`start`: every worker forked, befor
 loop) -> SUPERVISED (`supervise`, on the loop) -> CLOSED (`close`: no replacement starts after)
 -> STOPPED (`stop`: workers joined, rings unlinked; always, from the coordinator's `finally`).
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,10 @@ class Workforce:
 
     def read_rings(self) -> list[SourceIntake]:
         """One intake per source over its rings: what the planner draws records from."""
-        self.intakes = [SourceIntake(src, self.pool.source_rings(src.index), self._spec.seed,
-                                     self._spec.shard_interleave) for src in self._catalog]
+        self.intakes = [
+            SourceIntake(src, self.pool.source_rings(src.index), self._spec.seed, self._spec.shard_interleave)
+            for src in self._catalog
+        ]
         return self.intakes
 
     def start(self) -> None:

@@ -9,6 +9,7 @@ A step's bytes are reused only after every rank has acknowledged that step, whic
 only after reading all of its frame: by then no live connection still has them to send (a
 dead one's unsent buffer may hold a stale view, which no one reads).
 """
+
 from __future__ import annotations
 
 import logging
@@ -89,8 +90,10 @@ class StepArena:
         if offset is None:
             if self.space is not None and not self._said_full:
                 self._said_full = True
-                log.warning("the step arena (%d MB) is full: some batches go to the senders over their sockets",
-                            self.space.size >> 20)
+                log.warning(
+                    "the step arena (%d MB) is full: some batches go to the senders over their sockets",
+                    self.space.size >> 20,
+                )
             return None
         end = offset + len(data)
         self._view[offset:end] = data

@@ -4,6 +4,7 @@ What is the same for every rank of a step (its position, weights, dp) is encoded
 (`step_fields`) and spliced into each rank's header, so a step's frames cost one JSON encoding
 of the position, not one per rank.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,7 +20,9 @@ def step_fields(fields: dict[str, Any]) -> bytes:
     return orjson.dumps(fields)
 
 
-def encode_batch(step: int, arrays: dict[str, np.ndarray], fields: dict[str, Any], shared: bytes) -> tuple[bytes, bytes]:
+def encode_batch(
+    step: int, arrays: dict[str, np.ndarray], fields: dict[str, Any], shared: bytes
+) -> tuple[bytes, bytes]:
     tensors = []
     parts = []
     offset = 0

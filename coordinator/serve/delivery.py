@@ -9,17 +9,17 @@ A rank's state: CONNECTED (writer set; batches while it has credit) -> DISCONNEC
 None; it may reconnect and carries on after the last step it acknowledged) and, once every
 step is sent, ENDED.
 """
+
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from omniload.errors import ProtocolError
-from omniload.protocol import Kind, Message, encode
-
 from omniload.coordinator.plan.progress import Progress, Stall, find_stall
 from omniload.coordinator.serve.routed_sessions import Writer, send_frame
+from omniload.errors import ProtocolError
+from omniload.protocol import Kind, Message, encode
 
 Variant = tuple[int, int, bool]  # (dp rank, cp rank, receives data): which frame of each step
 # a frame's head, its payload and, where the payload sits in the step arena, (offset, length) there
@@ -100,8 +100,10 @@ class Delivery:
         """The rank consumed `step`: a credit back, its count moved, consumed steps let go."""
         consumed = self.progress.consumed[state.rank]
         if not consumed <= step < state.sent:
-            raise ProtocolError(f"rank {state.rank} acknowledged step {step}, but it was sent steps {consumed} "
-                                f"to {state.sent - 1} to acknowledge")
+            raise ProtocolError(
+                f"rank {state.rank} acknowledged step {step}, but it was sent steps {consumed} "
+                f"to {state.sent - 1} to acknowledge"
+            )
         before = self.progress.slowest
         moved = self.progress.move(state.rank, step + 1)
         state.credits += 1

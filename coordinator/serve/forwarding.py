@@ -4,14 +4,14 @@ Local rank connections on one side, one ROUTE stream (omniload.route) to the coo
 the other: what a rank sends goes up as pieces of its connection, what comes down goes to
 the rank untouched, or, for a sender, from the shared step arena where the piece says so.
 """
+
 from __future__ import annotations
 
 import asyncio
 
+from omniload.coordinator.serve.routed_sessions import READ_CHUNK, ROUTE_PIECE
 from omniload.errors import ProtocolError
 from omniload.route import CLOSE, EOF, OPEN, RouteReader, route_head
-
-from omniload.coordinator.serve.routed_sessions import READ_CHUNK, ROUTE_PIECE
 
 _PIECE_FROM_COORDINATOR = 1 << 40  # pieces are the coordinator's own writes: bounded there
 
@@ -77,6 +77,7 @@ class Forwarder:
 
     def _from_arena(self, offset: int, length: int) -> memoryview:
         if self._arena is None or offset + length > len(self._arena):
-            raise ProtocolError(f"a reference to bytes {offset}..{offset + length} of a step arena this end "
-                                "does not have")
-        return self._arena[offset:offset + length]
+            raise ProtocolError(
+                f"a reference to bytes {offset}..{offset + length} of a step arena this end does not have"
+            )
+        return self._arena[offset : offset + length]

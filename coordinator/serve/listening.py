@@ -1,11 +1,11 @@
 """The coordinator's listening sockets: bind, listen, and the address a peer reaches them at."""
+
 from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
-from collections.abc import Callable
 
 from omniload.errors import ConfigError
 
@@ -17,11 +17,13 @@ async def listen(serve: Callable, host: str, port: int, flag: str) -> asyncio.Se
 def bind(host: str, port: int, flag: str) -> socket.socket:
     """A listening socket on host:port; a ConfigError naming `flag` when it cannot be had."""
     try:
-        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                    backlog=4096)
+        return socket.create_server(
+            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=4096
+        )
     except OSError as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another {flag} "
-                          "(0 picks a free port)") from None
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another {flag} (0 picks a free port)"
+        ) from None
 
 
 def free_port(host: str) -> int:

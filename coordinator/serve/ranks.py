@@ -10,6 +10,7 @@ every rank has read, and the position is checkpointed. On the tick, `watch` tell
 ranks which rank they wait for, and past --rank-timeout stops the job. When the job stops,
 `hang_up` gives the ranks a moment to read the last frames.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -65,10 +66,16 @@ class Ranks:
                 raise Refused(str(exc)) from None
             rank, delivery = hello.rank, self.delivery
             if rank not in self.variants:
-                raise Refused(f"rank {rank} should not connect: with broadcast_at=tp only tp rank 0 of each group "
-                              "connects (use omniload.connect(broadcast_at='tp') on every rank)")
-            if delivery is None and brought is not None and brought["step"] != planning.start_position["step"] \
-                    and job.role.repositions:
+                raise Refused(
+                    f"rank {rank} should not connect: with broadcast_at=tp only tp rank 0 of each group "
+                    "connects (use omniload.connect(broadcast_at='tp') on every rank)"
+                )
+            if (
+                delivery is None
+                and brought is not None
+                and brought["step"] != planning.start_position["step"]
+                and job.role.repositions
+            ):
                 await planning.reposition(brought, job.workforce)
             if self.delivery is None:
                 self.delivery = Delivery(self.variants, planning.start_position, self._consumed)
@@ -78,10 +85,15 @@ class Ranks:
                 raise Refused(f"rank {rank} is already connected")
             at = delivery.consumed(rank) if brought is None else brought["step"]
             taken_over = job.role.takes_over(brought, at, delivery.slowest)
-            if not taken_over and at != delivery.consumed(rank) and (at not in delivery.positions
-                                                                     or at < delivery.slowest):
-                message = (f"rank {rank} brings the loader position of step {at}, but this job is at step "
-                           f"{delivery.consumed(rank)}: restore the same checkpoint step on every rank")
+            if (
+                not taken_over
+                and at != delivery.consumed(rank)
+                and (at not in delivery.positions or at < delivery.slowest)
+            ):
+                message = (
+                    f"rank {rank} brings the loader position of step {at}, but this job is at step "
+                    f"{delivery.consumed(rank)}: restore the same checkpoint step on every rank"
+                )
                 if not planning.started:
                     self.fail(f"rank {rank}'s HELLO", ConfigError(message))
                 raise Refused(message)
@@ -97,8 +109,9 @@ class Ranks:
                 planning.allow(delivery.slowest + plan_ahead)
             delivery.pump(state)
             if not planning.started:
-                planning.start(self.layout.dp, delivery.slowest + plan_ahead,
-                               lambda task: job.task_ended(task, "the planner"))
+                planning.start(
+                    self.layout.dp, delivery.slowest + plan_ahead, lambda task: job.task_ended(task, "the planner")
+                )
             return state
 
     def acknowledge(self, state: RankState, step: int) -> None:
@@ -114,12 +127,17 @@ class Ranks:
         if self._job.should_exit.is_set() or state.ended:
             pass
         elif state.said_bye:
-            log.info("rank %d closed its loader after consuming %d steps", state.rank,
-                     self.delivery.consumed(state.rank))
+            log.info(
+                "rank %d closed its loader after consuming %d steps", state.rank, self.delivery.consumed(state.rank)
+            )
         else:
-            log.warning("rank %d disconnected without saying goodbye after consuming %d steps; the job waits for "
-                        "it to reconnect (--rank-timeout %gs)", state.rank, self.delivery.consumed(state.rank),
-                        self._spec.rank_timeout)
+            log.warning(
+                "rank %d disconnected without saying goodbye after consuming %d steps; the job waits for "
+                "it to reconnect (--rank-timeout %gs)",
+                state.rank,
+                self.delivery.consumed(state.rank),
+                self._spec.rank_timeout,
+            )
         if self.delivery.finished():
             log.info("every rank has its data; exiting")
             self._job.should_exit.set()
@@ -205,14 +223,20 @@ class Ranks:
     def _check_hello(self, hello: Hello) -> dict | None:
         """Learn the world from the first rank; check the others agree. The position it brings."""
         if self.layout is None:
-            self.layout = Layout(world=hello.world_size, tp=self._spec.tp, pp=self._spec.pp, cp=self._spec.cp,
-                                 order=self._spec.rank_order)
+            self.layout = Layout(
+                world=hello.world_size,
+                tp=self._spec.tp,
+                pp=self._spec.pp,
+                cp=self._spec.cp,
+                order=self._spec.rank_order,
+            )
             connecting = [r for r in range(hello.world_size) if self.layout.connects(r, self._spec.broadcast_at)]
             self.variants = {r: self._variant(r) for r in connecting}
             self.frame_kinds = sorted(set(self.variants.values()))
         elif hello.world_size != self.layout.world:
-            raise ConfigError(f"rank {hello.rank} says the world has {hello.world_size} ranks; earlier ranks "
-                              f"said {self.layout.world}")
+            raise ConfigError(
+                f"rank {hello.rank} says the world has {hello.world_size} ranks; earlier ranks said {self.layout.world}"
+            )
         if hello.resume is None:
             return None
         brought = check_state(hello.resume, f"rank {hello.rank}'s loader state")
@@ -227,14 +251,29 @@ class Ranks:
         """pid, host, role ("primary", or "promoted" for a standby that took over) and epoch name
         the serving coordinator (for logs, tests, and the rank's refusal of an older epoch)."""
         job, spec = self._job, self._spec
-        return {"job": job.job_id, "fingerprint": job.positions.fingerprint, "dp": self.layout.dp,
-                "dp_rank": state.variant[0], "seq_len": spec.seq_len, "rows": spec.rows,
-                "resume_step": at, "sources": job.source_names, "broadcast_at": spec.broadcast_at,
-                "state": self.delivery.positions.get(at, brought),
-                "pid": os.getpid(), "host": socket.gethostname(), "epoch": job.tenure.epoch,
-                "role": job.role.name,
-                "layout": {"world": self.layout.world, "tp": spec.tp, "pp": spec.pp,
-                           "cp": spec.cp, "order": spec.rank_order}}
+        return {
+            "job": job.job_id,
+            "fingerprint": job.positions.fingerprint,
+            "dp": self.layout.dp,
+            "dp_rank": state.variant[0],
+            "seq_len": spec.seq_len,
+            "rows": spec.rows,
+            "resume_step": at,
+            "sources": job.source_names,
+            "broadcast_at": spec.broadcast_at,
+            "state": self.delivery.positions.get(at, brought),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "epoch": job.tenure.epoch,
+            "role": job.role.name,
+            "layout": {
+                "world": self.layout.world,
+                "tp": spec.tp,
+                "pp": spec.pp,
+                "cp": spec.cp,
+                "order": spec.rank_order,
+            },
+        }
 
     def _consumed(self, position: dict) -> None:
         """Every rank has consumed the steps before this position: checkpoint it."""
@@ -247,7 +286,9 @@ class Ranks:
         unknown = sorted(set(weights) - set(names))
         if unknown:
             raise ConfigError(f"unknown source(s) {', '.join(unknown)}; sources: {', '.join(names)}")
-        if any(not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0 for w in weights.values()) \
-                or sum(weights.values()) <= 0:
+        if (
+            any(not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0 for w in weights.values())
+            or sum(weights.values()) <= 0
+        ):
             raise ConfigError(f"weights must be numbers >= 0, not all zero, got {weights}")
         return {k: float(v) for k, v in weights.items()}

@@ -9,6 +9,7 @@ Lifecycle: CONNECTING (HELLO as role "relay", WELCOME) -> SERVING (local ranks c
 -> CLOSED when the coordinator hangs up (every local connection is closed with it), on
 SIGTERM/SIGINT, or when the command it runs (`omniload relay ... -- CMD`) exits.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,10 +21,9 @@ import socket
 import sys
 import tempfile
 
+from omniload.coordinator.serve.forwarding import Forwarder
 from omniload.errors import OmniloadError, ProtocolError
 from omniload.protocol import FrameDecoder, Kind, Message, encode
-
-from omniload.coordinator.serve.forwarding import Forwarder
 
 log = logging.getLogger("omniload")
 _CONNECT_S = 30.0
@@ -85,8 +85,9 @@ class Relay:
                     raise OmniloadError(f"relay: the coordinator at {self.addr} hung up during the handshake")
         reply = messages[0]
         if reply.kind is Kind.ERROR:
-            raise OmniloadError(f"relay: the coordinator at {self.addr} refused the relay: "
-                                f"{reply.header.get('message')}")
+            raise OmniloadError(
+                f"relay: the coordinator at {self.addr} refused the relay: {reply.header.get('message')}"
+            )
         if reply.kind is not Kind.WELCOME or len(messages) > 1 or decoder.pending:
             raise ProtocolError(f"relay: expected one WELCOME from {self.addr}, got {reply.kind.name}")
 
@@ -123,8 +124,9 @@ async def run_relay(addr: str, token: str, path: str, cmd: list[str] | None = No
         loop.add_signal_handler(signum, stop.set)
     try:
         if cmd:
-            child = await asyncio.create_subprocess_exec(*cmd, env={**os.environ, "OMNILOAD_ADDR": f"unix:{path}",
-                                                                     "OMNILOAD_TOKEN": token})
+            child = await asyncio.create_subprocess_exec(
+                *cmd, env={**os.environ, "OMNILOAD_ADDR": f"unix:{path}", "OMNILOAD_TOKEN": token}
+            )
             waiting = asyncio.create_task(child.wait())
             await asyncio.wait([waiting, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
             if not waiting.done():
@@ -135,8 +137,10 @@ async def run_relay(addr: str, token: str, path: str, cmd: list[str] | None = No
                     child.kill()
             code = await child.wait()
             return code if code >= 0 else 128 - code
-        await asyncio.wait([asyncio.create_task(relay.closed.wait()), asyncio.create_task(stop.wait())],
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            [asyncio.create_task(relay.closed.wait()), asyncio.create_task(stop.wait())],
+            return_when=asyncio.FIRST_COMPLETED,
+        )
         if not relay.closed.is_set():
             return 130
         print(f"omniload relay: {relay.reason}", file=sys.stderr, flush=True)

@@ -5,6 +5,7 @@ connection's first piece starts its session (`Sessions.session`, exactly as for 
 connection), and what the session writes goes back as ROUTE pieces. When the relay's
 connection ends, every session behind it ends as if its own connection had.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -119,8 +120,9 @@ class RoutedInbox:
 
     def end(self) -> None:
         if self._decoder.pending:
-            self._queue.put_nowait(ProtocolError(f"connection closed inside a frame ({self._decoder.pending} "
-                                                 "bytes pending)"))
+            self._queue.put_nowait(
+                ProtocolError(f"connection closed inside a frame ({self._decoder.pending} bytes pending)")
+            )
         self._queue.put_nowait(None)
 
     async def next(self) -> Message | None:
@@ -158,8 +160,11 @@ class RoutedSessions:
             raise ProtocolError(f"connection {conn} opened twice on {self._peer}")
         first = self._expected.pop(conn, b"")
         inbox = self._inboxes[conn] = RoutedInbox()
-        task = asyncio.create_task(self._session(inbox, RoutedWriter(self.out, conn, self._peer, self._refs),
-                                                 f"{self._peer} (connection {conn})"))
+        task = asyncio.create_task(
+            self._session(
+                inbox, RoutedWriter(self.out, conn, self._peer, self._refs), f"{self._peer} (connection {conn})"
+            )
+        )
         self._tasks.add(task)
         task.add_done_callback(lambda task: (self._tasks.discard(task), self._inboxes.pop(conn, None)))
         if first:
@@ -176,8 +181,10 @@ class RoutedSessions:
             inbox.end()  # a rank's half-close ends its stream, as on a direct connection
             self._inboxes.pop(piece.conn, None)
         elif piece.ref is not None:
-            raise ProtocolError(f"{self._peer} sent an arena reference; only the coordinator sends them: "
-                                "run the same omniload version everywhere")
+            raise ProtocolError(
+                f"{self._peer} sent an arena reference; only the coordinator sends them: "
+                "run the same omniload version everywhere"
+            )
         else:
             inbox.feed(piece.data)
 
@@ -201,7 +208,6 @@ async def read_routes(reader: asyncio.StreamReader, sessions: RoutedSessions, ma
         await sessions.end()
 
 
-async def serve_relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str,
-                      session: Session) -> None:
+async def serve_relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str, session: Session) -> None:
     """Run the sessions of every rank behind the relay until its connection ends."""
     await read_routes(reader, RoutedSessions(RouteOut(writer), session, peer), ROUTE_PIECE)

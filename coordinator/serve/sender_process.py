@@ -9,6 +9,7 @@ sender writes to the rank straight from shared memory. The sender keeps no job s
 credits, ACKs and positions stay with the coordinator. It exits when the coordinator's end
 of the routes closes, so it never outlives the coordinator.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,9 +18,9 @@ import signal
 import socket
 import sys
 
+from omniload.coordinator.loop import run_loop
 from omniload.coordinator.serve.arena import open_arena
 from omniload.coordinator.serve.forwarding import Forwarder
-from omniload.coordinator.loop import run_loop
 
 HANDOFF = 8  # bytes of a handoff message: the connection's number, little-endian
 

@@ -10,6 +10,7 @@ STARTING (`spawn`, before the event loop) -> SERVING (`start`, then `serve` acce
 STOPPED (`stop`: the routes close and the senders exit). A sender that dies stops the job
 with an error naming it: its ranks' connections died with it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,13 +23,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from omniload.errors import OmniloadError, ProtocolError
-from omniload.protocol import MAX_CONTROL_HEADER, PREFIX, FrameDecoder, Kind, Message, encode, parse_prefix, read_hello
-
 from omniload.coordinator.pool.worker_pool import describe_exit
 from omniload.coordinator.serve.routed_sessions import ROUTE_PIECE, RoutedSessions, RouteOut, Session, read_routes
 from omniload.coordinator.serve.sender_process import HANDOFF
 from omniload.coordinator.serve.sessions import HANDSHAKE_S, MAX_HANDSHAKES, StreamInbox, peer_name
+from omniload.errors import OmniloadError, ProtocolError
+from omniload.protocol import MAX_CONTROL_HEADER, PREFIX, FrameDecoder, Kind, Message, encode, parse_prefix, read_hello
 
 log = logging.getLogger("omniload")
 
@@ -87,8 +87,20 @@ class Senders:
             routes, routes_far = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             handoffs, handoffs_far = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             far = (routes_far.fileno(), handoffs_far.fileno())
-            process = subprocess.Popen([sys.executable, "-m", "omniload.coordinator.serve.sender_process", "--routes-fd", str(far[0]),
-                                        "--fds-fd", str(far[1]), "--arena", str(self._arena_path)], pass_fds=far)
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "omniload.coordinator.serve.sender_process",
+                    "--routes-fd",
+                    str(far[0]),
+                    "--fds-fd",
+                    str(far[1]),
+                    "--arena",
+                    str(self._arena_path),
+                ],
+                pass_fds=far,
+            )
             routes_far.close()
             handoffs_far.close()
             self._senders.append(_Sender(index, process, routes, handoffs))
@@ -187,16 +199,25 @@ class Senders:
 
     def _check_taken(self, sender: _Sender, conn: int) -> None:
         if sender.sessions.forget(conn) and not self._stopping:
-            self._fail(sender.name, OmniloadError(f"{sender.name} did not take a rank's connection in "
-                                                  f"{_HANDOFF_S:g}s: it is stuck (a bug)"))
+            self._fail(
+                sender.name,
+                OmniloadError(
+                    f"{sender.name} did not take a rank's connection in {_HANDOFF_S:g}s: it is stuck (a bug)"
+                ),
+            )
 
     def _on_exit(self, sender: _Sender, pidfd: int) -> None:
         asyncio.get_running_loop().remove_reader(pidfd)
         os.close(pidfd)
         sender.process.wait()
         if not self._stopping:
-            self._fail(sender.name, OmniloadError(f"{sender.name} {describe_exit(sender.process.returncode)}; the ranks it served lost "
-                                                  "their connections. Restart the job (with --resume) to go on"))
+            self._fail(
+                sender.name,
+                OmniloadError(
+                    f"{sender.name} {describe_exit(sender.process.returncode)}; the ranks it served lost "
+                    "their connections. Restart the job (with --resume) to go on"
+                ),
+            )
 
     def _routes_ended(self, task: asyncio.Task, sender: _Sender) -> None:
         exc = None if task.cancelled() else task.exception()

@@ -8,6 +8,7 @@ the first step says how large steps are; the steps before it is ready, and any i
 for, go over the senders' sockets. Without senders the coordinator's own connections write
 the frames (serve/sessions.py).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,8 +38,9 @@ _CAN_SEND = hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")  # senders
 
 
 class Sending:
-    def __init__(self, spec: Spec, job_id: str, source_names: list[str],
-                 fail: Callable[[str, BaseException], None]) -> None:
+    def __init__(
+        self, spec: Spec, job_id: str, source_names: list[str], fail: Callable[[str, BaseException], None]
+    ) -> None:
         self._spec, self._job_id, self._source_names, self._fail = spec, job_id, source_names, fail
         self.senders: Senders | None = None
         self._arena: StepArena | None = None  # the planned steps' payloads, for the senders
@@ -67,8 +69,14 @@ class Sending:
     def encode_step(self, step: Step, position: dict, dp: int, frame_kinds: Sequence[Variant]) -> Frames:
         """One frame for each kind of rank (pure: it may run on a thread); each carries the
         loader position after the step, which the rank's state_dict() returns."""
-        shared = step_fields({"dp": dp, "imbalance": round(step.figures["imbalance"], 4),
-                              "weights": dict(zip(self._source_names, step.weights)), "state": position})
+        shared = step_fields(
+            {
+                "dp": dp,
+                "imbalance": round(step.figures["imbalance"], 4),
+                "weights": dict(zip(self._source_names, step.weights)),
+                "state": position,
+            }
+        )
         frames, full_rows = {}, {}
         for variant in frame_kinds:
             dp_rank, cp_rank, has_data = variant
@@ -121,8 +129,11 @@ class Sending:
 
         def reserved(done: asyncio.Future) -> None:
             if done.exception() is not None:
-                log.warning("senders get batches over their sockets: no room for a %d MB step arena in /dev/shm (%s)",
-                            need >> 20, done.exception())
+                log.warning(
+                    "senders get batches over their sockets: no room for a %d MB step arena in /dev/shm (%s)",
+                    need >> 20,
+                    done.exception(),
+                )
                 self._arena = None
                 arena.close()
 

@@ -12,6 +12,7 @@ connection carries many such sessions, one per rank behind it (routed_sessions.p
 that goes wrong here is a bug, handed to the coordinator's one failure path (`Hub.fail`).
 The coordinator (`Hub`) decides what a HELLO, an ACK or a MIX means.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,11 +24,10 @@ from typing import Any, Protocol
 
 import orjson
 
-from omniload.errors import OmniloadError, ProtocolError
-from omniload.protocol import FrameDecoder, Hello, Kind, Message, encode, read_hello, read_step, read_wait
-
 from omniload.coordinator.serve.delivery import RankState
 from omniload.coordinator.serve.routed_sessions import Inbox, Writer, serve_relay
+from omniload.errors import OmniloadError, ProtocolError
+from omniload.protocol import FrameDecoder, Hello, Kind, Message, encode, read_hello, read_step, read_wait
 
 log = logging.getLogger("omniload")
 HANDSHAKE_S = 10.0

@@ -4,6 +4,7 @@
 - `short` (JSON lines): generated short documents, simple templated sentences.
 - `long` (Arrow IPC): generated long documents, numbered inventories of a few kilobytes.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,10 @@ import numpy as np
 from omniload.spec import Spec
 
 _VERSION = "v1"
-_WORDS = ("cat dog bird fish tree river stone cloud lamp door book chair road ship bell wall "
-          "red blue green small large quiet bright old new warm cold").split()
+_WORDS = (
+    "cat dog bird fish tree river stone cloud lamp door book chair road ship bell wall "
+    "red blue green small large quiet bright old new warm cold"
+).split()
 
 
 def make_corpus(directory: str | os.PathLike | None = None) -> Path:
@@ -46,14 +49,21 @@ def make_corpus(directory: str | os.PathLike | None = None) -> Path:
 
 
 def demo_spec(root: Path, steps: int, seq_len: int = 256, rows: int = 4) -> Spec:
-    return Spec.from_dict({
-        "sources": [
-            {"name": "stdlib", "path": str(root / "stdlib" / "*.parquet"), "weight": 0.5},
-            {"name": "short", "path": str(root / "short" / "*.jsonl"), "weight": 0.3},
-            {"name": "long", "path": str(root / "long" / "*.arrow"), "weight": 0.2},
-        ],
-        "seq_len": seq_len, "rows": rows, "workers": 3, "seed": 0, "epochs": 0, "steps": steps,
-    })
+    return Spec.from_dict(
+        {
+            "sources": [
+                {"name": "stdlib", "path": str(root / "stdlib" / "*.parquet"), "weight": 0.5},
+                {"name": "short", "path": str(root / "short" / "*.jsonl"), "weight": 0.3},
+                {"name": "long", "path": str(root / "long" / "*.arrow"), "weight": 0.2},
+            ],
+            "seq_len": seq_len,
+            "rows": rows,
+            "workers": 3,
+            "seed": 0,
+            "epochs": 0,
+            "steps": steps,
+        }
+    )
 
 
 def _stdlib_texts(limit: int = 400, max_chars: int = 16_000) -> list[str]:

@@ -4,6 +4,7 @@ Attention is causal within each packed segment (built from `cu_seqlens`), and po
 from the batch's `position_ids`, as a varlen-attention model would use them. Rank 0 prints
 per step: loss (mean over ranks), tokens/s, and the share of time the ranks waited for data.
 """
+
 from __future__ import annotations
 
 import os
@@ -80,14 +81,20 @@ def main() -> None:
         now = time.perf_counter()
         losses.append(figures[0].item() / world)
         if rank == 0:
-            print(f"step {step:3d}  loss {losses[-1]:.3f}  tokens/s {figures[1].item() / (now - last):8.0f}  "
-                  f"data wait {figures[2].item() / world / (now - started):.1%}", flush=True)
+            print(
+                f"step {step:3d}  loss {losses[-1]:.3f}  tokens/s {figures[1].item() / (now - last):8.0f}  "
+                f"data wait {figures[2].item() / world / (now - started):.1%}",
+                flush=True,
+            )
         last = now
     if rank == 0 and losses:
         k = max(1, len(losses) // 5)
         first, final = sum(losses[:k]) / k, sum(losses[-k:]) / k
-        print(f"demo: {len(losses)} steps, loss {first:.3f} -> {final:.3f} "
-              f"({'decreased' if final < first else 'did NOT decrease'})", flush=True)
+        print(
+            f"demo: {len(losses)} steps, loss {first:.3f} -> {final:.3f} "
+            f"({'decreased' if final < first else 'did NOT decrease'})",
+            flush=True,
+        )
     loader.close()
     dist.destroy_process_group()
 

@@ -4,6 +4,7 @@ The coordinator builds these and the worker reads them (workers/worker.py), so t
 owned by neither side. Starting the worker process is the pool's:
 coordinator/pool/forkserver.py.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,4 +58,3 @@ class WorkerConfig:
     worker_id: int
     coordinator_pid: int
     lanes: tuple[LaneConfig, ...]
-

@@ -1,11 +1,13 @@
 """The record format on a worker's ring: a 32-byte header and a payload.
 
 DOC carries one document's tokens (int32) and, for a sample with images, where each image's
-placeholders start (int32 per image) and the images' pixels (uint8 [images, 3, H, W]). SKIP says the row at this position could not be
+placeholders start (int32 per image) and the images' pixels (uint8 [images, 3, H, W]). SKIP says the row at this
+position could not be
 read and is skipped (on_bad_file=skip; the message rides on a file's first skipped row only).
 ERROR carries a UTF-8 message: the source cannot go on. `group` and `pos` are the sample's
 place in the source's deterministic order (see omniload.order).
 """
+
 from __future__ import annotations
 
 import enum
@@ -33,16 +35,26 @@ class Record(NamedTuple):
     images: int = 0
 
 
-def doc_record(group: int, pos: int, ordinal: int, tokens: np.ndarray, image_at: np.ndarray | None = None,
-               pixels: np.ndarray | None = None) -> tuple[bytes | memoryview, ...]:
+def doc_record(
+    group: int,
+    pos: int,
+    ordinal: int,
+    tokens: np.ndarray,
+    image_at: np.ndarray | None = None,
+    pixels: np.ndarray | None = None,
+) -> tuple[bytes | memoryview, ...]:
     """The record's parts; the first payload part is always the tokens (the worker counts them)."""
     if image_at is None or not len(image_at):
         return _HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC, 0), tokens.data
     if pixels is None:
         raise TypeError("doc_record: image_at given without pixels")
     # ndarray.data is memoryview(array); numpy declares arrays buffers to type checkers only on Python 3.12+
-    return (_HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC, len(image_at)), tokens.data,
-            image_at.data, pixels.data.cast("B"))
+    return (
+        _HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC, len(image_at)),
+        tokens.data,
+        image_at.data,
+        pixels.data.cast("B"),
+    )
 
 
 def skip_record(group: int, pos: int, message: str) -> tuple[bytes, bytes]:

@@ -4,7 +4,8 @@ Layout of the segment: a 128-byte header (write position at byte 0, read positio
 so producer and consumer never share a cache line; capacity at byte 8; the producer's CPU
 nanoseconds and tokens written at bytes 16 and 24, which the autoscaler reads; the span at
 byte 32; store retries, bytes fetched from a store and bytes held in the lane's block cache at
-40, 48 and 56, which `status` shows), then `capacity` bytes of data. Positions are monotonic byte counters; a record is an
+40, 48 and 56, which `status` shows), then `capacity` bytes of data. Positions are monotonic byte counters; a
+record is an
 8-byte length and its payload padded to 8 bytes, and it may wrap around the end of the data area.
 
 The capacity bounds one record; the span bounds the read-ahead's memory. A record starts
@@ -23,6 +24,7 @@ Segments live in /dev/shm under `omniload-<coordinator pid>-<job>-<lane>`: the c
 creates and unlinks them, workers attach and close, and `remove_stale_segments` removes the
 leftovers of a job whose coordinator is gone.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -157,8 +159,11 @@ class Ring:
 
     def store(self) -> tuple[int, int, int]:
         """(retries, bytes fetched, bytes held) of the lane's reads from a store."""
-        return (_U64.unpack_from(self._mm, _RETRIES)[0], _U64.unpack_from(self._mm, _FETCHED)[0],
-                _U64.unpack_from(self._mm, _HELD)[0])
+        return (
+            _U64.unpack_from(self._mm, _RETRIES)[0],
+            _U64.unpack_from(self._mm, _FETCHED)[0],
+            _U64.unpack_from(self._mm, _HELD)[0],
+        )
 
     # -- consumer ---------------------------------------------------------------------------
     def read(self) -> bytes | None:
@@ -177,7 +182,9 @@ class Ring:
         if end <= self.capacity:
             data = self._mm[_HEADER + start : _HEADER + end]
         else:
-            data = self._mm[_HEADER + start : _HEADER + self.capacity] + self._mm[_HEADER : _HEADER + end - self.capacity]
+            data = (
+                self._mm[_HEADER + start : _HEADER + self.capacity] + self._mm[_HEADER : _HEADER + end - self.capacity]
+            )
         _U64.pack_into(self._mm, _READ, read + 8 + _pad8(size))
         return data
 

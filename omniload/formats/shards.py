@@ -2,6 +2,7 @@
 or tell its format. No pyarrow here: the coordinator never imports it (readers.py, which
 reads the files, runs in the workers and in the indexing child, coordinator/catalog.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,11 +10,20 @@ from dataclasses import dataclass
 from omniload.order import Slicing
 
 _SUFFIXES = {
-    ".parquet": "parquet", ".pq": "parquet",
-    ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
-    ".jsonl.gz": "jsonl", ".json.gz": "jsonl", ".ndjson.gz": "jsonl",
-    ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow",
-    ".tar": "tar", ".tar.gz": "tar", ".tgz": "tar",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".ndjson": "jsonl",
+    ".jsonl.gz": "jsonl",
+    ".json.gz": "jsonl",
+    ".ndjson.gz": "jsonl",
+    ".arrow": "arrow",
+    ".feather": "arrow",
+    ".ipc": "arrow",
+    ".tar": "tar",
+    ".tar.gz": "tar",
+    ".tgz": "tar",
 }
 
 

@@ -8,6 +8,7 @@ limit evicts, under an flock on `.lock`, the least recently used files down to 9
 total is kept in `.usage` (under the same lock) so no process walks the folder per write; while
 others write, the cache may pass the limit by the blocks being written (one a writer).
 """
+
 from __future__ import annotations
 
 import fcntl

@@ -5,6 +5,7 @@ RemoteFile over the lane's block cache (omniload.storage.objects), so every read
 Arrow IPC, JSON lines, gzip, tar — reads a bucket as it reads a disk, fetching only the byte
 ranges it asks for.
 """
+
 from __future__ import annotations
 
 import io
@@ -26,8 +27,9 @@ _OBJECTS = 256  # objects kept open (each opened with one HEAD)
 
 
 class Files:
-    def __init__(self, options: StoreOptions | None = None, read_ahead: int = DEFAULT_READ_AHEAD,
-                 cache: DiskCache | None = None) -> None:
+    def __init__(
+        self, options: StoreOptions | None = None, read_ahead: int = DEFAULT_READ_AHEAD, cache: DiskCache | None = None
+    ) -> None:
         self.options = options or StoreOptions()
         self.counters = Counters()
         self.blocks = Blocks(read_ahead, cache, self.counters)

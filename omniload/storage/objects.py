@@ -12,6 +12,7 @@ Transient store errors (timeouts, resets, also part-way through a body; 5xx, 429
 with exponential backoff and jitter for up to RETRY_S; they change nothing a batch holds.
 Anything else, or a transient error past the budget, raises StoreError naming the URL.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -61,8 +62,14 @@ class Counters:
     held: int = 0  # bytes in the block cache now
 
 
-def retrying(action: Callable[[], T], where: str, url: ObjectUrl, options: StoreOptions,
-             counters: Counters | None = None, budget_s: float = RETRY_S) -> T:
+def retrying(
+    action: Callable[[], T],
+    where: str,
+    url: ObjectUrl,
+    options: StoreOptions,
+    counters: Counters | None = None,
+    budget_s: float = RETRY_S,
+) -> T:
     """`action()`, retried while its errors are transient and the budget lasts; StoreError else."""
     started = time.monotonic()
     delay = _BACKOFF_S
@@ -96,28 +103,32 @@ def list_matching(pattern: str, options: StoreOptions) -> list[StoredObject]:
             return [StoredObject(pattern, info.size)]
         found = _listed(fs, url, url.key.rstrip("/") + "/" if url.key else "", options, recursive=True)
         if found:  # a folder: its files (as a local folder would not be): ask for a glob instead
-            raise ConfigError(f"{where} is a folder of {len(found)} objects; name the files with a glob, "
-                              f"e.g. {where.rstrip('/')}/*.parquet")
+            raise ConfigError(
+                f"{where} is a folder of {len(found)} objects; name the files with a glob, "
+                f"e.g. {where.rstrip('/')}/*.parquet"
+            )
         _no_match(fs, url, options, pattern)
     root = glob_root(url.key)
     regex = glob_regex(url.key)
-    recursive = "/" in url.key[len(root):]
+    recursive = "/" in url.key[len(root) :]
     found = [o for o in _listed(fs, url, root, options, recursive) if regex.match(o[0])]
     if not found:
         _no_match(fs, url, options, pattern)
     return [StoredObject(url.with_key(key), size) for key, size in sorted(found)]
 
 
-def _listed(fs: pafs.FileSystem, url: ObjectUrl, prefix: str, options: StoreOptions,
-            recursive: bool) -> list[tuple[str, int]]:
+def _listed(
+    fs: pafs.FileSystem, url: ObjectUrl, prefix: str, options: StoreOptions, recursive: bool
+) -> list[tuple[str, int]]:
     """(key, size) of the files under `prefix`. A deep listing lists each top folder in its own
     thread: a store pages through one listing 1,000 keys at a time, sequentially."""
     base = f"{url.bucket}/{prefix}".rstrip("/")
     where = redact(url.with_key(prefix))
 
     def one_level(path: str, deep: bool) -> list[pafs.FileInfo]:
-        return retrying(lambda: fs.get_file_info(pafs.FileSelector(path, recursive=deep, allow_not_found=True)),
-                        where, url, options)
+        return retrying(
+            lambda: fs.get_file_info(pafs.FileSelector(path, recursive=deep, allow_not_found=True)), where, url, options
+        )
 
     top = one_level(base, False)
     files = [i for i in top if i.type == pafs.FileType.File]
@@ -134,8 +145,10 @@ def _no_match(fs: pafs.FileSystem, url: ObjectUrl, options: StoreOptions, patter
     where = redact(pattern)
     bucket = retrying(lambda: fs.get_file_info(url.bucket), where, url, options)
     if bucket.type == pafs.FileType.NotFound:
-        raise ConfigError(f"{where}: bucket '{url.bucket}' does not exist at {endpoint_of(url, options)}; "
-                          "check its name (and the endpoint)")
+        raise ConfigError(
+            f"{where}: bucket '{url.bucket}' does not exist at {endpoint_of(url, options)}; "
+            "check its name (and the endpoint)"
+        )
     root = glob_root(url.key) if has_glob(url.key) else url.key[: url.key.rfind("/") + 1]
     if root and not _listed(fs, url, root, options, recursive=False):
         raise ConfigError(f"{where}: nothing under {redact(url.with_key(root))} (no such prefix)")
@@ -255,16 +268,19 @@ class RemoteObject:
             if self._file is None:
                 fs = filesystem(self.parsed, self.options)
                 where = redact(self.url)
-                file = retrying(lambda: fs.open_input_file(self.parsed.fs_path), where, self.parsed, self.options,
-                                counters)
+                file = retrying(
+                    lambda: fs.open_input_file(self.parsed.fs_path), where, self.parsed, self.options, counters
+                )
                 version = version_of(retrying(file.metadata, where, self.parsed, self.options, counters))
                 size = file.size()
                 if self.size is None:
                     self.size, self.version = size, version
                 elif size != self.size or (self.version and version and version != self.version):
-                    raise StoreError(f"{where} changed since the job listed it (size {self.size} -> {size}, version "
-                                     f"{self.version or '?'} -> {version or '?'}); batches would change: restore "
-                                     "it, or start a new job (a resume may pass --allow-changed-data)")
+                    raise StoreError(
+                        f"{where} changed since the job listed it (size {self.size} -> {size}, version "
+                        f"{self.version or '?'} -> {version or '?'}); batches would change: restore "
+                        "it, or start a new job (a resume may pass --allow-changed-data)"
+                    )
                 self._file = file
             return self._file
 
@@ -319,7 +335,7 @@ class RemoteFile(io.RawIOBase):
             index, offset = divmod(self._pos + done, BLOCK)
             block = self._blocks.get(self.obj, index, self._ahead)
             take = min(n - done, len(block) - offset)
-            view[done:done + take] = block[offset:offset + take]
+            view[done : done + take] = block[offset : offset + take]
             done += take
         self._pos += done
         return done

@@ -10,6 +10,7 @@ GOOGLE_APPLICATION_CREDENTIALS; AZURE_STORAGE_*; HF_TOKEN), never from the spec,
 secret reaches a log, a status or a checkpoint. Runs in workers and the indexing child only:
 the coordinator never imports pyarrow.
 """
+
 from __future__ import annotations
 
 import os
@@ -61,8 +62,12 @@ def _make(url: ObjectUrl, options: StoreOptions) -> pafs.FileSystem:
     if url.store == "s3":
         # S3FileSystem() alone ignores AWS_ENDPOINT_URL (FileSystem.from_uri reads it): read it here
         endpoint = options.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        kwargs: dict = dict(anonymous=options.anonymous, connect_timeout=CONNECT_S, request_timeout=REQUEST_S,
-                            retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=_SDK_ATTEMPTS))
+        kwargs: dict = dict(
+            anonymous=options.anonymous,
+            connect_timeout=CONNECT_S,
+            request_timeout=REQUEST_S,
+            retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=_SDK_ATTEMPTS),
+        )
         region = options.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         if region:
             kwargs["region"] = region
@@ -73,8 +78,9 @@ def _make(url: ObjectUrl, options: StoreOptions) -> pafs.FileSystem:
     if url.store == "gcs":
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")
         # an emulator takes no credentials (as Google's own clients treat STORAGE_EMULATOR_HOST)
-        anonymous = options.anonymous or bool(emulator and not options.endpoint
-                                              and not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"))
+        anonymous = options.anonymous or bool(
+            emulator and not options.endpoint and not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        )
         kwargs = dict(anonymous=anonymous, retry_time_limit=timedelta(seconds=REQUEST_S))
         endpoint = options.endpoint or emulator
         if endpoint:
@@ -90,36 +96,86 @@ def _make(url: ObjectUrl, options: StoreOptions) -> pafs.FileSystem:
             kwargs["sas_token"] = sas
         if options.endpoint:
             scheme, host = _split_endpoint(options.endpoint)
-            kwargs.update(blob_storage_authority=host, blob_storage_scheme=scheme, dfs_storage_authority=host,
-                          dfs_storage_scheme=scheme)
+            kwargs.update(
+                blob_storage_authority=host,
+                blob_storage_scheme=scheme,
+                dfs_storage_authority=host,
+                dfs_storage_scheme=scheme,
+            )
         return pafs.AzureFileSystem(**kwargs)
     try:
         from huggingface_hub import HfFileSystem
     except ImportError:
         raise ConfigError("reading hf:// URLs needs the Hub client: pip install 'omniload[hf]'") from None
-    hub = HfFileSystem(token=False if options.anonymous else os.environ.get("HF_TOKEN") or None,
-                       endpoint=options.endpoint)
+    hub = HfFileSystem(
+        token=False if options.anonymous else os.environ.get("HF_TOKEN") or None, endpoint=options.endpoint
+    )
     return pafs.PyFileSystem(pafs.FSSpecHandler(hub))
 
 
 def _azure_account(url: ObjectUrl) -> str:
     account = url.account or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME") or os.environ.get("AZURE_STORAGE_ACCOUNT")
     if not account:
-        raise ConfigError(f"{url.scheme}://{url.bucket}/...: no Azure storage account: set AZURE_STORAGE_ACCOUNT_NAME "
-                          "or write abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH")
+        raise ConfigError(
+            f"{url.scheme}://{url.bucket}/...: no Azure storage account: set AZURE_STORAGE_ACCOUNT_NAME "
+            "or write abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/PATH"
+        )
     return account
 
 
 # What a store's error says, as words our clients write: transient ones are worth retrying.
-_TRANSIENT = ("curlcode", "network_connection", "connection reset", "connection refused", "timed out", "timeout",
-              "slow_down", "slowdown", "throttl", "503", "500 ", "502", "504", "internal_failure", "internalerror",
-              "service unavailable", "partial", "reset by peer", "broken pipe", "request_timeout", "unavailable",
-              "too many requests", "429", "incomplete", "temporarily")
-_DENIED = ("access_denied", "accessdenied", "403", "forbidden", "permission", "unauthorized", "401",
-           "invalidaccesskeyid", "signaturedoesnotmatch", "authorizationfailure", "not authorized")
+_TRANSIENT = (
+    "curlcode",
+    "network_connection",
+    "connection reset",
+    "connection refused",
+    "timed out",
+    "timeout",
+    "slow_down",
+    "slowdown",
+    "throttl",
+    "503",
+    "500 ",
+    "502",
+    "504",
+    "internal_failure",
+    "internalerror",
+    "service unavailable",
+    "partial",
+    "reset by peer",
+    "broken pipe",
+    "request_timeout",
+    "unavailable",
+    "too many requests",
+    "429",
+    "incomplete",
+    "temporarily",
+)
+_DENIED = (
+    "access_denied",
+    "accessdenied",
+    "403",
+    "forbidden",
+    "permission",
+    "unauthorized",
+    "401",
+    "invalidaccesskeyid",
+    "signaturedoesnotmatch",
+    "authorizationfailure",
+    "not authorized",
+)
 _NO_BUCKET = ("no_such_bucket", "nosuchbucket", "bucket does not exist", "containernotfound", "the specified container")
-_UNREACHABLE = ("curlcode: 7", "could not connect", "couldn't connect", "connection refused", "could not resolve",
-                "name or service not known", "curlcode: 6", "curlcode: 28", "failed to connect")
+_UNREACHABLE = (
+    "curlcode: 7",
+    "could not connect",
+    "couldn't connect",
+    "connection refused",
+    "could not resolve",
+    "name or service not known",
+    "curlcode: 6",
+    "curlcode: 28",
+    "failed to connect",
+)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -142,8 +198,10 @@ def explain(exc: BaseException, where: str, url: ObjectUrl, options: StoreOption
     elif any(word in lower for word in _DENIED):
         message = f"{where}: access denied at {endpoint}: {_credentials_hint(url, options)}"
     elif is_unreachable(exc):
-        message = f"{where}: cannot reach the endpoint {endpoint}; check endpoint= (or the store's endpoint " \
-                  "variable) and that the store is up"
+        message = (
+            f"{where}: cannot reach the endpoint {endpoint}; check endpoint= (or the store's endpoint "
+            "variable) and that the store is up"
+        )
     elif isinstance(exc, FileNotFoundError) or "not found" in lower or "does not exist" in lower:
         message = f"{where}: no such object"
     else:
@@ -153,16 +211,21 @@ def explain(exc: BaseException, where: str, url: ObjectUrl, options: StoreOption
 
 def _credentials_hint(url: ObjectUrl, options: StoreOptions) -> str:
     if options.anonymous:
-        return "the request was anonymous (anonymous=true): the bucket is not public; drop anonymous= and give " \
-               "credentials"
+        return (
+            "the request was anonymous (anonymous=true): the bucket is not public; drop anonymous= and give credentials"
+        )
     if url.store == "s3":
         if not aws_credentials_configured():
-            return "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run " \
-                   "with a role; a public bucket reads with anonymous=true"
+            return (
+                "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run "
+                "with a role; a public bucket reads with anonymous=true"
+            )
         return "the credentials found may not read this bucket (check AWS_PROFILE / the keys' policy)"
     if url.store == "gcs":
-        return "check GOOGLE_APPLICATION_CREDENTIALS (a service account that may read the bucket), or " \
-               "anonymous=true for a public bucket"
+        return (
+            "check GOOGLE_APPLICATION_CREDENTIALS (a service account that may read the bucket), or "
+            "anonymous=true for a public bucket"
+        )
     if url.store == "azure":
         return "check AZURE_STORAGE_KEY / AZURE_STORAGE_SAS_TOKEN (or the Azure identity variables)"
     return "set HF_TOKEN to a token that may read this repository (gated or private)"
@@ -172,8 +235,13 @@ def aws_credentials_configured() -> bool:
     """Whether any AWS credential source is set up here: keys, a profile, a web identity, a
     container role, or the shared files (an instance role cannot be seen from here)."""
     env = os.environ
-    if env.get("AWS_ACCESS_KEY_ID") or env.get("AWS_PROFILE") or env.get("AWS_WEB_IDENTITY_TOKEN_FILE") \
-            or env.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") or env.get("AWS_CONTAINER_CREDENTIALS_FULL_URI"):
+    if (
+        env.get("AWS_ACCESS_KEY_ID")
+        or env.get("AWS_PROFILE")
+        or env.get("AWS_WEB_IDENTITY_TOKEN_FILE")
+        or env.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
+        or env.get("AWS_CONTAINER_CREDENTIALS_FULL_URI")
+    ):
         return True
     files = [env.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"), env.get("AWS_CONFIG_FILE", "~/.aws/config")]
     return any(Path(os.path.expanduser(f)).is_file() for f in files)

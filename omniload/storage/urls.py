@@ -5,6 +5,7 @@ A source path is a local path or glob, or a URL: `s3://bucket/key`, `gs://bucket
 `hf://datasets/org/name[@revision]/key`. Globs match keys as they match local paths: `*`, `?`
 and `[...]` stay within one `/`-separated part, `**` spans any number of parts (none too).
 """
+
 from __future__ import annotations
 
 import os
@@ -14,17 +15,38 @@ from dataclasses import dataclass
 from omniload.errors import ConfigError
 
 # scheme as written -> the store it names
-SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure",
-           "hf": "hf"}
+SCHEMES = {
+    "s3": "s3",
+    "s3a": "s3",
+    "gs": "gcs",
+    "gcs": "gcs",
+    "az": "azure",
+    "abfs": "azure",
+    "abfss": "azure",
+    "hf": "hf",
+}
 _WILDCARDS = "*?["
 # Environment variables that hold a secret: their values are never shown.
-SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "HF_TOKEN",
-                    "HUGGING_FACE_HUB_TOKEN", "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN",
-                    "AZURE_CLIENT_SECRET", "AZURE_STORAGE_CONNECTION_STRING", "GOOGLE_OAUTH_ACCESS_TOKEN")
+SECRET_VARIABLES = (
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_CLIENT_SECRET",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "GOOGLE_OAUTH_ACCESS_TOKEN",
+)
 # user:password@ in a URL; not Azure's container@ACCOUNT.dfs.core.windows.net, which is no secret
 _USERINFO = re.compile(r"(\b[a-z][a-z0-9+.-]*://)[^/@\s]+@(?![a-z0-9-]+\.(?:dfs|blob)\.core\.windows\.net)", re.I)
-_SIGNED = re.compile(r"([?&](?:X-Amz-[A-Za-z-]*|X-Goog-[A-Za-z-]*|sig|signature|se|sv|token|access_token|key)=)"
-                     r"[^&\s'\"]*", re.I)
+_SIGNED = re.compile(
+    r"([?&](?:X-Amz-[A-Za-z-]*|X-Goog-[A-Za-z-]*|sig|signature|se|sv|token|access_token|key)=)"
+    r"[^&\s'\"]*",
+    re.I,
+)
 
 
 def store_of(path: str) -> str | None:
@@ -79,8 +101,10 @@ def parse(url: str) -> ObjectUrl:
         raise ConfigError(f"{redact(url)}: unknown store '{scheme}://'; use s3://, gs://, az://, abfs:// or hf://")
     authority, _, key = rest.partition("/")
     if "@" in authority and store != "azure" or "?" in rest:
-        raise ConfigError(f"{redact(url)}: credentials or signed parameters in a URL would be written to logs and "
-                          "checkpoints; give them in the store's environment variables (see docs/storage.md)")
+        raise ConfigError(
+            f"{redact(url)}: credentials or signed parameters in a URL would be written to logs and "
+            "checkpoints; give them in the store's environment variables (see docs/storage.md)"
+        )
     account = None
     if store == "azure" and "@" in authority:
         authority, _, host = authority.partition("@")
@@ -128,7 +152,7 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
         elif c == "?":
             out.append("[^/]")
         elif c == "[" and (end := pattern.find("]", i + 2)) > 0:
-            body = pattern[i + 1:end]
+            body = pattern[i + 1 : end]
             if body.startswith("!"):
                 body = "^" + body[1:]
             out.append("[" + body.replace("\\", "\\\\") + "]")

@@ -1,5 +1,6 @@
 """Each benchmark runs at its smallest size, so the scripts keep working (no figures asserted:
 speed and memory goals live in the benchmarks, never in timed tests)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -13,8 +14,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 def _run(script: str, *args: str) -> str:
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True,
-                            text=True, timeout=220, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True, timeout=220, cwd=ROOT
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 

@@ -1,6 +1,7 @@
 """Chaos, short versions (the long ones are scripts/chaos_*.py): fuzzed connections, workers
 killed at random, a checkpoint disk that fills up. The coordinator never crashes or hangs, good
 ranks see exactly the batches of an undisturbed run, and nothing is left behind."""
+
 from __future__ import annotations
 
 import json
@@ -99,8 +100,18 @@ def test_fuzzed_connections_leave_the_coordinator_and_good_ranks_untouched(corpu
 
 def test_workers_killed_at_random_change_no_batch_and_stall_no_rank(corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "seed": 9, "epochs": 0,
-            "steps": 150, "max_restarts": 100, "tokenizer": "tests.transforms_for_tests:slow_bytes", "ring_mb": 1}
+    spec = {
+        "sources": mixed_sources(corpus),
+        "seq_len": 64,
+        "rows": 2,
+        "workers": 3,
+        "seed": 9,
+        "epochs": 0,
+        "steps": 150,
+        "max_restarts": 100,
+        "tokenizer": "tests.transforms_for_tests:slow_bytes",
+        "ring_mb": 1,
+    }
     reference = run_ranks(spec, world=2, out_dir=tmp_path)
     kills = 10
     with omniload.Job(spec) as job:
@@ -128,8 +139,9 @@ def _can_mount_in_a_namespace() -> str | None:
     """Why a private tmpfs cannot be made here, or None when it can."""
     if not shutil.which("unshare"):
         return "no unshare command"
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=16k tmpfs /mnt"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=16k tmpfs /mnt"], capture_output=True, text=True
+    )
     return None if probe.returncode == 0 else f"cannot mount a tmpfs in a mount namespace: {probe.stderr.strip()}"
 
 
@@ -137,8 +149,15 @@ def test_a_full_checkpoint_disk_stops_the_job_naming_the_folder_and_leaves_a_loa
     why = _can_mount_in_a_namespace()
     if why:
         pytest.skip(why)
-    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "seed": 4, "epochs": 0,
-            "steps": 200}
+    spec = {
+        "sources": mixed_sources(corpus),
+        "seq_len": 64,
+        "rows": 2,
+        "workers": 3,
+        "seed": 4,
+        "epochs": 0,
+        "steps": 200,
+    }
     reference = run_ranks(spec, world=2, out_dir=tmp_path)
     folder, kept = tmp_path / "small-disk", tmp_path / "what-it-held"
     folder.mkdir()
@@ -148,14 +167,23 @@ def test_a_full_checkpoint_disk_stops_the_job_naming_the_folder_and_leaves_a_loa
     # holds when it exits is copied out, since the namespace goes with it
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps({**spec, "checkpoint_dir": str(folder), "snapshot_every": 3}))
-    script = (f'mount -t tmpfs -o size=16k tmpfs "{folder}" && {sys.executable} -m omniload.coordinator '
-              f'< "{spec_file}"; code=$?; cp -a "{folder}"/. "{kept}"/; exit $code')
-    coordinator = subprocess.Popen(["unshare", "-m", "sh", "-c", script], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, cwd=ROOT, env={**os.environ, "OMNILOAD_TOKEN": token})
+    script = (
+        f'mount -t tmpfs -o size=16k tmpfs "{folder}" && {sys.executable} -m omniload.coordinator '
+        f'< "{spec_file}"; code=$?; cp -a "{folder}"/. "{kept}"/; exit $code'
+    )
+    coordinator = subprocess.Popen(
+        ["unshare", "-m", "sh", "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "OMNILOAD_TOKEN": token},
+    )
     addr = json.loads(coordinator.stdout.readline())["addr"]
     env = {"OMNILOAD_ADDR": addr, "OMNILOAD_TOKEN": token}
-    ranks = [spawn([str(tmp_path / f"r{r}.json")], env={**os.environ, **env, "RANK": str(r), "WORLD_SIZE": "2"})
-             for r in range(2)]
+    ranks = [
+        spawn([str(tmp_path / f"r{r}.json")], env={**os.environ, **env, "RANK": str(r), "WORLD_SIZE": "2"})
+        for r in range(2)
+    ]
     errors = [rank.communicate(timeout=60)[1] for rank in ranks]
     _, log = coordinator.communicate(timeout=30)
     log = log.decode()
@@ -171,6 +199,6 @@ def test_a_full_checkpoint_disk_stops_the_job_naming_the_folder_and_leaves_a_loa
     with omniload.Job({**spec, "resume": str(kept)}) as job:
         resumed = collect(start_ranks(job, 2, tmp_path))
     for rank in range(2):
-        assert resumed[rank]["hashes"] == reference[rank]["hashes"][found.step:], f"rank {rank} resumed elsewhere"
+        assert resumed[rank]["hashes"] == reference[rank]["hashes"][found.step :], f"rank {rank} resumed elsewhere"
     assert_port_closed(addr)
     assert_port_closed(job.addr)

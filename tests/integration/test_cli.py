@@ -1,4 +1,5 @@
 """`omniload launch` as a user runs it: bad input gets one clear line and exit code 2."""
+
 from __future__ import annotations
 
 import sys
@@ -30,8 +31,10 @@ def _assert_bad_input(result, message: str) -> None:
 
 
 def test_no_files_match(tmp_path):
-    _assert_bad_input(_launch("--source", f"web={tmp_path}/nothing/*.parquet"),
-                      f"source 'web': no files match '{tmp_path}/nothing/*.parquet'")
+    _assert_bad_input(
+        _launch("--source", f"web={tmp_path}/nothing/*.parquet"),
+        f"source 'web': no files match '{tmp_path}/nothing/*.parquet'",
+    )
 
 
 def test_invalid_parquet_stops_by_default_and_is_skipped_on_request(tmp_path, web):
@@ -55,15 +58,21 @@ def test_missing_column(tmp_path, web):
     _assert_bad_input(_launch("--source", f"code={tmp_path}/c.jsonl"), "line 1 has no key 'text'")
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--source", "WEB,weight=-0.5"], "weight must be >= 0, got -0.5"),
-    (["--source", "WEB,weight=0"], "weights are all zero"),
-    (["--source", "WEB", "--seq-len", "1"], "seq-len must be an integer >= 2, got 1"),
-    (["--source", "WEB", "--frobnicate", "3"], "No such option '--frobnicate'"),
-    (["--source", "WEB,colour=red"], "unknown option(s) colour"),
-    (["--source", "WEB", "--tokenizer", "no_such_module:encode"], "cannot import module 'no_such_module'"),
-    (["--source", "WEB", "--tokenizer", "missing/tokenizer.json"], "tokenizer file 'missing/tokenizer.json' does not exist"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--source", "WEB,weight=-0.5"], "weight must be >= 0, got -0.5"),
+        (["--source", "WEB,weight=0"], "weights are all zero"),
+        (["--source", "WEB", "--seq-len", "1"], "seq-len must be an integer >= 2, got 1"),
+        (["--source", "WEB", "--frobnicate", "3"], "No such option '--frobnicate'"),
+        (["--source", "WEB,colour=red"], "unknown option(s) colour"),
+        (["--source", "WEB", "--tokenizer", "no_such_module:encode"], "cannot import module 'no_such_module'"),
+        (
+            ["--source", "WEB", "--tokenizer", "missing/tokenizer.json"],
+            "tokenizer file 'missing/tokenizer.json' does not exist",
+        ),
+    ],
+)
 def test_bad_flags(web, flags, message):
     flags = [f.replace("WEB", f"web={web}") for f in flags]
     _assert_bad_input(_launch(*flags), message)
@@ -82,8 +91,14 @@ def test_exit_code_of_the_command_is_propagated(web):
 
 
 def test_world_size_not_divisible_by_the_layout(web, tmp_path):
-    result = _launch("--source", f"web={web}", "--tp", "4", cmd=[sys.executable, str(PROBE), str(tmp_path / "o")],
-                     env={"WORLD_SIZE": "6", "RANK": "0"})
+    result = _launch(
+        "--source",
+        f"web={web}",
+        "--tp",
+        "4",
+        cmd=[sys.executable, str(PROBE), str(tmp_path / "o")],
+        env={"WORLD_SIZE": "6", "RANK": "0"},
+    )
     assert result.returncode == 2, result.stderr
     # the rank's own traceback is the training script's; the launcher's line names the cause
     assert "omniload: world size 6 is not divisible by tp*pp*cp = 4*1*1 = 4" in result.stderr

@@ -1,6 +1,7 @@
 """The rank client in a real trainer: the position of an earlier step (a trainer that fetches
 the next batch before it saves, also through --broadcast-at tp), pinned memory, the end of the
 data."""
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,16 @@ NO_CUDA = "no CUDA here: the CPU-only behaviour is tested instead"
 
 
 def _spec(corpus: dict, **extra) -> dict:
-    return {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 2, "seed": 5, "epochs": 0,
-            "steps": STEPS, **extra}
+    return {
+        "sources": mixed_sources(corpus),
+        "seq_len": 64,
+        "rows": 2,
+        "workers": 2,
+        "seed": 5,
+        "epochs": 0,
+        "steps": STEPS,
+        **extra,
+    }
 
 
 def _digest(batch: dict[str, torch.Tensor]) -> str:
@@ -43,7 +52,7 @@ def _connect(job: omniload.Job, **kwargs) -> client.Loader:
 def _run(spec: dict, **kwargs) -> dict[int, str]:
     """Every batch of a fresh job, as {step: digest}."""
     with omniload.Job(spec) as job, _connect(job, **kwargs) as loader:
-        return {loader.step: _digest(batch) for batch in loader}
+        return {loader.step: _digest(batch) for batch in loader}  # noqa: B035  (step moves on with each batch)
 
 
 def _step_of(state: dict[str, str]) -> int:
@@ -70,8 +79,10 @@ def test_the_position_of_the_trained_step_resumes_a_prefetching_trainer_bit_exac
     with omniload.Job(_spec(corpus)) as job, _connect(job) as loader:
         loader.load_state_dict(saved)
         assert loader.position(trained_at) == saved  # the state loaded, kept before connecting
-        resumed = {loader.step: _digest(batch) for batch in loader}
-    assert sorted(resumed) == list(range(trained_at + 1, STEPS)), "the resumed run does not start after the trained step"
+        resumed = {loader.step: _digest(batch) for batch in loader}  # noqa: B035  (step moves on with each batch)
+    assert sorted(resumed) == list(range(trained_at + 1, STEPS)), (
+        "the resumed run does not start after the trained step"
+    )
     assert resumed == {s: h for s, h in trained.items() if s > trained_at}, "the resumed batches differ"
 
 
@@ -83,18 +94,23 @@ def test_a_step_not_kept_raises_naming_the_steps_that_can_be_asked_for(corpus):
         assert loader.info["resume_step"] == 0
         start = loader.position(-1)
         assert start == loader.state_dict(step=-1) == loader.state_dict() and _step_of(start) == 0
-        with pytest.raises(omniload.OmniloadError, match="step 0 has not been handed out yet: ask for a step from -1 to -1"):
+        with pytest.raises(
+            omniload.OmniloadError, match="step 0 has not been handed out yet: ask for a step from -1 to -1"
+        ):
             loader.position(0)
         for _ in loader:
             pass
         assert loader.step == STEPS - 1
         first = STEPS - client.KEPT_POSITIONS
         for step in (first - 1, -1):
-            with pytest.raises(omniload.OmniloadError, match=f"step {step} is too old: ask for a step from {first} "
-                                                             f"to {STEPS - 1}"):
+            with pytest.raises(
+                omniload.OmniloadError, match=f"step {step} is too old: ask for a step from {first} to {STEPS - 1}"
+            ):
                 loader.state_dict(step=step)
-        with pytest.raises(omniload.OmniloadError, match=f"step {STEPS} has not been handed out yet: ask for a step "
-                                                         f"from {first} to {STEPS - 1}"):
+        with pytest.raises(
+            omniload.OmniloadError,
+            match=f"step {STEPS} has not been handed out yet: ask for a step from {first} to {STEPS - 1}",
+        ):
             loader.position(STEPS)
         with pytest.raises(TypeError, match="step must be an int"):
             loader.position("3")
@@ -113,14 +129,39 @@ def test_a_loop_ends_at_the_end_of_the_data_and_stays_ended(corpus):
 def test_prefetching_tp_ranks_save_the_trained_step_and_resume_bit_exact(corpus, tmp_path):
     """--broadcast-at tp: position() and state_dict(step=) are collective (rank 1 connects to no
     coordinator), and an out-of-range step raises on every rank."""
-    flags = [f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
-             for s in mixed_sources(corpus)]
+    flags = [
+        f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
+        for s in mixed_sources(corpus)
+    ]
 
     def torchrun(mode: str) -> list[dict]:
-        result = omniload_cli("launch", *flags, "--seq-len", "64", "--rows", "2", "--steps", "14", "--epochs", "0",
-                              "--tp", "2", "--broadcast-at", "tp", "--", sys.executable, "-m", "torch.distributed.run",
-                              "--standalone", "--nproc_per_node=2", str(TRAINER), mode, str(tmp_path / "state{rank}.json"),
-                              str(tmp_path / f"{mode}{{rank}}.json"), timeout=170)
+        result = omniload_cli(
+            "launch",
+            *flags,
+            "--seq-len",
+            "64",
+            "--rows",
+            "2",
+            "--steps",
+            "14",
+            "--epochs",
+            "0",
+            "--tp",
+            "2",
+            "--broadcast-at",
+            "tp",
+            "--",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(TRAINER),
+            mode,
+            str(tmp_path / "state{rank}.json"),
+            str(tmp_path / f"{mode}{{rank}}.json"),
+            timeout=170,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         return [json.loads((tmp_path / f"{mode}{r}.json").read_text()) for r in range(2)]
 
@@ -147,9 +188,11 @@ def test_pin_memory_without_cuda_warns_and_hands_out_the_same_cpu_batches(corpus
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here: the warning is not given")
 def test_the_no_cuda_warning_is_given_once_per_process():
-    code = ("import omniload\n"
-            "for _ in range(3):\n"
-            "    omniload.connect('127.0.0.1:1', 't', rank=0, world_size=1, pin_memory=True)")
+    code = (
+        "import omniload\n"
+        "for _ in range(3):\n"
+        "    omniload.connect('127.0.0.1:1', 't', rank=0, world_size=1, pin_memory=True)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("CUDA is not available") == 1, result.stderr

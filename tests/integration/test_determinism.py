@@ -1,4 +1,5 @@
 """DESIGN.md invariant 1: the batches are a function of spec, seed and files only."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 def test_first_50_batches_are_identical_across_worker_counts_and_runs(corpus, tmp_path):
-    base = {"sources": mixed_sources(corpus, (0.4, 0.35, 0.25)), "seq_len": 64, "rows": 2, "seed": 5,
-            "epochs": 0, "steps": 50}
+    base = {
+        "sources": mixed_sources(corpus, (0.4, 0.35, 0.25)),
+        "seq_len": 64,
+        "rows": 2,
+        "seed": 5,
+        "epochs": 0,
+        "steps": 50,
+    }
     one_per_source = run_ranks({**base, "workers": 3}, world=2, out_dir=tmp_path)
     three_per_source = run_ranks({**base, "workers": 9}, world=2, out_dir=tmp_path)
     again = run_ranks({**base, "workers": 3}, world=2, out_dir=tmp_path)
@@ -40,7 +47,6 @@ def test_autoscaling_moves_workers_without_changing_the_data(corpus, tmp_path):
     import threading
 
     import omniload
-
     from tests.jobs import collect, start_ranks
 
     if len(os.sched_getaffinity(0)) < 2:

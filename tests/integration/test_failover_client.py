@@ -1,5 +1,6 @@
 """The rank's side of a failover, against fake coordinators: it goes on at the next address
 from its own position, skips a coordinator of an older epoch, and keeps its positions."""
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ class _Fake:
 
     def __init__(self, epoch: int, steps: list[int], end: bool = False) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.addr = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.hello: dict | None = None
         self._epoch, self._steps, self._end = epoch, steps, end
         self.thread = threading.Thread(target=self._serve, daemon=True)

@@ -1,4 +1,5 @@
 """Failure modes as ordinary cases: dead workers, stuck transforms, bad clients (invariants 2 and 4)."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,17 @@ def importable_tests(monkeypatch):
 
 
 def test_killed_worker_is_replaced_with_nothing_lost_or_repeated(corpus, tmp_path, importable_tests):
-    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "seed": 2, "epochs": 0,
-            "steps": 80, "tokenizer": "tests.transforms_for_tests:slow_bytes", "ring_mb": 1}
+    spec = {
+        "sources": mixed_sources(corpus),
+        "seq_len": 64,
+        "rows": 2,
+        "workers": 3,
+        "seed": 2,
+        "epochs": 0,
+        "steps": 80,
+        "tokenizer": "tests.transforms_for_tests:slow_bytes",
+        "ring_mb": 1,
+    }
     reference = run_ranks(spec, world=2, out_dir=tmp_path)
     with omniload.Job(spec) as job:
         ranks = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.05"})  # ~4 s of "training"
@@ -55,17 +65,21 @@ def test_stuck_transform_fails_after_the_worker_timeout(corpus, tmp_path, import
     sources[2]["tokenizer"] = "tests.transforms_for_tests:hang"
     spec = {"sources": sources, "seq_len": 64, "workers": 3, "worker_timeout": 3}
     with omniload.Job(spec) as job:
-        (rank, out), = start_ranks(job, 1, tmp_path)
+        ((rank, out),) = start_ranks(job, 1, tmp_path)
         _, stderr = rank.communicate(timeout=60)
         assert rank.returncode != 0
         assert "source 'books'" in stderr and "is a transform stuck" in stderr
 
 
 def test_transform_error_reaches_the_rank_with_file_and_cause(corpus, tmp_path, importable_tests):
-    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "workers": 3,
-            "tokenizer": "tests.transforms_for_tests:fail_on_seven"}
+    spec = {
+        "sources": mixed_sources(corpus),
+        "seq_len": 64,
+        "workers": 3,
+        "tokenizer": "tests.transforms_for_tests:fail_on_seven",
+    }
     with omniload.Job(spec) as job:
-        (rank, out), = start_ranks(job, 1, tmp_path)
+        ((rank, out),) = start_ranks(job, 1, tmp_path)
         _, stderr = rank.communicate(timeout=60)
         assert "transform failed: ValueError: seven is not allowed" in stderr
 

@@ -1,5 +1,6 @@
 """Image-text sources end to end: parquet and WebDataset tar, pixels in the batch, exactly once,
 resume, a corrupt image."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -8,7 +9,15 @@ import pytest
 
 import omniload
 from omniload.order import split_sample_id
-from tests.corpus import documents, encoded_image, image_color, image_samples, write_image_parquet, write_image_tar, write_parquet
+from tests.corpus import (
+    documents,
+    encoded_image,
+    image_color,
+    image_samples,
+    write_image_parquet,
+    write_image_tar,
+    write_parquet,
+)
 from tests.jobs import collect, run_ranks, start_ranks
 
 pytest.importorskip("PIL")
@@ -23,11 +32,20 @@ def _corpus(tmp_path):
     write_image_parquet(tmp_path / "pq" / "a.parquet", parquet)
     write_image_tar(tmp_path / "wds" / "a.tar", tar)
     write_parquet(tmp_path / "text" / "a.parquet", documents(80, 3))
-    spec = {"sources": [{"name": "pq", "path": str(tmp_path / "pq" / "*.parquet"), "image": "image"},
-                        {"name": "wds", "path": str(tmp_path / "wds" / "*.tar")},
-                        {"name": "text", "path": str(tmp_path / "text" / "*.parquet")}],
-            "seq_len": 64, "rows": 4, "workers": 2, "seed": 3, "image_size": "12x20", "image_token": TOKEN,
-            "tokens_per_image": PER_IMAGE}
+    spec = {
+        "sources": [
+            {"name": "pq", "path": str(tmp_path / "pq" / "*.parquet"), "image": "image"},
+            {"name": "wds", "path": str(tmp_path / "wds" / "*.tar")},
+            {"name": "text", "path": str(tmp_path / "text" / "*.parquet")},
+        ],
+        "seq_len": 64,
+        "rows": 4,
+        "workers": 2,
+        "seed": 3,
+        "image_size": "12x20",
+        "image_token": TOKEN,
+        "tokens_per_image": PER_IMAGE,
+    }
     return spec, {0: parquet, 1: tar}
 
 
@@ -91,8 +109,14 @@ def test_resume_on_more_ranks_delivers_every_image_sample_once(tmp_path):
 def test_a_corrupt_image_skips_its_sample_or_stops_naming_it(tmp_path, on_bad_file):
     samples = [(f"caption {i}", [encoded_image(image_color(i, 0), (20, 10))]) for i in range(30)]
     write_image_tar(tmp_path / "bad.tar", samples, corrupt={7})
-    spec = {"sources": [f"wds={tmp_path}/bad.tar"], "seq_len": 64, "rows": 2, "image_size": "8x8",
-            "image_token": TOKEN, "on_bad_file": on_bad_file}
+    spec = {
+        "sources": [f"wds={tmp_path}/bad.tar"],
+        "seq_len": 64,
+        "rows": 2,
+        "image_size": "8x8",
+        "image_token": TOKEN,
+        "on_bad_file": on_bad_file,
+    }
     if on_bad_file == "stop":
         with omniload.Job(spec) as job, pytest.raises(omniload.OmniloadError) as failed:
             for _ in omniload.connect(job.addr, job.token, rank=0, world_size=1):

@@ -1,4 +1,5 @@
 """The central planner in real jobs: tensor-parallel groups under torchrun, live mixing."""
+
 from __future__ import annotations
 
 import json
@@ -17,13 +18,34 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 @pytest.mark.parametrize("broadcast_at", ["none", "tp"])
 def test_tp_ranks_of_a_dp_group_see_identical_batches_and_dp_groups_are_disjoint(corpus, tmp_path, broadcast_at):
-    flags = [f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
-             for s in mixed_sources(corpus)]
+    flags = [
+        f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
+        for s in mixed_sources(corpus)
+    ]
     out = tmp_path / "rank{rank}.json"
-    result = omniload_cli("launch", *flags, "--seq-len", "64", "--rows", "2", "--tp", "2", "--steps", "12",
-                          "--broadcast-at", broadcast_at, "--",
-                          sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
-                          str(PROBE), str(out), timeout=200)
+    result = omniload_cli(
+        "launch",
+        *flags,
+        "--seq-len",
+        "64",
+        "--rows",
+        "2",
+        "--tp",
+        "2",
+        "--steps",
+        "12",
+        "--broadcast-at",
+        broadcast_at,
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=4",
+        str(PROBE),
+        str(out),
+        timeout=200,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     assert all(len(r["hashes"]) == 12 for r in ranks)
@@ -37,8 +59,15 @@ def test_live_mixture_change_applies_from_the_step_it_reports(corpus, tmp_path, 
     """With a slow source the change arrives while a step is being planned: the reply must
     still name the first step drawn with the new weights."""
     monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    spec = {"sources": mixed_sources(corpus), "seq_len": 256, "rows": 4, "workers": 3, "epochs": 0, "steps": 60,
-            "tokenizer": tokenizer}
+    spec = {
+        "sources": mixed_sources(corpus),
+        "seq_len": 256,
+        "rows": 4,
+        "workers": 3,
+        "epochs": 0,
+        "steps": 60,
+        "tokenizer": tokenizer,
+    }
     with omniload.Job(spec) as job:
         loader = omniload.connect(job.addr, job.token, rank=0, world_size=1)
         steps = []

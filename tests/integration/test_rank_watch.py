@@ -1,4 +1,5 @@
 """A rank that dies, hangs or runs ahead is named to the others; a normal end says nothing alarming."""
+
 from __future__ import annotations
 
 import signal
@@ -15,8 +16,15 @@ TIMEOUT_S = 3.0
 
 
 def _spec(corpus) -> dict:
-    return {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "epochs": 0,
-            "plan_ahead": 4, "rank_timeout": TIMEOUT_S}
+    return {
+        "sources": mixed_sources(corpus),
+        "seq_len": 64,
+        "rows": 2,
+        "workers": 3,
+        "epochs": 0,
+        "plan_ahead": 4,
+        "rank_timeout": TIMEOUT_S,
+    }
 
 
 def _wait_exit(process, seconds: float) -> str:
@@ -47,8 +55,8 @@ def test_a_killed_rank_is_named_to_the_others_within_the_rank_timeout(corpus, tm
 
 def test_a_rank_that_runs_ahead_is_told_why_it_waits_and_the_stuck_rank_is_named(corpus, tmp_path):
     with omniload.Job(_spec(corpus)) as job:
-        (ahead, _), = start_ranks(job, 1, tmp_path, env={"RANK": "0", "WORLD_SIZE": "2"})
-        (stuck, _), = start_ranks(job, 1, tmp_path, env={"RANK": "1", "WORLD_SIZE": "2", "PROBE_HANG_AFTER": "2"})
+        ((ahead, _),) = start_ranks(job, 1, tmp_path, env={"RANK": "0", "WORLD_SIZE": "2"})
+        ((stuck, _),) = start_ranks(job, 1, tmp_path, env={"RANK": "1", "WORLD_SIZE": "2", "PROBE_HANG_AFTER": "2"})
         stderr = _wait_exit(ahead, 40)
         stuck.kill()
         stuck.wait()
@@ -74,8 +82,8 @@ def test_a_rank_that_stops_in_the_last_steps_is_named_too(corpus, tmp_path):
     still holds the others in their last collective: it is named and timed out as before."""
     spec = {**_spec(corpus), "epochs": 1, "steps": 10, "plan_ahead": 8}
     with omniload.Job(spec) as job:
-        (done, _), = start_ranks(job, 1, tmp_path, env={"RANK": "0", "WORLD_SIZE": "2", "PROBE_HANG_AFTER": "10"})
-        (short, _), = start_ranks(job, 1, tmp_path, env={"RANK": "1", "WORLD_SIZE": "2", "PROBE_HANG_AFTER": "5"})
+        ((done, _),) = start_ranks(job, 1, tmp_path, env={"RANK": "0", "WORLD_SIZE": "2", "PROBE_HANG_AFTER": "10"})
+        ((short, _),) = start_ranks(job, 1, tmp_path, env={"RANK": "1", "WORLD_SIZE": "2", "PROBE_HANG_AFTER": "5"})
         assert job.wait(60) == 1
         log = "\n".join(job.log_tail())
         for rank in (done, short):

@@ -1,4 +1,5 @@
 """A relay per node: the node's ranks share one connection, and get the same bytes."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,24 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 def _start_relay(job: omniload.Job, path: Path, cmd: list[str] = ()) -> subprocess.Popen:
-    relay = subprocess.Popen([sys.executable, "-m", "omniload.cli", "relay", "--addr", job.addr, "--token",
-                              job.token, "--socket", str(path), *(["--", *cmd] if cmd else [])],
-                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    relay = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "omniload.cli",
+            "relay",
+            "--addr",
+            job.addr,
+            "--token",
+            job.token,
+            "--socket",
+            str(path),
+            *(["--", *cmd] if cmd else []),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     deadline = time.monotonic() + 30
     while not path.exists():
         assert relay.poll() is None, f"the relay exited {relay.returncode}: {relay.stderr.read()}"
@@ -34,8 +50,10 @@ def _start_relay(job: omniload.Job, path: Path, cmd: list[str] = ()) -> subproce
 
 def _coordinator_connections(job: omniload.Job) -> int:
     port = int(job.addr.rsplit(":", 1)[1])
-    return sum(c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
-               for c in psutil.Process(job._process.pid).net_connections("tcp"))
+    return sum(
+        c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
+        for c in psutil.Process(job._process.pid).net_connections("tcp")
+    )
 
 
 def _spec(corpus: dict[str, str]) -> dict:
@@ -49,8 +67,16 @@ def test_ranks_behind_a_relay_and_ranks_on_senders_get_the_bytes_of_direct_conne
     with omniload.Job({**_spec(corpus), "senders": 2}) as job:
         path = tmp_path / "node1.sock"
         relay = _start_relay(job, path)  # ranks 2 and 3 share it; ranks 0 and 1 connect directly
-        ranks = [_probe(job, rank, 4, tmp_path, {"PROBE_STEP_S": "0.05"} if rank < 2 else
-                        {"PROBE_STEP_S": "0.05", "OMNILOAD_ADDR": f"unix:{path}"}) for rank in range(4)]
+        ranks = [
+            _probe(
+                job,
+                rank,
+                4,
+                tmp_path,
+                {"PROBE_STEP_S": "0.05"} if rank < 2 else {"PROBE_STEP_S": "0.05", "OMNILOAD_ADDR": f"unix:{path}"},
+            )
+            for rank in range(4)
+        ]
         _wait_for_local_ranks(relay, path, 2)
         senders = senders_of(job)
         deadline = time.monotonic() + 60
@@ -81,8 +107,10 @@ def test_a_dead_relay_ends_its_ranks_with_an_error_naming_it_and_the_job_lives_o
     with omniload.Job(spec) as job:
         path = tmp_path / "node0.sock"
         relay = _start_relay(job, path)
-        ranks = [_probe(job, rank, 2, tmp_path, {"OMNILOAD_ADDR": f"unix:{path}", "PROBE_STEP_S": "0.02"})
-                 for rank in range(2)]
+        ranks = [
+            _probe(job, rank, 2, tmp_path, {"OMNILOAD_ADDR": f"unix:{path}", "PROBE_STEP_S": "0.02"})
+            for rank in range(2)
+        ]
         _wait_for_local_ranks(relay, path, 2)
         time.sleep(0.5)
         relay.send_signal(signal.SIGKILL)
@@ -136,17 +164,56 @@ def test_a_node_on_another_host_reaches_the_coordinator_through_its_relay(corpus
     with omniload.Job(_spec(corpus)) as job:
         direct = collect(start_ranks(job, 2, tmp_path))
 
-    serve = subprocess.Popen(["ip", "netns", "exec", host_a, sys.executable, "-m", "omniload.cli", "serve",
-                              "--config", str(spec), "--host", "10.77.0.1"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    serve = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            host_a,
+            sys.executable,
+            "-m",
+            "omniload.cli",
+            "serve",
+            "--config",
+            str(spec),
+            "--host",
+            "10.77.0.1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         announced = dict(serve.stdout.readline().strip().split("=", 1) for _ in range(2))
         outs = [tmp_path / f"node{rank}.json" for rank in range(2)]
         ranks = " & ".join(f"RANK={rank} WORLD_SIZE=2 {sys.executable} {PROBE} {out}" for rank, out in enumerate(outs))
-        node = subprocess.run(["ip", "netns", "exec", host_b, sys.executable, "-m", "omniload.cli", "relay",
-                               "--addr", announced["OMNILOAD_ADDR"], "--token", announced["OMNILOAD_TOKEN"],
-                               "--socket", str(tmp_path / "b.sock"), "--", "sh", "-c", f"{ranks} & wait"],
-                              capture_output=True, text=True, timeout=90, cwd=ROOT)
+        node = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                host_b,
+                sys.executable,
+                "-m",
+                "omniload.cli",
+                "relay",
+                "--addr",
+                announced["OMNILOAD_ADDR"],
+                "--token",
+                announced["OMNILOAD_TOKEN"],
+                "--socket",
+                str(tmp_path / "b.sock"),
+                "--",
+                "sh",
+                "-c",
+                f"{ranks} & wait",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            cwd=ROOT,
+        )
         assert node.returncode == 0, node.stderr[-2000:]
         assert serve.wait(30) == 0, serve.stderr.read()[-2000:]
     finally:

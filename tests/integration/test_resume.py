@@ -1,4 +1,5 @@
 """Exact checkpoint and resume (DESIGN.md invariants 1 and 2): kill -9, elastic, changed data, DCP."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 def test_sigkill_then_resume_from_the_folder_repeats_the_uninterrupted_run(corpus, tmp_path):
-    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "seed": 4, "epochs": 0,
-            "steps": 120}
+    spec = {
+        "sources": mixed_sources(corpus),
+        "seq_len": 64,
+        "rows": 2,
+        "workers": 3,
+        "seed": 4,
+        "epochs": 0,
+        "steps": 120,
+    }
     reference = run_ranks(spec, world=2, out_dir=tmp_path)
     folder = tmp_path / "ckpt"
     target = random.Random(os.getpid()).randint(41, 90)
@@ -73,8 +81,9 @@ def test_changed_spec_or_files_are_refused_naming_what_changed(corpus, tmp_path)
     write_parquet(Path(corpus["web"]).parent / "b.parquet", documents(210, 2))
     with pytest.raises(omniload.ConfigError, match="source 'web': .*b.parquet changed"):
         omniload.Job({**spec, "resume": str(folder)}).start()
-    result = omniload_cli("launch", "--config", _config(tmp_path, spec), "--resume", str(folder),
-                          "--", sys.executable, "-c", "pass")
+    result = omniload_cli(
+        "launch", "--config", _config(tmp_path, spec), "--resume", str(folder), "--", sys.executable, "-c", "pass"
+    )
     assert result.returncode == 2 and "b.parquet changed" in result.stderr and "--allow-changed-data" in result.stderr
     allowed = run_ranks({**spec, "resume": str(folder), "allow_changed_data": True, "steps": 12}, 1, tmp_path)
     assert allowed[0]["steps"][0] == 8
@@ -89,14 +98,28 @@ def _config(tmp_path: Path, spec: dict) -> str:
 
 
 def test_loader_state_saved_and_loaded_with_torch_distributed_checkpoint(corpus, tmp_path):
-    flags = [f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
-             for s in mixed_sources(corpus)]
+    flags = [
+        f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
+        for s in mixed_sources(corpus)
+    ]
     common = [*flags, "--seq-len", "64", "--rows", "2", "--steps", "20", "--epochs", "0"]
 
     def torchrun(mode: str, out: str) -> dict[str, dict]:
-        result = omniload_cli("launch", *common, "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
-                              "--nproc_per_node=2", str(ROOT / "tests" / "dcp_train.py"), mode,
-                              str(tmp_path / "dcp"), str(tmp_path / out), timeout=200)
+        result = omniload_cli(
+            "launch",
+            *common,
+            "--",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(ROOT / "tests" / "dcp_train.py"),
+            mode,
+            str(tmp_path / "dcp"),
+            str(tmp_path / out),
+            timeout=200,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         return {r: json.loads((tmp_path / out.format(rank=r)).read_text()) for r in range(2)}
 

@@ -1,4 +1,5 @@
 """The shared-memory ring with a real producer process."""
+
 from __future__ import annotations
 
 import hashlib
@@ -96,7 +97,8 @@ def test_a_span_keeps_small_records_in_its_first_bytes_and_long_ones_still_fit()
     try:
         assert _allocated(ring) < capacity // 2  # the span is allocated, the rest is sparse
         producer = multiprocessing.get_context("fork").Process(
-            target=_produce, args=(str(ring.path), 3000, None))  # ~4 MB through the ring: many wraps
+            target=_produce, args=(str(ring.path), 3000, None)
+        )  # ~4 MB through the ring: many wraps
         producer.start()
         got = _consume(ring, producer)
         producer.join()

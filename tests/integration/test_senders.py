@@ -1,5 +1,6 @@
 """Sender processes (`--senders N`): a dead sender named, a rank that hangs up at once.
 That senders change no byte is checked with relays in test_relay.py."""
+
 from __future__ import annotations
 
 import signal
@@ -15,8 +16,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 def _spec(corpus: dict[str, str], senders: int) -> dict:
-    return {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 2, "seed": 5, "steps": 40,
-            "senders": senders}
+    return {
+        "sources": mixed_sources(corpus),
+        "seq_len": 64,
+        "rows": 2,
+        "workers": 2,
+        "seed": 5,
+        "steps": 40,
+        "senders": senders,
+    }
 
 
 def test_a_killed_sender_stops_the_job_with_an_error_naming_it(corpus, tmp_path):

@@ -1,13 +1,14 @@
 """Several rank processes over one real job: disjoint data, exactly once, mixture by tokens."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
 
+from omniload.formats.shards import detect_format
 from omniload.order import sample_id
 from omniload.workers.readers import index_file, read_shard
-from omniload.formats.shards import detect_format
 from tests.corpus import mixed_sources
 from tests.jobs import run_ranks
 
@@ -16,8 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 def test_four_ranks_disjoint_at_most_once_and_weighted_by_tokens(corpus, tmp_path):
     weights = (0.6, 0.3, 0.1)
-    spec = {"sources": mixed_sources(corpus, weights), "seq_len": 128, "rows": 1, "workers": 4,
-            "seed": 3, "steps": 200}
+    spec = {"sources": mixed_sources(corpus, weights), "seq_len": 128, "rows": 1, "workers": 4, "seed": 3, "steps": 200}
     ranks = run_ranks(spec, world=4, out_dir=tmp_path)
 
     assert [len(r["hashes"]) for r in ranks] == [200] * 4, "every rank gets a batch at every step"

@@ -1,4 +1,5 @@
 """DESIGN.md invariant 3: however a job ends, no segment, worker or port is left behind."""
+
 from __future__ import annotations
 
 import os
@@ -31,11 +32,19 @@ def _wait_gone(pids: list[int], seconds: float = 15.0) -> list[int]:
 def _endless_launch(corpus, tmp_path) -> subprocess.Popen:
     args = ["launch", "--seq-len", "64", "--workers", "3", "--epochs", "0"]
     for source in mixed_sources(corpus):
-        args += ["--source", f"{source['name']}={source['path']},weight={source['weight']}"
-                             + (f",column={source['column']}" if "column" in source else "")]
-    return subprocess.Popen([sys.executable, "-m", "omniload.cli", *args, "--", sys.executable, str(PROBE),
-                             str(tmp_path / "out.json")], cwd=ROOT, start_new_session=True,
-                            env={**os.environ, "PROBE_STEP_S": "0.02"}, stderr=subprocess.PIPE, text=True)
+        args += [
+            "--source",
+            f"{source['name']}={source['path']},weight={source['weight']}"
+            + (f",column={source['column']}" if "column" in source else ""),
+        ]
+    return subprocess.Popen(
+        [sys.executable, "-m", "omniload.cli", *args, "--", sys.executable, str(PROBE), str(tmp_path / "out.json")],
+        cwd=ROOT,
+        start_new_session=True,
+        env={**os.environ, "PROBE_STEP_S": "0.02"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _tree(process: subprocess.Popen, at_least: int) -> list[int]:

@@ -1,4 +1,5 @@
 """Source formats and transforms end to end: pre-tokenized columns, Hugging Face tokenizers."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,9 +14,15 @@ def test_pretokenized_list_column_is_used_as_is(tmp_path):
     docs = [list(range(i, i + 5 + i % 7)) for i in range(100)]
     write_parquet(tmp_path / "tok.parquet", docs, column="ids")
     write_jsonl(tmp_path / "tok.jsonl", docs, column="ids")
-    spec = {"sources": [{"name": "p", "path": str(tmp_path / "tok.parquet"), "column": "ids"},
-                        {"name": "j", "path": str(tmp_path / "tok.jsonl"), "column": "ids"}],
-            "seq_len": 32, "rows": 2, "workers": 2}
+    spec = {
+        "sources": [
+            {"name": "p", "path": str(tmp_path / "tok.parquet"), "column": "ids"},
+            {"name": "j", "path": str(tmp_path / "tok.jsonl"), "column": "ids"},
+        ],
+        "seq_len": 32,
+        "rows": 2,
+        "workers": 2,
+    }
     (rank,) = run_ranks(spec, world=1, out_dir=tmp_path)
     # every document arrives once per source, with its exact token count
     assert sum(rank["source_tokens"].values()) == 2 * sum(len(d) for d in docs)
@@ -29,7 +36,11 @@ def test_huggingface_tokenizer_file(tmp_path):
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     write_arrow(tmp_path / "t.arrow", ["hello world omniload"] * 30 + ["hello unknown"] * 10)
-    spec = {"sources": [f"t={tmp_path}/t.arrow"], "seq_len": 8, "rows": 4,
-            "tokenizer": str(tmp_path / "tokenizer.json")}
+    spec = {
+        "sources": [f"t={tmp_path}/t.arrow"],
+        "seq_len": 8,
+        "rows": 4,
+        "tokenizer": str(tmp_path / "tokenizer.json"),
+    }
     (rank,) = run_ranks(spec, world=1, out_dir=tmp_path)
     assert sum(rank["source_tokens"].values()) == 30 * 3 + 10 * 2

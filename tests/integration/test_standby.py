@@ -1,5 +1,6 @@
 """Hot standby coordinators (issue 11): kill -9 the primary, a standby takes over, the ranks go
 on from their own positions and get exactly the batches of an uninterrupted run."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,15 @@ _STEPS = 60
 def uninterrupted(tmp_path_factory):
     """The spec, and what each rank of an uninterrupted run gets, by world size (computed once)."""
     root = tmp_path_factory.mktemp("standby")
-    spec = {"sources": mixed_sources(make_mixed_corpus(root)), "seq_len": 64, "rows": 2, "workers": 2, "seed": 4,
-            "epochs": 0, "steps": _STEPS}
+    spec = {
+        "sources": mixed_sources(make_mixed_corpus(root)),
+        "seq_len": 64,
+        "rows": 2,
+        "workers": 2,
+        "seed": 4,
+        "epochs": 0,
+        "steps": _STEPS,
+    }
     runs: dict[int, list[dict]] = {}
 
     def reference(world: int) -> list[dict]:
@@ -90,14 +98,50 @@ def _assert_same(reference: list[dict], got: list[dict]) -> None:
 def test_launch_standby_under_torchrun_survives_kill_9_of_the_primary(uninterrupted, tmp_path):
     spec, reference = uninterrupted
     folder = tmp_path / "ckpt"
-    flags = [f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
-             for s in spec["sources"]]
+    flags = [
+        f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
+        for s in spec["sources"]
+    ]
     launch = subprocess.Popen(
-        [sys.executable, "-m", "omniload.cli", "launch", *flags, "--seq-len", "64", "--rows", "2", "--workers", "2",
-         "--seed", "4", "--epochs", "0", "--steps", str(_STEPS), "--checkpoint-dir", str(folder),
-         "--snapshot-every", "20", "--standby", "1", "-q", "--", sys.executable, "-m", "torch.distributed.run",
-         "--standalone", "--nproc_per_node=2", str(PROBE), str(tmp_path / "out{rank}.json")],
-        cwd=ROOT, env={**os.environ, "PROBE_STEP_S": "0.03"}, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "omniload.cli",
+            "launch",
+            *flags,
+            "--seq-len",
+            "64",
+            "--rows",
+            "2",
+            "--workers",
+            "2",
+            "--seed",
+            "4",
+            "--epochs",
+            "0",
+            "--steps",
+            str(_STEPS),
+            "--checkpoint-dir",
+            str(folder),
+            "--snapshot-every",
+            "20",
+            "--standby",
+            "1",
+            "-q",
+            "--",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(PROBE),
+            str(tmp_path / "out{rank}.json"),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PROBE_STEP_S": "0.03"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         epoch = _kill_primary(folder, random.Random(os.getpid()).randint(15, 40))
         _, stderr = launch.communicate(timeout=120)
@@ -184,4 +228,3 @@ def test_a_primary_killed_before_any_snapshot_is_taken_over_from_the_start(unint
         log = "\n".join(job.log_tail())
     _assert_same(reference(2), got)
     assert "takes over as the primary of epoch 2" in log and "(a hot standby)" not in log
-

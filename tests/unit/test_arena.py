@@ -1,4 +1,5 @@
 """The step arena's space: FIFO by step, never split at the wrap, full is None."""
+
 from __future__ import annotations
 
 from hypothesis import given
@@ -23,8 +24,10 @@ def test_a_payload_larger_than_the_space_never_fits():
     assert FifoSpace(10).take(0, 11) is None
 
 
-@given(st.lists(st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=4), min_size=1, max_size=30),
-       st.integers(min_value=0, max_value=4))
+@given(
+    st.lists(st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=4), min_size=1, max_size=30),
+    st.integers(min_value=0, max_value=4),
+)
 def test_live_payloads_never_overlap(steps, lag):
     """Whatever the sizes, the bytes of steps not yet let go are disjoint and inside the space."""
     space, live = FifoSpace(128), {}

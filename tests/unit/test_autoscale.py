@@ -1,4 +1,5 @@
 """The autoscaler's pure parts: budget, lanes, packing by cost, hysteresis, starvation."""
+
 from __future__ import annotations
 
 from omniload.coordinator.pool.autoscale import (
@@ -66,8 +67,10 @@ def test_auto_starts_packed_by_weight_within_the_cpu_budget():
 
 
 def test_costs_are_cpu_per_token_smoothed_and_kept_without_tokens():
-    w = [Window(cpu_s=2.0, produced=100_000, taken=90_000, starved=False),
-         Window(cpu_s=0.01, produced=10, taken=0, starved=False)]  # rings full: idle polling only
+    w = [
+        Window(cpu_s=2.0, produced=100_000, taken=90_000, starved=False),
+        Window(cpu_s=0.01, produced=10, taken=0, starved=False),
+    ]  # rings full: idle polling only
     costs = update_costs([None, 0.5], w)
     assert costs == [2e-5, 0.5]
     again = update_costs(costs, [Window(cpu_s=4.0, produced=100_000, taken=100_000, starved=False), w[1]])

@@ -103,8 +103,9 @@ def _rounds_of_one(order, lengths, costs, rank_of, row_of, free, rank_cost, limi
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(1, 64), max_size=40), st.integers(1, 5), st.floats(0.1, 1.5), st.booleans(),
-       st.integers(0, 63))
+@given(
+    st.lists(st.integers(1, 64), max_size=40), st.integers(1, 5), st.floats(0.1, 1.5), st.booleans(), st.integers(0, 63)
+)
 def test_one_rank_fills_its_rows_as_the_rounds_did(lengths, rows, limit_share, waits, used):
     """dp=1 skips the vectorized rounds (a third of the coordinator's CPU with one rank); the
     batches must stay what the rounds made."""

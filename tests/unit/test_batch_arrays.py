@@ -1,12 +1,13 @@
 """The compact wire: the schema a rank derives equals the schema, for any segmentation."""
+
 from __future__ import annotations
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload.coordinator.plan.packer import Segment, compact_batch
 from omniload.batch_arrays import IGNORE_INDEX, PAD_ID, expand, narrow, widen
+from omniload.coordinator.plan.packer import Segment, compact_batch
 
 SEQ = 32
 
@@ -33,9 +34,14 @@ def _schema_by_the_rules(rows: list[list[Segment]], seq_len: int) -> dict[str, n
             sources.append(-1)
             sample_ids.append(-1)
     shape = (len(rows), seq_len)
-    return {"input_ids": np.array(ids).reshape(shape), "labels": np.array(labels).reshape(shape),
-            "position_ids": np.array(positions).reshape(shape), "cu_seqlens": np.cumsum([0] + lengths),
-            "source": np.array(sources), "sample_id": np.array(sample_ids)}
+    return {
+        "input_ids": np.array(ids).reshape(shape),
+        "labels": np.array(labels).reshape(shape),
+        "position_ids": np.array(positions).reshape(shape),
+        "cu_seqlens": np.cumsum([0] + lengths),
+        "source": np.array(sources),
+        "sample_id": np.array(sample_ids),
+    }
 
 
 @st.composite
@@ -64,8 +70,13 @@ def test_the_rank_derives_exactly_the_schema(rows):
     for name in want:
         assert np.array_equal(got[name], want[name]), name
     assert {n: a.dtype.name for n, a in got.items()} == {
-        "input_ids": "int64", "labels": "int64", "position_ids": "int64", "cu_seqlens": "int32",
-        "source": "int64", "sample_id": "int64"}
+        "input_ids": "int64",
+        "labels": "int64",
+        "position_ids": "int64",
+        "cu_seqlens": "int32",
+        "source": "int64",
+        "sample_id": "int64",
+    }
 
 
 @settings(max_examples=50, deadline=None)

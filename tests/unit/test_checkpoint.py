@@ -1,4 +1,5 @@
 """The checkpoint folder: snapshots, deltas, torn records, corrupt snapshots (real files)."""
+
 from __future__ import annotations
 
 import logging
@@ -12,12 +13,19 @@ JOB = {"spec": {"seq_len": 64, "seed": 1}, "files": {"web": [["a.parquet", 100, 
 
 
 def _state(step: int) -> dict:
-    return {"version": STATE_VERSION, "fingerprint": "f", "step": step,
-            "cursors": {"web": [step // 3, step % 3], "code": [0, step]},
-            "windows": {"web": [step // 6, 0, step % 6, [step % 6 + 2] if step % 2 else []], "code": None},
-            "passes": [step * 1.5, step * 0.25], "weights": [0.6, 0.4], "tokens": 100 * step, "dropped": 0,
-            "carry": [[0, 4096 * step + k, 10 + k, 0, -1, k % 2, step, k] for k in range(step % 4)],
-            "live": [[5, {"web": 1.0, "code": 0.0}]] if step >= 5 else []}
+    return {
+        "version": STATE_VERSION,
+        "fingerprint": "f",
+        "step": step,
+        "cursors": {"web": [step // 3, step % 3], "code": [0, step]},
+        "windows": {"web": [step // 6, 0, step % 6, [step % 6 + 2] if step % 2 else []], "code": None},
+        "passes": [step * 1.5, step * 0.25],
+        "weights": [0.6, 0.4],
+        "tokens": 100 * step,
+        "dropped": 0,
+        "carry": [[0, 4096 * step + k, 10 + k, 0, -1, k % 2, step, k] for k in range(step % 4)],
+        "live": [[5, {"web": 1.0, "code": 0.0}]] if step >= 5 else [],
+    }
 
 
 def _write(folder, steps, every=4, keep=2, first=1, notes=None):
@@ -80,7 +88,9 @@ def test_a_stalled_disk_holds_at_most_one_snapshot_and_two_records(tmp_path, mon
 
     gate = threading.Event()
     real_append = checkpoint.CheckpointWriter._append
-    monkeypatch.setattr(checkpoint.CheckpointWriter, "_append", lambda self, record: (gate.wait(), real_append(self, record)))
+    monkeypatch.setattr(
+        checkpoint.CheckpointWriter, "_append", lambda self, record: (gate.wait(), real_append(self, record))
+    )
     errors = []
     writer = CheckpointWriter(tmp_path, 4, 3, JOB, errors.append)
     writer.write(_state(1), 2)
@@ -97,8 +107,10 @@ def test_a_stalled_disk_holds_at_most_one_snapshot_and_two_records(tmp_path, mon
     writer.close()
     found = last_position(tmp_path)
     assert not errors and found.step == 39 and found.state["step"] == 36 and found.live == []
-    assert [p.name for p in sorted(tmp_path.glob("snapshot-*.json"))] == ["snapshot-0000000001.json",
-                                                                          "snapshot-0000000036.json"]
+    assert [p.name for p in sorted(tmp_path.glob("snapshot-*.json"))] == [
+        "snapshot-0000000001.json",
+        "snapshot-0000000036.json",
+    ]
     step, live = checkpoint._read_log(tmp_path, 1)  # replaying from the first snapshot meets every change
     assert step == 39 and live == [[at, w] for at, w in changes.items()]
 
@@ -183,16 +195,20 @@ def test_empty_folder_has_no_position(tmp_path):
 
 
 def test_mismatch_names_what_changed():
-    job = {"spec": {"seq_len": 128, "seed": 1},
-           "files": {"web": [["a.parquet", 120, 12], ["b.parquet", 5, 1]]}}
+    job = {"spec": {"seq_len": 128, "seed": 1}, "files": {"web": [["a.parquet", 120, 12], ["b.parquet", 5, 1]]}}
     text = explain_mismatch(JOB, job)
     assert "spec seq_len: checkpoint 64, job 128" in text
     assert "a.parquet changed" in text and "b.parquet is new" in text
 
 
-@pytest.mark.parametrize("bad, message", [({"version": STATE_VERSION, "step": 1}, "lacks"),
-                                          ({**_state(1), "version": 99}, "version 99"),
-                                          ({**_state(1), "version": 1}, "version 1 is not supported")])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"version": STATE_VERSION, "step": 1}, "lacks"),
+        ({**_state(1), "version": 99}, "version 99"),
+        ({**_state(1), "version": 1}, "version 1 is not supported"),
+    ],
+)
 def test_bad_states_are_refused(bad, message):
     from omniload.errors import ConfigError
     from omniload.state import check_state

@@ -1,5 +1,6 @@
 """The rank client's pure parts: the kept positions, what pin_memory= and device= mean on this
 machine, and tensors as views of a received payload (bytes or a page-locked buffer)."""
+
 from __future__ import annotations
 
 import collections
@@ -25,8 +26,9 @@ def test_a_kept_step_gives_the_position_after_it():
     assert [client.kept_position(positions, s)["step"] for s in range(10, 14)] == [11, 12, 13, 14]
 
 
-@pytest.mark.parametrize("step, why", [(9, "step 9 is too old"), (14, "step 14 has not been handed out yet"),
-                                       (-1, "step -1 is too old")])
+@pytest.mark.parametrize(
+    "step, why", [(9, "step 9 is too old"), (14, "step 14 has not been handed out yet"), (-1, "step -1 is too old")]
+)
 def test_a_step_not_kept_names_the_range(step, why):
     with pytest.raises(OmniloadError, match=f"{why}: ask for a step from 10 to 13 .*last 4 positions"):
         client.kept_position(_kept(10, 13), step)
@@ -77,8 +79,9 @@ def test_a_cuda_device_without_cuda_is_a_config_error(device):
         client.placement(False, device)
 
 
-@pytest.mark.parametrize("device, message", [("mps", "a CUDA device or 'cpu'"), ("gpu7", "not a torch device"),
-                                             (3.5, "not a torch device")])
+@pytest.mark.parametrize(
+    "device, message", [("mps", "a CUDA device or 'cpu'"), ("gpu7", "not a torch device"), (3.5, "not a torch device")]
+)
 def test_a_device_that_is_not_cuda_or_cpu_is_a_config_error(device, message):
     with pytest.raises(ConfigError, match=message):
         client.placement(True, device)
@@ -91,8 +94,12 @@ def test_with_cuda_pin_memory_pins_and_device_implies_it(monkeypatch):
 
 
 def test_tensors_are_the_same_views_of_a_byte_or_a_tensor_payload():
-    arrays = {"input_ids": np.arange(15, dtype=np.int64).reshape(3, 5), "cu_seqlens": np.array([0, 7, 15], np.int32),
-              "empty": np.zeros((0,), np.int64), "source": np.array([1, -1, 2], np.int64)}
+    arrays = {
+        "input_ids": np.arange(15, dtype=np.int64).reshape(3, 5),
+        "cu_seqlens": np.array([0, 7, 15], np.int32),
+        "empty": np.zeros((0,), np.int64),
+        "source": np.array([1, -1, 2], np.int64),
+    }
     head, payload = encode_batch(3, arrays, {}, b"{}")
     (message,) = FrameDecoder(max_payload=1 << 20).feed(head + bytes(payload))
     assert message.kind is Kind.BATCH

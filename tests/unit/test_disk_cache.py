@@ -1,4 +1,5 @@
 """--cache-dir: blocks on local disk, least recently used first out, shared by processes."""
+
 from __future__ import annotations
 
 import multiprocessing

@@ -4,6 +4,7 @@ Convention (stated at the top of docs/cli.md): a flag is documented by a table r
 cell holds it in backticks (``| `--seq-len N` | ...``, several spellings in one cell:
 ``| `-q`, `--quiet` | ...``); the row applies to every command named as `` `omniload NAME` `` in
 the `##` heading above it (`` `omniload` `` alone: the group's own options)."""
+
 from __future__ import annotations
 
 import re
@@ -21,9 +22,14 @@ _CELL_BORDER = re.compile(r"(?<!\\)\|")  # a pipe not escaped as \| (as in `stop
 
 def cli_flags(group: click.Group) -> dict[str, set[str]]:
     """Per command ("" for the group itself) the flags its options accept, help excluded."""
+
     def flags(command: click.Command) -> set[str]:
-        return {flag for param in command.params if isinstance(param, click.Option)
-                for flag in (*param.opts, *param.secondary_opts)}
+        return {
+            flag
+            for param in command.params
+            if isinstance(param, click.Option)
+            for flag in (*param.opts, *param.secondary_opts)
+        }
 
     found = {"": flags(group) | {"-h", "--help"}}
     for name, command in group.commands.items():
@@ -67,8 +73,14 @@ def test_every_cli_flag_is_documented_and_every_documented_flag_exists():
 
 
 def test_the_convention_is_parsed():
-    text = ("## Job options: `omniload launch`, `omniload serve`\n| `--seq-len N` | 2048 |\n"
-            "## `omniload launch`\n| `-q`, `--quiet` | off |\n| `--on-bad-file stop\\|skip` | stop |\n| not a flag | `--nope` |\n"
-            "## Global options: `omniload`\n| `--version` | |\n")
-    assert documented_flags(text) == {"launch": {"--seq-len", "-q", "--quiet", "--on-bad-file"}, "serve": {"--seq-len"},
-                                      "": {"--version"}}
+    text = (
+        "## Job options: `omniload launch`, `omniload serve`\n| `--seq-len N` | 2048 |\n"
+        "## `omniload launch`\n| `-q`, `--quiet` | off |\n| `--on-bad-file stop\\|skip` | stop |\n"
+        "| not a flag | `--nope` |\n"
+        "## Global options: `omniload`\n| `--version` | |\n"
+    )
+    assert documented_flags(text) == {
+        "launch": {"--seq-len", "-q", "--quiet", "--on-bad-file"},
+        "serve": {"--seq-len"},
+        "": {"--version"},
+    }

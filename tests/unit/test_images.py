@@ -1,4 +1,5 @@
 """Images without processes: decoding, placeholders, readers, records, chunks, the batch, the cost."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,19 +11,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from omniload.batch_arrays import expand
 from omniload.coordinator.plan.cost import cost_function
-from omniload.coordinator.pool.intake import Doc
 from omniload.coordinator.plan.packer import Segment, compact_batch
 from omniload.coordinator.plan.window import units_of
+from omniload.coordinator.pool.intake import Doc
 from omniload.errors import ConfigError
-from omniload.spec import Spec
-from omniload.batch_arrays import expand
-from omniload.workers import readers
 from omniload.formats.lane_config import ImageConfig
+from omniload.formats.records import decode, doc_record, images_of, tokens_of
+from omniload.formats.shards import BadFile
+from omniload.spec import Spec
+from omniload.workers import readers
 from omniload.workers.images import load_image_transform, place_images, text_pieces
 from omniload.workers.readers import index_file, iter_slices
-from omniload.formats.shards import BadFile
-from omniload.formats.records import decode, doc_record, images_of, tokens_of
 from tests.corpus import encoded_image, image_samples, write_image_tar
 
 PIL = pytest.importorskip("PIL.Image")
@@ -83,10 +84,14 @@ def test_record_round_trip_carries_tokens_starts_and_pixels():
 
 def test_image_columns_of_every_shape_read_as_pairs(tmp_path):
     a, b = encoded_image((1, 1, 1), (4, 4)), encoded_image((2, 2, 2), (4, 4))
-    kinds = {"binary": pa.array([a, None, b], pa.binary()),
-             "struct": pa.array([{"bytes": a, "path": "a"}, None, {"bytes": b, "path": None}],
-                                pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
-             "list": pa.array([[a], [], [b, a]], pa.list_(pa.binary()))}
+    kinds = {
+        "binary": pa.array([a, None, b], pa.binary()),
+        "struct": pa.array(
+            [{"bytes": a, "path": "a"}, None, {"bytes": b, "path": None}],
+            pa.struct([("bytes", pa.binary()), ("path", pa.string())]),
+        ),
+        "list": pa.array([[a], [], [b, a]], pa.list_(pa.binary())),
+    }
     expected = {"binary": [[a], [], [b]], "struct": [[a], [], [b]], "list": [[a], [], [b, a]]}
     for kind, column in kinds.items():
         path = tmp_path / f"{kind}.parquet"
@@ -116,8 +121,11 @@ def test_tar_samples_group_by_key_in_shards_that_resume_part_way(tmp_path, monke
 def test_tar_text_from_json_and_a_sample_without_text(tmp_path):
     path = tmp_path / "j.tar"
     with tarfile.open(path, "w") as archive:
-        for name, data in [("k1.json", b'{"caption": "hi"}'), ("k1.jpg", encoded_image((9, 9, 9), (4, 4), "JPEG")),
-                           ("k2.png", encoded_image((1, 1, 1), (4, 4)))]:
+        for name, data in [
+            ("k1.json", b'{"caption": "hi"}'),
+            ("k1.jpg", encoded_image((9, 9, 9), (4, 4), "JPEG")),
+            ("k2.png", encoded_image((1, 1, 1), (4, 4))),
+        ]:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
@@ -162,5 +170,7 @@ def test_cost_counts_images_and_spec_defaults(tmp_path):
     assert spec.cost_coeffs == (1.0, 2.0, 3.0, 256 * 24576.0)
     with pytest.raises(ConfigError, match="image-size must be HxW"):
         Spec.from_dict({"sources": ["a=x.tar"], "image_token": 5, "image_size": "big"})
-    assert Spec.from_dict({"sources": ["a=x.parquet,image=img"], "image_token": 5,
-                           "image_size": "32x48"}).image_hw == (32, 48)
+    assert Spec.from_dict({"sources": ["a=x.parquet,image=img"], "image_token": 5, "image_size": "32x48"}).image_hw == (
+        32,
+        48,
+    )

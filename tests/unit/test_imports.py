@@ -1,18 +1,24 @@
 """The coordinator and workers must not import torch (hundreds of MB per process); a rank's
 `import omniload` must not import the coordinator's dependencies."""
+
 import subprocess
 import sys
 
 
 def _modules_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys\nprint(' '.join(sys.modules))"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys\nprint(' '.join(sys.modules))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return set(out.split())
 
 
 def test_coordinator_and_workers_do_not_import_torch():
-    modules = _modules_after("import omniload.coordinator.server, omniload.coordinator.__main__, "
-                             "omniload.workers.worker, omniload.job")
+    modules = _modules_after(
+        "import omniload.coordinator.server, omniload.coordinator.__main__, omniload.workers.worker, omniload.job"
+    )
     assert "torch" not in modules
 
 

@@ -3,8 +3,18 @@ import pytest
 from omniload.coordinator.pool.lane_split import assign_lanes, lanes_per_source
 from omniload.errors import ConfigError
 from omniload.layout import Layout
-from omniload.order import TURN, group_members, groups_per_epoch, interleave_rows, lane_of, row_permutation, sample_id, shard_at, shard_permutation, \
-    turns_of_lane
+from omniload.order import (
+    TURN,
+    group_members,
+    groups_per_epoch,
+    interleave_rows,
+    lane_of,
+    row_permutation,
+    sample_id,
+    shard_at,
+    shard_permutation,
+    turns_of_lane,
+)
 
 
 def test_budget_goes_to_heavier_sources():

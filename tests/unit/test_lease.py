@@ -1,4 +1,5 @@
 """The lease rules (coordinator/ha/lease.py): when a standby takes over, when a primary fences itself."""
+
 from __future__ import annotations
 
 import os

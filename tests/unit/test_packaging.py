@@ -1,4 +1,5 @@
 """The install ships every package, and the source tree resolves the names it installs."""
+
 from __future__ import annotations
 
 import tomllib
@@ -25,8 +26,12 @@ def test_every_package_folder_is_listed_for_the_install():
     config = _setuptools()
     listed = set(config["packages"])
     mapped = {_folder_of(p, config["package-dir"]).resolve(): p for p in listed}
-    folders = {init.parent.resolve() for top in ("omniload", "coordinator", "workers")
-               for init in (ROOT / top).rglob("__init__.py") if "__pycache__" not in init.parts}
+    folders = {
+        init.parent.resolve()
+        for top in ("omniload", "coordinator", "workers")
+        for init in (ROOT / top).rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
     assert folders - set(mapped) == set(), "package folders missing from [tool.setuptools] packages"
     assert all((folder / "__init__.py").is_file() for folder in mapped), "listed packages without a folder"
 

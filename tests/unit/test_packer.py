@@ -19,8 +19,13 @@ def test_batch_schema():
     segs = _segments([3, 5, 2])
     batch = build_batch([[segs[0], segs[1]], [segs[2]]], seq_len=8)
     assert {k: (v.dtype.name, v.shape) for k, v in batch.items()} == {
-        "input_ids": ("int64", (2, 8)), "labels": ("int64", (2, 8)), "position_ids": ("int64", (2, 8)),
-        "cu_seqlens": ("int32", (5,)), "source": ("int64", (4,)), "sample_id": ("int64", (4,))}
+        "input_ids": ("int64", (2, 8)),
+        "labels": ("int64", (2, 8)),
+        "position_ids": ("int64", (2, 8)),
+        "cu_seqlens": ("int32", (5,)),
+        "source": ("int64", (4,)),
+        "sample_id": ("int64", (4,)),
+    }
     assert batch["cu_seqlens"].tolist() == [0, 3, 8, 10, 16]  # 3 | 5 || 2 | padding 6
     assert batch["source"].tolist() == [0, 0, 0, -1]
     assert batch["sample_id"].tolist() == [0, 1, 2, -1]

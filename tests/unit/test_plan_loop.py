@@ -1,6 +1,7 @@
 """The planner over in-memory sources: as far as allowed, mixture changes at an exact step
 boundary even while a step waits for slow records, costly computations moved off the loop,
 and a clean stop mid-wait."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,9 +32,13 @@ class SlowIntake(ListIntake):
 
 async def _plan(stepper, allowed: int, change_after: float | None = None):
     steps: asyncio.Queue = asyncio.Queue()
-    planner = Planner(stepper, "f", lambda step, position: step.weights,
-                      lambda number, weights, position, tokens: steps.put_nowait((number, weights)),
-                      lambda count: steps.put_nowait(None))
+    planner = Planner(
+        stepper,
+        "f",
+        lambda step, position: step.weights,
+        lambda number, weights, position, tokens: steps.put_nowait((number, weights)),
+        lambda count: steps.put_nowait(None),
+    )
     task = planner.start(allowed)
     at = None
     if change_after is not None:

@@ -1,4 +1,5 @@
 """Progress bookkeeping (pure): the slowest rank in O(1) per ACK, and who holds the job back."""
+
 from __future__ import annotations
 
 import pytest
@@ -37,8 +38,14 @@ def _held(silent: float = 20.0, connection: str = "connected"):
     progress.move(1, 2)
     progress.move(2, 6)
     heard = {0: 99.0, 1: 100.0 - silent, 2: 99.0}
-    return find_stall(progress, planned=6, plan_ahead=4, heard=heard,
-                      connection={0: "connected", 1: connection, 2: "connected"}, now=100.0)
+    return find_stall(
+        progress,
+        planned=6,
+        plan_ahead=4,
+        heard=heard,
+        connection={0: "connected", 1: connection, 2: "connected"},
+        now=100.0,
+    )
 
 
 def test_the_rank_holding_the_others_is_named_with_how_long_it_is_silent():
@@ -50,9 +57,14 @@ def test_the_rank_holding_the_others_is_named_with_how_long_it_is_silent():
     assert "draw the same number of batches on every rank" in message and "--rank-timeout 600s" in message
 
 
-@pytest.mark.parametrize("connection, says", [("gone", "disconnected 20s ago without saying goodbye"),
-                                              ("never", "has not connected for 20s"),
-                                              ("said bye", "closed its loader 20s ago")])
+@pytest.mark.parametrize(
+    "connection, says",
+    [
+        ("gone", "disconnected 20s ago without saying goodbye"),
+        ("never", "has not connected for 20s"),
+        ("said bye", "closed its loader 20s ago"),
+    ],
+)
 def test_a_missing_rank_is_named_for_what_happened_to_it(connection, says):
     assert says in _held(connection=connection).describe(plan_ahead=4, timeout_s=0)
 

@@ -16,8 +16,9 @@ def test_every_split_of_the_stream_decodes_the_same_messages():
     for cut in range(len(stream) + 1):
         decoder = FrameDecoder(max_payload=1 << 20)
         got = decoder.feed(stream[:cut]) + decoder.feed(stream[cut:])
-        assert [(m.kind, m.header, bytes(m.payload)) for m in got] == \
-               [(m.kind, m.header, bytes(m.payload)) for m in MESSAGES], cut
+        assert [(m.kind, m.header, bytes(m.payload)) for m in got] == [
+            (m.kind, m.header, bytes(m.payload)) for m in MESSAGES
+        ], cut
         assert decoder.pending == 0
 
 
@@ -34,28 +35,34 @@ def test_payload_is_not_copied_by_encode_parts():
     assert body is payload and len(head) > PREFIX.size
 
 
-@pytest.mark.parametrize("garbage, cause", [
-    (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "not an omniload frame"),
-    (PREFIX.pack(b"OL", 99, Kind.HELLO, 2, 0) + b"{}", "version 99"),
-    (PREFIX.pack(b"OL", VERSION, 42, 2, 0) + b"{}", "unknown frame kind"),
-    (PREFIX.pack(b"OL", VERSION, Kind.HELLO, 1 << 30, 0), "header of 1073741824 bytes"),
-    (PREFIX.pack(b"OL", VERSION, Kind.HELLO, 2, 10) + b"{}", "payload of 10 bytes"),
-    (PREFIX.pack(b"OL", VERSION, Kind.HELLO, 3, 0) + b"{x}", "not valid JSON"),
-    (PREFIX.pack(b"OL", VERSION, Kind.HELLO, 2, 0) + b"[]", "JSON object"),
-])
+@pytest.mark.parametrize(
+    "garbage, cause",
+    [
+        (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "not an omniload frame"),
+        (PREFIX.pack(b"OL", 99, Kind.HELLO, 2, 0) + b"{}", "version 99"),
+        (PREFIX.pack(b"OL", VERSION, 42, 2, 0) + b"{}", "unknown frame kind"),
+        (PREFIX.pack(b"OL", VERSION, Kind.HELLO, 1 << 30, 0), "header of 1073741824 bytes"),
+        (PREFIX.pack(b"OL", VERSION, Kind.HELLO, 2, 10) + b"{}", "payload of 10 bytes"),
+        (PREFIX.pack(b"OL", VERSION, Kind.HELLO, 3, 0) + b"{x}", "not valid JSON"),
+        (PREFIX.pack(b"OL", VERSION, Kind.HELLO, 2, 0) + b"[]", "JSON object"),
+    ],
+)
 def test_garbage_is_refused_with_the_reason(garbage, cause):
     with pytest.raises(ProtocolError, match=cause):
         FrameDecoder(max_payload=0).feed(garbage)
 
 
-@pytest.mark.parametrize("header, cause", [
-    ({"rank": 0, "world_size": 1}, "string token"),
-    ({"token": "t", "role": "admin"}, "role"),
-    ({"token": "t", "rank": "0", "world_size": 1}, "must be integers"),
-    ({"token": "t", "rank": True, "world_size": 2}, "must be integers"),
-    ({"token": "t", "rank": 2, "world_size": 2}, "rank 2 is not in a world of 2"),
-    ({"token": "t", "rank": 0, "world_size": 2, "resume": [1]}, "loader state"),
-])
+@pytest.mark.parametrize(
+    "header, cause",
+    [
+        ({"rank": 0, "world_size": 1}, "string token"),
+        ({"token": "t", "role": "admin"}, "role"),
+        ({"token": "t", "rank": "0", "world_size": 1}, "must be integers"),
+        ({"token": "t", "rank": True, "world_size": 2}, "must be integers"),
+        ({"token": "t", "rank": 2, "world_size": 2}, "rank 2 is not in a world of 2"),
+        ({"token": "t", "rank": 0, "world_size": 2, "resume": [1]}, "loader state"),
+    ],
+)
 def test_a_bad_hello_is_a_protocol_error_naming_the_field(header, cause):
     with pytest.raises(ProtocolError, match=cause):
         read_hello(Message(Kind.HELLO, header))

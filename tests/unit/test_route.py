@@ -1,4 +1,5 @@
 """The relay's framing: pieces per connection, from any split of the stream."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,16 @@ from omniload.errors import ProtocolError
 from omniload.protocol import Kind, Message, encode
 from omniload.route import CLOSE, EOF, RouteReader, route_head, route_ref
 
-_STREAM = (route_head(0, 5) + b"hello" + route_head(1, 0, CLOSE) + route_head(2, 3) + b"abc"
-           + route_head(0, 0, EOF) + route_head(0, 2) + b"!!")
+_STREAM = (
+    route_head(0, 5)
+    + b"hello"
+    + route_head(1, 0, CLOSE)
+    + route_head(2, 3)
+    + b"abc"
+    + route_head(0, 0, EOF)
+    + route_head(0, 2)
+    + b"!!"
+)
 
 
 def _joined(pieces) -> list[tuple[int, bytes, str | None]]:
@@ -47,12 +56,15 @@ def test_payload_pieces_are_views_of_the_bytes_fed_not_copies():
     assert isinstance(piece.data, memoryview) and piece.data.obj is data
 
 
-@pytest.mark.parametrize("bad, cause", [
-    (encode(Message(Kind.ACK, {"step": 1})), "expected ROUTE"),
-    (route_head(0, 101) + bytes(101), "exceeds the limit"),
-    (route_head(-1, 0), "number >= 0"),
-    (route_head(0, 3, "later") + b"abc", "not one of"),
-])
+@pytest.mark.parametrize(
+    "bad, cause",
+    [
+        (encode(Message(Kind.ACK, {"step": 1})), "expected ROUTE"),
+        (route_head(0, 101) + bytes(101), "exceeds the limit"),
+        (route_head(-1, 0), "number >= 0"),
+        (route_head(0, 3, "later") + b"abc", "not one of"),
+    ],
+)
 def test_a_bad_route_frame_is_a_protocol_error(bad, cause):
     with pytest.raises(ProtocolError, match=cause):
         RouteReader(100).feed(bad)

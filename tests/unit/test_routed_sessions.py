@@ -1,12 +1,12 @@
 """The sessions behind one shared connection (a relay's or a sender's), without sockets."""
+
 from __future__ import annotations
 
 import asyncio
 
+from omniload.coordinator.serve.routed_sessions import RoutedSessions, RouteOut
 from omniload.protocol import Kind, Message, encode
 from omniload.route import CLOSE, OPEN, Piece
-
-from omniload.coordinator.serve.routed_sessions import RouteOut, RoutedSessions
 
 
 class _Wire:

@@ -6,8 +6,10 @@ from omniload.spec import Phase, Spec
 
 NAMES = ["web", "code", "books"]
 BASE = [1 / 3] * 3
-PHASES = (Phase(until_step=1000, weights={"web": 0.8, "code": 0.2}),
-          Phase(until_step=5000, ramp="linear", weights={"web": 0.5, "code": 0.3, "books": 0.2}))
+PHASES = (
+    Phase(until_step=1000, weights={"web": 0.8, "code": 0.2}),
+    Phase(until_step=5000, ramp="linear", weights={"web": 0.5, "code": 0.3, "books": 0.2}),
+)
 
 
 def test_piecewise_constant_then_linear_ramp_then_hold():
@@ -48,14 +50,17 @@ def test_no_schedule_means_the_source_weights():
     assert weights_at((), [0.6, 0.3, 0.1], NAMES, 123, 456) == pytest.approx([0.6, 0.3, 0.1])
 
 
-@pytest.mark.parametrize("mixture, message", [
-    ([{"until_step": 10, "weights": {"nope": 1}}], "unknown source"),
-    ([{"until_step": 10, "until_tokens": 5, "weights": {"a": 1}}], "exactly one of"),
-    ([{"until_step": 10, "weights": {"a": 1}}, {"until_tokens": 20, "weights": {"a": 1}}], "not both"),
-    ([{"until_step": 10, "weights": {"a": 1}}, {"until_step": 5, "weights": {"a": 1}}], "must increase"),
-    ([{"until_step": 10, "weights": {"a": 0}}], "all zero"),
-    ([{"until_step": 10, "weights": {"a": 1}, "ramp": "cubic"}], "ramp must be one of"),
-])
+@pytest.mark.parametrize(
+    "mixture, message",
+    [
+        ([{"until_step": 10, "weights": {"nope": 1}}], "unknown source"),
+        ([{"until_step": 10, "until_tokens": 5, "weights": {"a": 1}}], "exactly one of"),
+        ([{"until_step": 10, "weights": {"a": 1}}, {"until_tokens": 20, "weights": {"a": 1}}], "not both"),
+        ([{"until_step": 10, "weights": {"a": 1}}, {"until_step": 5, "weights": {"a": 1}}], "must increase"),
+        ([{"until_step": 10, "weights": {"a": 0}}], "all zero"),
+        ([{"until_step": 10, "weights": {"a": 1}, "ramp": "cubic"}], "ramp must be one of"),
+    ],
+)
 def test_bad_schedules(mixture, message):
     with pytest.raises(ConfigError, match=message):
         Spec.from_dict({"sources": ["a=x"], "mixture": mixture})

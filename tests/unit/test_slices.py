@@ -1,4 +1,5 @@
 """Workers read shards in bounded slices: the slices hold the shard's rows, the order keeps slices apart."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,18 +9,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from omniload.formats.shards import BadFile, detect_format
 from omniload.order import Slicing, row_permutation
 from omniload.workers import readers
 from omniload.workers.readers import MAX_SLICES, SLICE_BYTES, index_file, iter_slices, read_shard, slice_rows_for
-from omniload.formats.shards import BadFile, detect_format
 from tests.corpus import documents, write_arrow, write_jsonl, write_parquet
 
 
 @pytest.fixture
 def files(tmp_path):
     texts = documents(400, 9, 50, 400)  # a few hundred KB: several slices per shard below
-    return [write_parquet(tmp_path / "a.parquet", texts, row_group_size=200),
-            write_jsonl(tmp_path / "b.jsonl", texts), write_arrow(tmp_path / "c.arrow", texts, batch_rows=200)]
+    return [
+        write_parquet(tmp_path / "a.parquet", texts, row_group_size=200),
+        write_jsonl(tmp_path / "b.jsonl", texts),
+        write_arrow(tmp_path / "c.arrow", texts, batch_rows=200),
+    ]
 
 
 def test_slice_rows_keep_a_slice_near_the_target_and_cap_the_count():
@@ -84,7 +88,9 @@ def test_rows_are_shuffled_within_slices_and_slices_come_one_after_another(strid
         assert sorted(order[at : at + len(members)].tolist()) == list(members)
         assert (order[at : at + len(members)] != np.array(members)).any()
         at += len(members)
-    assert (row_permutation(100, 1, 2, 3, 4) == row_permutation(100, 1, 2, 3, 4, Slicing(100, 0, strided=strided))).all()
+    assert (
+        row_permutation(100, 1, 2, 3, 4) == row_permutation(100, 1, 2, 3, 4, Slicing(100, 0, strided=strided))
+    ).all()
 
 
 def test_the_first_slice_read_of_a_sorted_shard_reaches_across_it(tmp_path):

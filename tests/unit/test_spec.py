@@ -10,18 +10,21 @@ def test_source_flag_syntax():
     assert (s.name, s.path, s.weight, s.column) == ("code", ("data/code/*.jsonl",), 0.3, "content")
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"sources": []}, "no sources"),
-    ({"sources": ["a=x,weight=-1"]}, "source 'a': weight must be >= 0, got -1.0"),
-    ({"sources": ["a=x,weight=0", "b=y,weight=0"]}, "weights are all zero"),
-    ({"sources": ["a=x"], "seq_len": 1}, "seq-len must be an integer >= 2, got 1"),
-    ({"sources": ["a=x"], "seq_len": "many"}, "seq-len must be a number, got 'many'"),
-    ({"sources": ["a=x"], "colour": 1}, "unknown option.*colour"),
-    ({"sources": ["a=x,colour=red"]}, "source 'a'.*unknown option.*colour"),
-    ({"sources": ["justaglob"]}, "expected NAME=GLOB"),
-    ({"sources": ["a=x", "a=y"]}, "repeated: a"),
-    ({"sources": ["a=x"], "on_bad_file": "ignore"}, "on_bad_file must be one of"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"sources": []}, "no sources"),
+        ({"sources": ["a=x,weight=-1"]}, "source 'a': weight must be >= 0, got -1.0"),
+        ({"sources": ["a=x,weight=0", "b=y,weight=0"]}, "weights are all zero"),
+        ({"sources": ["a=x"], "seq_len": 1}, "seq-len must be an integer >= 2, got 1"),
+        ({"sources": ["a=x"], "seq_len": "many"}, "seq-len must be a number, got 'many'"),
+        ({"sources": ["a=x"], "colour": 1}, "unknown option.*colour"),
+        ({"sources": ["a=x,colour=red"]}, "source 'a'.*unknown option.*colour"),
+        ({"sources": ["justaglob"]}, "expected NAME=GLOB"),
+        ({"sources": ["a=x", "a=y"]}, "repeated: a"),
+        ({"sources": ["a=x"], "on_bad_file": "ignore"}, "on_bad_file must be one of"),
+    ],
+)
 def test_bad_specs_name_the_field(data, message):
     with pytest.raises(ConfigError, match=message):
         Spec.from_dict(data)
@@ -45,8 +48,10 @@ def test_fingerprint_follows_data_not_runtime_knobs():
 
 def test_flags_override_the_config_file(tmp_path):
     config = tmp_path / "job.yaml"
-    config.write_text("seq-len: 512\nrows: 2\nsources:\n  - name: web\n    path: w/*.parquet\n    weight: 0.5\n"
-                      "  - code=c/*.jsonl,column=content\n")
+    config.write_text(
+        "seq-len: 512\nrows: 2\nsources:\n  - name: web\n    path: w/*.parquet\n    weight: 0.5\n"
+        "  - code=c/*.jsonl,column=content\n"
+    )
     spec = build_spec(str(config), (), {"rows": 8, "seq_len": None})
     assert (spec.seq_len, spec.rows) == (512, 8)
     assert [s.name for s in spec.sources] == ["web", "code"] and spec.sources[1].column == "content"

@@ -1,5 +1,6 @@
 """The stepper over in-memory sources (no processes): per-step shares, long documents spread,
 every segment once, and resume from any step identical to an uninterrupted run."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -9,8 +10,8 @@ import numpy as np
 import orjson
 import pytest
 
-from omniload.coordinator.pool.intake import Doc
 from omniload.coordinator.plan.stepper import Stepper
+from omniload.coordinator.pool.intake import Doc
 from omniload.spec import Spec
 
 SEQ, ROWS, DP = 64, 4, 2
@@ -58,8 +59,14 @@ def heavy_tailed(seed: int, n: int) -> list[int]:
 
 
 def _spec(**overrides) -> Spec:
-    fields = dict(sources=[{"name": f"s{i}", "path": "x", "weight": w} for i, w in enumerate((0.5, 0.3, 0.2))],
-                  seq_len=SEQ, rows=ROWS, epochs=1, balance="tokens", shuffle_window=400)
+    fields = dict(
+        sources=[{"name": f"s{i}", "path": "x", "weight": w} for i, w in enumerate((0.5, 0.3, 0.2))],
+        seq_len=SEQ,
+        rows=ROWS,
+        epochs=1,
+        balance="tokens",
+        shuffle_window=400,
+    )
     return Spec.from_dict({**fields, **overrides})
 
 

@@ -1,4 +1,5 @@
 """Store URLs, globs over keys, redaction and store error messages: the pure parts of omniload.storage."""
+
 from __future__ import annotations
 
 import glob
@@ -11,18 +12,41 @@ from omniload.spec import Source, parse_bytes, parse_source
 from omniload.storage.stores import explain, is_transient
 from omniload.storage.urls import StoreOptions, glob_regex, glob_root, is_remote, parse, redact
 
-KEYS = ["a.parquet", "b.jsonl", "web/a.parquet", "web/b.parquet", "web/2024/c.parquet", "web/2024/d.txt",
-        "web2/e.parquet", "code/x.jsonl.gz", "code/deep/er/y.jsonl"]
+KEYS = [
+    "a.parquet",
+    "b.jsonl",
+    "web/a.parquet",
+    "web/b.parquet",
+    "web/2024/c.parquet",
+    "web/2024/d.txt",
+    "web2/e.parquet",
+    "code/x.jsonl.gz",
+    "code/deep/er/y.jsonl",
+]
 
 
-@pytest.mark.parametrize("pattern", ["*.parquet", "web/*.parquet", "web/**/*.parquet", "**/*.parquet", "web/*/*",
-                                     "web?/*.parquet", "[ab].*", "code/**", "web/[!a]*.parquet", "**"])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "*.parquet",
+        "web/*.parquet",
+        "web/**/*.parquet",
+        "**/*.parquet",
+        "web/*/*",
+        "web?/*.parquet",
+        "[ab].*",
+        "code/**",
+        "web/[!a]*.parquet",
+        "**",
+    ],
+)
 def test_globs_match_keys_as_the_local_glob_matches_files(tmp_path, pattern):
     for key in KEYS:
         (tmp_path / key).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / key).write_text("x")
-    local = sorted(os.path.relpath(p, tmp_path) for p in glob.glob(str(tmp_path / pattern), recursive=True)
-                   if os.path.isfile(p))
+    local = sorted(
+        os.path.relpath(p, tmp_path) for p in glob.glob(str(tmp_path / pattern), recursive=True) if os.path.isfile(p)
+    )
     assert sorted(k for k in KEYS if glob_regex(pattern).match(k)) == local
 
 
@@ -44,14 +68,17 @@ def test_urls_of_every_store_parse_into_bucket_and_key():
     assert is_remote("s3://b/k") and not is_remote("/data/x.parquet") and not is_remote("data/*.parquet")
 
 
-@pytest.mark.parametrize("url, message", [
-    ("ftp://host/file", "unknown store 'ftp://'"),
-    ("s3:///key", "no bucket in the URL"),
-    ("s3://buck*/key", "the bucket cannot be a glob"),
-    ("hf://org/name/file", "hf://datasets/ORG/NAME[@REVISION]/PATH"),
-    ("s3://AKIAXYZ:topsecret@bucket/key", "credentials or signed parameters in a URL"),
-    ("s3://bucket/key?X-Amz-Signature=abc", "credentials or signed parameters in a URL"),
-])
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("ftp://host/file", "unknown store 'ftp://'"),
+        ("s3:///key", "no bucket in the URL"),
+        ("s3://buck*/key", "the bucket cannot be a glob"),
+        ("hf://org/name/file", "hf://datasets/ORG/NAME[@REVISION]/PATH"),
+        ("s3://AKIAXYZ:topsecret@bucket/key", "credentials or signed parameters in a URL"),
+        ("s3://bucket/key?X-Amz-Signature=abc", "credentials or signed parameters in a URL"),
+    ],
+)
 def test_bad_urls_are_refused_when_the_spec_is_built_naming_the_source(url, message):
     with pytest.raises(ConfigError) as error:
         parse_source(f"web={url}")
@@ -60,8 +87,9 @@ def test_bad_urls_are_refused_when_the_spec_is_built_naming_the_source(url, mess
 
 
 def test_store_options_come_from_the_source_and_the_endpoint_must_be_a_url():
-    source = parse_source("web=s3://b/web/*.parquet,weight=0.5,endpoint=http://127.0.0.1:9000,region=eu-west-1,"
-                          "anonymous=true")
+    source = parse_source(
+        "web=s3://b/web/*.parquet,weight=0.5,endpoint=http://127.0.0.1:9000,region=eu-west-1,anonymous=true"
+    )
     assert source.store_options() == StoreOptions("http://127.0.0.1:9000", "eu-west-1", True)
     with pytest.raises(ConfigError, match="endpoint must be a URL"):
         Source(name="web", path="s3://b/k", endpoint="127.0.0.1:9000")
@@ -83,15 +111,25 @@ def test_sizes_take_units():
         parse_bytes("lots", "read_ahead")
 
 
-@pytest.mark.parametrize("error, expected, transient", [
-    ("AWS Error NO_SUCH_BUCKET during ListObjectsV2 operation", "bucket 'b' does not exist at", False),
-    ("AWS Error ACCESS_DENIED during HeadObject operation: No response body.", "access denied", False),
-    ("AWS Error NETWORK_CONNECTION during GetObject: curlCode: 7, Could not connect to server",
-     "cannot reach the endpoint", True),
-    ("AWS Error NETWORK_CONNECTION during GetObject: curlCode: 56, Connection reset by peer", "reset by peer", True),
-    ("AWS Error SLOW_DOWN during GetObject: Please reduce your request rate.", "SLOW_DOWN", True),
-    ("AWS Error INTERNAL_FAILURE during GetObject (HTTP 503)", "503", True),
-])
+@pytest.mark.parametrize(
+    "error, expected, transient",
+    [
+        ("AWS Error NO_SUCH_BUCKET during ListObjectsV2 operation", "bucket 'b' does not exist at", False),
+        ("AWS Error ACCESS_DENIED during HeadObject operation: No response body.", "access denied", False),
+        (
+            "AWS Error NETWORK_CONNECTION during GetObject: curlCode: 7, Could not connect to server",
+            "cannot reach the endpoint",
+            True,
+        ),
+        (
+            "AWS Error NETWORK_CONNECTION during GetObject: curlCode: 56, Connection reset by peer",
+            "reset by peer",
+            True,
+        ),
+        ("AWS Error SLOW_DOWN during GetObject: Please reduce your request rate.", "SLOW_DOWN", True),
+        ("AWS Error INTERNAL_FAILURE during GetObject (HTTP 503)", "503", True),
+    ],
+)
 def test_store_errors_are_explained_and_classified(error, expected, transient):
     exc = OSError(error)
     assert is_transient(exc) is transient

@@ -1,12 +1,13 @@
 """The shuffle window alone: every unit once, seeded order, the per-document cap, restore."""
+
 from __future__ import annotations
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload.coordinator.pool.intake import Doc
 from omniload.coordinator.plan.window import doc_key, make_block, restore_block, units_of
+from omniload.coordinator.pool.intake import Doc
 
 SEQ = 16
 
@@ -36,8 +37,12 @@ def _drain(block, per_step, cap):
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=st.lists(st.integers(1, 12 * SEQ), min_size=1, max_size=40), per_step=st.integers(1, 9),
-       cap=st.integers(1, 4 * SEQ), seed=st.integers(0, 3))
+@given(
+    lengths=st.lists(st.integers(1, 12 * SEQ), min_size=1, max_size=40),
+    per_step=st.integers(1, 9),
+    cap=st.integers(1, 4 * SEQ),
+    seed=st.integers(0, 3),
+)
 def test_every_unit_is_drawn_exactly_once_whatever_the_cap(lengths, per_step, cap, seed):
     units = _units(lengths)
     steps = _drain(make_block((0, 0), units, seed, 0), per_step, cap)
@@ -70,8 +75,11 @@ def test_when_only_one_document_is_left_the_cap_gives_way():
 
 
 @settings(max_examples=40, deadline=None)
-@given(lengths=st.lists(st.integers(1, 8 * SEQ), min_size=2, max_size=30), stop=st.integers(0, 60),
-       cap=st.integers(1, 3 * SEQ))
+@given(
+    lengths=st.lists(st.integers(1, 8 * SEQ), min_size=2, max_size=30),
+    stop=st.integers(0, 60),
+    cap=st.integers(1, 3 * SEQ),
+)
 def test_a_restored_block_draws_what_the_original_would(lengths, stop, cap):
     units = _units(lengths)
     block = make_block((2, 7), units, 5, 1)

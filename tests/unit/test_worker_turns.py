@@ -1,5 +1,6 @@
 """A source's lanes take turns within a group: together they produce exactly the one-lane
 records, in order, and no lane transforms a row that another lane produces."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,10 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from omniload.formats.records import decode
 from omniload.order import TURN
 from omniload.workers import worker
 from omniload.workers.readers import index_file
-from omniload.formats.records import decode
 from tests import transforms_for_tests
 from tests.corpus import write_jsonl, write_parquet
 
@@ -32,20 +33,33 @@ def test_lanes_together_produce_the_one_lane_records_each_row_transformed_once(t
         path = write_jsonl(tmp_path / f"a.{fmt}", texts)
     found = index_file(str(path), fmt.removesuffix(".gz"), "text", 0)
     shards = tuple(dataclasses.replace(s, slice_rows=40) for s in found)
-    base = worker.LaneConfig(source_index=0, source_name="web", column="text",
-                             tokenizer="tests.transforms_for_tests:counted_bytes", lane=0, num_lanes=1,
-                             ring_path="", shards=shards, seed=3, epochs=1, interleave=2, start_group=0,
-                             start_pos=0, skip_bad_files=False)
+    base = worker.LaneConfig(
+        source_index=0,
+        source_name="web",
+        column="text",
+        tokenizer="tests.transforms_for_tests:counted_bytes",
+        lane=0,
+        num_lanes=1,
+        ring_path="",
+        shards=shards,
+        seed=3,
+        epochs=1,
+        interleave=2,
+        start_group=0,
+        start_pos=0,
+        skip_bad_files=False,
+    )
     transforms_for_tests.TRANSFORMED.clear()
     one = _records(base)
     assert sorted(r[2] for r in one) == list(range(len(texts)))
     # each record holds its own row's tokens: a wrong index into a slice would pair them wrongly
-    assert all(payload == np.frombuffer(texts[ordinal].encode(), np.uint8).astype(np.int32).tobytes()
-               for _, _, ordinal, payload in one)
+    assert all(
+        payload == np.frombuffer(texts[ordinal].encode(), np.uint8).astype(np.int32).tobytes()
+        for _, _, ordinal, payload in one
+    )
     for lanes in (2, 3):
         transforms_for_tests.TRANSFORMED.clear()
-        produced = [r for lane in range(lanes)
-                    for r in _records(dataclasses.replace(base, lane=lane, num_lanes=lanes))]
+        produced = [r for lane in range(lanes) for r in _records(dataclasses.replace(base, lane=lane, num_lanes=lanes))]
         assert sorted(produced) == sorted(one)
         assert sorted(transforms_for_tests.TRANSFORMED) == sorted(texts)  # each row transformed by one lane only
     # a lane restarted part-way into a turn goes on from there, and only with its own positions
