@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,12 +104,7 @@ class Phase:
             raise ConfigError(f"mixture phase {self.weights}: give exactly one of until_step or until_tokens")
         if self.ramp not in RAMPS:
             raise ConfigError(f"mixture phase: ramp must be one of {RAMPS}, got {self.ramp!r}")
-        if not isinstance(self.weights, dict) or any(
-            not isinstance(w, (int, float)) or w < 0 for w in self.weights.values()
-        ):
-            raise ConfigError(f"mixture phase: weights must map source names to numbers >= 0, got {self.weights!r}")
-        if sum(self.weights.values()) <= 0:
-            raise ConfigError(f"mixture phase {self.weights}: weights are all zero")
+        check_weights(self.weights, "mixture phase")
 
     @property
     def until(self) -> int:
@@ -383,6 +379,23 @@ def parse_bytes(value: str | int, name: str = "size") -> int:
 
 # Fields that matter only when a source has images.
 IMAGE_FIELDS = ("image_size", "image_transform", "image_token", "tokens_per_image")
+
+
+def check_weights(weights: object, where: str, names: Sequence[str] | None = None) -> dict[str, float]:
+    """Mixture weights as given in a phase or a live change (`omniload mix`): a mapping of source
+    names (of `names`, when given) to numbers >= 0, not all zero. The one place they are checked."""
+    if not isinstance(weights, dict) or not weights:
+        raise ConfigError(f"{where}: give weights as NAME=WEIGHT for one or more sources, got {weights!r}")
+    if names is not None and (unknown := sorted(set(weights) - set(names))):
+        raise ConfigError(f"{where}: unknown source(s) {', '.join(unknown)}; sources: {', '.join(names)}")
+    if any(
+        not isinstance(w, (int, float)) or isinstance(w, bool) or not math.isfinite(w) or w < 0
+        for w in weights.values()
+    ):
+        raise ConfigError(f"{where}: weights must map source names to numbers >= 0, got {weights!r}")
+    if sum(weights.values()) <= 0:
+        raise ConfigError(f"{where} {weights}: weights are all zero")
+    return {str(k): float(v) for k, v in weights.items()}
 
 
 def parse_phase(value: dict[str, Any] | Phase, where: str = "spec") -> Phase:

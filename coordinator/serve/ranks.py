@@ -27,6 +27,7 @@ from omniload.coordinator.serve.sessions import Refused
 from omniload.errors import ConfigError, OmniloadError
 from omniload.layout import Layout
 from omniload.protocol import Hello, Kind, Message, encode
+from omniload.spec import check_weights
 from omniload.state import check_state
 
 if TYPE_CHECKING:
@@ -280,15 +281,4 @@ class Ranks:
         self._job.positions.consumed(position, self.layout.dp)
 
     def _check_weights(self, weights: object) -> dict[str, float]:
-        names = self._job.source_names
-        if not isinstance(weights, dict) or not weights:
-            raise ConfigError("give weights as NAME=WEIGHT for one or more sources")
-        unknown = sorted(set(weights) - set(names))
-        if unknown:
-            raise ConfigError(f"unknown source(s) {', '.join(unknown)}; sources: {', '.join(names)}")
-        if (
-            any(not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0 for w in weights.values())
-            or sum(weights.values()) <= 0
-        ):
-            raise ConfigError(f"weights must be numbers >= 0, not all zero, got {weights}")
-        return {k: float(v) for k, v in weights.items()}
+        return check_weights(weights, "new weights", self._job.source_names)
