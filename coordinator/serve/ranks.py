@@ -52,6 +52,18 @@ class Ranks:
         self._last_note = 0.0
         self._admission = asyncio.Lock()
 
+    @property
+    def live(self) -> Delivery:
+        """The delivery, which exists once the first rank said HELLO (every caller comes after)."""
+        assert self.delivery is not None, "no rank has connected yet"
+        return self.delivery
+
+    @property
+    def grid(self) -> Layout:
+        """The layout, fixed by the first rank's HELLO (every caller comes after)."""
+        assert self.layout is not None, "no rank has connected yet"
+        return self.layout
+
     # -- the Hub of sessions.py --------------------------------------------------------------
     async def admit(self, hello: Hello, writer: Writer) -> RankState:
         """Register a rank from its HELLO and send WELCOME; raises Refused (and fails the job
@@ -99,6 +111,7 @@ class Ranks:
                     self.fail(f"rank {rank}'s HELLO", ConfigError(message))
                 raise Refused(message)
             if taken_over:
+                assert brought is not None  # only a rank that brings a position takes over
                 try:
                     job.role.check_brought(at, brought, delivery)
                 except OmniloadError as exc:
@@ -111,12 +124,12 @@ class Ranks:
             delivery.pump(state)
             if not planning.started:
                 planning.start(
-                    self.layout.dp, delivery.slowest + plan_ahead, lambda task: job.task_ended(task, "the planner")
+                    self.grid.dp, delivery.slowest + plan_ahead, lambda task: job.task_ended(task, "the planner")
                 )
             return state
 
     def acknowledge(self, state: RankState, step: int) -> None:
-        delivery = self.delivery
+        delivery = self.live
         before = delivery.slowest
         delivery.acknowledge(state, step)
         if delivery.slowest != before:
@@ -124,22 +137,20 @@ class Ranks:
             self._job.sending.release_through(delivery.slowest - 1)  # every rank has read these steps' bytes
 
     def rank_gone(self, state: RankState) -> None:
-        self.delivery.detach(state)
+        self.live.detach(state)
         if self._job.should_exit.is_set() or state.ended:
             pass
         elif state.said_bye:
-            log.info(
-                "rank %d closed its loader after consuming %d steps", state.rank, self.delivery.consumed(state.rank)
-            )
+            log.info("rank %d closed its loader after consuming %d steps", state.rank, self.live.consumed(state.rank))
         else:
             log.warning(
                 "rank %d disconnected without saying goodbye after consuming %d steps; the job waits for "
                 "it to reconnect (--rank-timeout %gs)",
                 state.rank,
-                self.delivery.consumed(state.rank),
+                self.live.consumed(state.rank),
                 self._spec.rank_timeout,
             )
-        if self.delivery.finished():
+        if self.live.finished():
             log.info("every rank has its data; exiting")
             self._job.should_exit.set()
 
@@ -161,28 +172,28 @@ class Ranks:
     # -- the planner's steps -----------------------------------------------------------------
     def encode_step(self, step: Step, position: dict) -> Frames:
         """The step's frames, one per kind of rank (pure: it may run on the planner's thread)."""
-        return self._job.sending.encode_step(step, position, self.layout.dp, self.frame_kinds)
+        return self._job.sending.encode_step(step, position, self.grid.dp, self.frame_kinds)
 
     def on_step(self, number: int, frames: Frames, position: dict, tokens: int) -> None:
         if not self._job.role.check_planned(number, position):
             return
         self._job.sending.planned(frames)
-        self.delivery.add_step(number, frames, position, tokens)
+        self.live.add_step(number, frames, position, tokens)
 
     def on_end(self, steps: int) -> None:
         log.info("data ended after %d steps", steps)
-        self.delivery.end(steps)
+        self.live.end(steps)
 
     # -- the watch and the end -----------------------------------------------------------------
     def unconnected(self) -> list[int]:
         """The ranks that have never connected."""
-        return sorted(r for r, s in self.delivery.ranks.items() if not s.seen)
+        return sorted(r for r, s in self.live.ranks.items() if not s.seen)
 
     def watch(self, now: float) -> None:
         """Tell the waiting ranks which rank they wait for; past --rank-timeout, stop the job."""
-        stall = self.delivery.stall(self._spec.plan_ahead, now)
+        stall = self.live.stall(self._spec.plan_ahead, now)
         timeout = self._spec.rank_timeout
-        self.stall_message = message = stall and stall.describe(self._spec.plan_ahead, timeout)
+        self.stall_message = message = stall.describe(self._spec.plan_ahead, timeout) if stall else None
         if stall is None:
             return
         # a rank that never connected may be slow to start (imports, a late node): told, not timed out
@@ -195,13 +206,13 @@ class Ranks:
             log.warning("%s", message)
             note = encode(Message(Kind.WAIT, {"message": message}))
             for rank in stall.waiting:
-                writer = self.delivery.ranks[rank].writer
+                writer = self.live.ranks[rank].writer
                 if writer is not None:
                     writer.write(note)
 
     def tell_all(self, message: Message) -> None:
         if self.delivery:
-            self.delivery.tell_all(message)
+            self.live.tell_all(message)
 
     async def hang_up(self) -> None:
         """Half-close every rank's connection and give the ranks a moment to read what was sent
@@ -209,7 +220,7 @@ class Ranks:
         connection, and the reset would throw away the ERROR they had not read yet."""
         if self.delivery is None:
             return
-        ranks = self.delivery.ranks.values()
+        ranks = self.live.ranks.values()
         for state in ranks:
             if state.writer is not None and not state.writer.is_closing() and state.writer.can_write_eof():
                 state.writer.write_eof()
@@ -231,12 +242,12 @@ class Ranks:
                 cp=self._spec.cp,
                 order=self._spec.rank_order,
             )
-            connecting = [r for r in range(hello.world_size) if self.layout.connects(r, self._spec.broadcast_at)]
+            connecting = [r for r in range(hello.world_size) if self.grid.connects(r, self._spec.broadcast_at)]
             self.variants = {r: self._variant(r) for r in connecting}
             self.frame_kinds = sorted(set(self.variants.values()))
-        elif hello.world_size != self.layout.world:
+        elif hello.world_size != self.grid.world:
             raise ConfigError(
-                f"rank {hello.rank} says the world has {hello.world_size} ranks; earlier ranks said {self.layout.world}"
+                f"rank {hello.rank} says the world has {hello.world_size} ranks; earlier ranks said {self.grid.world}"
             )
         if hello.resume is None:
             return None
@@ -245,8 +256,8 @@ class Ranks:
         return brought
 
     def _variant(self, rank: int) -> Variant:
-        coords = self.layout.coords(rank)
-        return coords["dp"], coords["cp"], self.layout.needs_data(rank, self._spec.pp_data)
+        coords = self.grid.coords(rank)
+        return coords["dp"], coords["cp"], self.grid.needs_data(rank, self._spec.pp_data)
 
     def _welcome(self, state: RankState, at: int, brought: dict | None = None) -> dict:
         """pid, host, role ("primary", or "promoted" for a standby that took over) and epoch name
@@ -255,20 +266,20 @@ class Ranks:
         return {
             "job": job.job_id,
             "fingerprint": job.positions.fingerprint,
-            "dp": self.layout.dp,
+            "dp": self.grid.dp,
             "dp_rank": state.variant[0],
             "seq_len": spec.seq_len,
             "rows": spec.rows,
             "resume_step": at,
             "sources": job.source_names,
             "broadcast_at": spec.broadcast_at,
-            "state": self.delivery.positions.get(at, brought),
+            "state": self.live.positions.get(at, brought),
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "epoch": job.tenure.epoch,
             "role": job.role.name,
             "layout": {
-                "world": self.layout.world,
+                "world": self.grid.world,
                 "tp": spec.tp,
                 "pp": spec.pp,
                 "cp": spec.cp,
@@ -278,7 +289,7 @@ class Ranks:
 
     def _consumed(self, position: dict) -> None:
         """Every rank has consumed the steps before this position: checkpoint it."""
-        self._job.positions.consumed(position, self.layout.dp)
+        self._job.positions.consumed(position, self.grid.dp)
 
     def _check_weights(self, weights: object) -> dict[str, float]:
         return check_weights(weights, "new weights", self._job.source_names)
