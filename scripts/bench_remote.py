@@ -117,10 +117,14 @@ def _peer_rank(
 ) -> None:
     import sysconfig
 
-    # spawn gives the child the parent's sys.path: add the peer interpreter's own packages after
-    # it, so the peers come from there and torch, numpy and pyarrow stay the project's
-    sys.path.append(sysconfig.get_paths()["purelib"])
+    # spawn gives the child the parent's sys.path: torch, numpy and pyarrow are imported from it
+    # (the project's), then the peer interpreter's own packages go first, so the peers and what
+    # they pin (transformers' tokenizers) come from there
+    import numpy  # noqa: F401
+    import pyarrow  # noqa: F401
     import torch  # noqa: F401
+
+    sys.path.insert(0, sysconfig.get_paths()["purelib"])
     from peers import _Packed, _stub_torchvision, clean_streaming_leftovers, rank_environment
 
     if rank == 0:
