@@ -115,7 +115,7 @@ def index_files(sources: list[IndexRequest], stop_at_bad: bool) -> list[list[tup
     out = []
     for request in sources:
         files = sorted(set(request.files) | set(_listed(request)))
-        access = Files(request.store)
+        access = Files(request.store, fetchers=_INDEX_THREADS)  # as many GETs in flight as objects indexed
         remote = [path for path, _ in files if is_remote(path)]
         index = functools.partial(_index_one, request, access)
         ahead: dict[str, list[Shard] | str] = {}

@@ -18,7 +18,7 @@ from typing import IO
 import pyarrow as pa
 
 from omniload.storage.disk_cache import DiskCache
-from omniload.storage.objects import Blocks, Counters, RemoteFile, RemoteObject
+from omniload.storage.objects import FETCHERS, Blocks, Counters, RemoteFile, RemoteObject
 from omniload.storage.urls import StoreOptions, is_remote
 
 DEFAULT_READ_AHEAD = 64 << 20
@@ -28,11 +28,15 @@ _OBJECTS = 256  # objects kept open (each opened with one HEAD)
 
 class Files:
     def __init__(
-        self, options: StoreOptions | None = None, read_ahead: int = DEFAULT_READ_AHEAD, cache: DiskCache | None = None
+        self,
+        options: StoreOptions | None = None,
+        read_ahead: int = DEFAULT_READ_AHEAD,
+        cache: DiskCache | None = None,
+        fetchers: int = FETCHERS,
     ) -> None:
         self.options = options or StoreOptions()
         self.counters = Counters()
-        self.blocks = Blocks(read_ahead, cache, self.counters)
+        self.blocks = Blocks(read_ahead, cache, self.counters, fetchers)
         self._objects: OrderedDict[str, RemoteObject] = OrderedDict()
         self._lock = threading.Lock()  # the indexing child opens many objects at once
         self._background: ThreadPoolExecutor | None = None

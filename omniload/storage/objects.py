@@ -37,7 +37,7 @@ BLOCK = 1 << 20
 RETRY_S = 60.0  # transient errors (resets, 5xx, throttling) this long end the job
 UNREACHABLE_S = 20.0  # an endpoint that refuses connections (or has no address) this long ends the job
 _BACKOFF_S, _BACKOFF_MAX_S = 0.1, 8.0
-_FETCHERS = 8  # block requests in flight per process
+FETCHERS = 8  # block requests in flight per lane
 _LIST_THREADS = 16
 T = TypeVar("T")
 
@@ -167,8 +167,11 @@ def version_of(metadata: dict) -> str:
 class Blocks:
     """One lane's block cache: at most `budget` bytes held, shared by every object it reads."""
 
-    def __init__(self, budget: int, disk: DiskCache | None = None, counters: Counters | None = None) -> None:
+    def __init__(
+        self, budget: int, disk: DiskCache | None = None, counters: Counters | None = None, fetchers: int = FETCHERS
+    ) -> None:
         self.budget = max(budget, 2 * BLOCK)
+        self.fetchers = fetchers
         self.disk = disk
         self.counters = counters or Counters()
         self._held: OrderedDict[tuple[str, int], bytes] = OrderedDict()  # least recently used first
@@ -205,7 +208,7 @@ class Blocks:
         if key in self._pending:
             return self._pending[key]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(_FETCHERS, thread_name_prefix="omniload-fetch")
+            self._pool = ThreadPoolExecutor(self.fetchers, thread_name_prefix="omniload-fetch")
         future = self._pool.submit(self._fetch, obj, index)
         self._pending[key] = future
         return future
