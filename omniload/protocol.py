@@ -116,7 +116,7 @@ class FrameDecoder:
         self._max_header = max_header
         self._max_payload = max_payload
 
-    def feed(self, data: bytes) -> list[Message]:
+    def feed(self, data: bytes | memoryview) -> list[Message]:
         self._buf += data
         out: list[Message] = []
         while len(self._buf) >= PREFIX.size:

@@ -24,15 +24,16 @@ def encode_batch(
     step: int, arrays: dict[str, np.ndarray], fields: dict[str, Any], shared: bytes
 ) -> tuple[bytes, bytes]:
     tensors = []
-    parts = []
+    parts: list[bytes | memoryview] = []
     offset = 0
     for name, array in arrays.items():
         data = np.ascontiguousarray(array)
         tensors.append({"name": name, "dtype": str(data.dtype), "shape": list(data.shape), "offset": offset})
         pad = -data.nbytes % 8  # keep every tensor 8-byte aligned in the receive buffer
-        parts += [memoryview(data.reshape(-1)).cast("B"), bytes(pad)]  # flat: an empty array casts too
+        parts += [data.reshape(-1).data.cast("B"), bytes(pad)]  # flat: an empty array casts too
         offset += data.nbytes + pad
     own = orjson.dumps({"step": step, "tensors": tensors, **fields})
     head = own[:-1] + b"," + shared[1:] if len(shared) > 2 else own  # two JSON objects made one
     # join copies each array once into the payload; the frame is then shared by every rank it goes to
-    return encode_raw(Kind.BATCH, head, b"".join(parts))
+    prefixed, payload = encode_raw(Kind.BATCH, head, b"".join(parts))
+    return prefixed, bytes(payload)  # the joined bytes themselves: bytes() of bytes is no copy

@@ -9,8 +9,8 @@ connection ends, every session behind it ends as if its own connection had.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 from omniload.errors import ProtocolError
 from omniload.protocol import FrameDecoder, Message
@@ -34,7 +34,7 @@ class Inbox(Protocol):
     async def next(self) -> Message | None: ...
 
 
-Session = Callable[[Inbox, Writer, str], Awaitable[None]]
+Session = Callable[[Inbox, Writer, str], Coroutine[Any, Any, None]]
 
 
 class RouteOut:
@@ -97,8 +97,9 @@ class RoutedWriter:
 
 def send_frame(writer: Writer, head: bytes, payload: bytes | memoryview, ref: tuple[int, int] | None) -> None:
     """Write one frame, its payload by reference where the writer's far end reads the arena."""
-    if ref is not None and getattr(writer, "refs", False):
-        writer.write_ref(head, ref)
+    write_ref = getattr(writer, "write_ref", None) if getattr(writer, "refs", False) else None
+    if ref is not None and write_ref is not None:
+        write_ref(head, ref)
     else:
         writer.write(head)
         writer.write(payload)
@@ -166,7 +167,12 @@ class RoutedSessions:
             )
         )
         self._tasks.add(task)
-        task.add_done_callback(lambda task: (self._tasks.discard(task), self._inboxes.pop(conn, None)))
+
+        def ended(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            self._inboxes.pop(conn, None)
+
+        task.add_done_callback(ended)
         if first:
             inbox.feed(first)
 
