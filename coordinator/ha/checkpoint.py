@@ -101,7 +101,11 @@ class CheckpointWriter:
         snapshot = self._first or state["step"] % self._every == 0
         with self._wake:
             self._pending.add(
-                state["step"], live, note, (state, dp, note if self._first else None) if snapshot else None
+                state["step"],
+                live,
+                note,
+                (state, dp, note if self._first else None) if snapshot else None,
+                first=self._first,
             )
             self._first = False
             self._wake.notify()
@@ -199,13 +203,19 @@ class _Pending:
     def __init__(self) -> None:
         self.before: dict[str, Any] = {}
         self.snapshot: tuple[dict[str, Any], int, str | None] | None = None
+        self.first = False  # the pending snapshot is the job's first: kept even when the disk is behind
         self.after: dict[str, Any] = {}
 
     def __bool__(self) -> bool:
         return bool(self.before or self.snapshot or self.after)
 
     def add(
-        self, step: int, live: list, note: str | None, snapshot: tuple[dict[str, Any], int, str | None] | None
+        self,
+        step: int,
+        live: list,
+        note: str | None,
+        snapshot: tuple[dict[str, Any], int, str | None] | None,
+        first: bool = False,
     ) -> None:
         record = self.after if self.snapshot else self.before
         record[_STEP] = step
@@ -215,10 +225,12 @@ class _Pending:
             record[_NOTE] = f"{record[_NOTE]}\n{note}" if _NOTE in record else note
         if snapshot is None:
             return
+        if self.first:  # the first position is always snapshotted (a job's early steps are traced and
+            return  # resumed from it): a newer one while the disk is behind waits for the next turn
         if self.snapshot:  # the disk is behind: one snapshot, the newer; the log covers the steps between
             _merge(self.before, self.after)
             self.after = {}
-        self.snapshot = snapshot
+        self.snapshot, self.first = snapshot, first
 
 
 def _merge(into: dict[str, Any], record: dict[str, Any]) -> None:

@@ -215,3 +215,20 @@ def test_bad_states_are_refused(bad, message):
 
     with pytest.raises(ConfigError, match=message):
         check_state(bad, "test")
+
+
+def test_the_first_snapshot_is_kept_when_the_disk_falls_behind():
+    """A slow disk merges pending snapshots into the newest, but never drops the job's first:
+    early steps are traced and resumed from it."""
+    from omniload.coordinator.ha.checkpoint import _Pending
+
+    pending = _Pending()
+    pending.add(1, [], None, ({"step": 1}, 2, None), first=True)
+    for step in range(2, 9):
+        pending.add(step, [], None, ({"step": step}, 2, None) if step == 8 else None)
+    assert pending.snapshot is not None and pending.snapshot[0]["step"] == 1
+    assert pending.after["s"] == 8, "the log still covers the steps after it"
+    later = _Pending()
+    later.add(8, [], None, ({"step": 8}, 2, None))
+    later.add(16, [], None, ({"step": 16}, 2, None))
+    assert later.snapshot is not None and later.snapshot[0]["step"] == 16, "later ones merge into the newest"
