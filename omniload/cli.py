@@ -329,7 +329,7 @@ def launch(
 )
 @click.option("--port", default=0, type=int, help="Port (0: any free port).", cls=_GroupedOption, group="serving")
 @click.option(
-    "--standby",
+    "--as-standby",
     "as_standby",
     is_flag=True,
     cls=_GroupedOption,
@@ -343,7 +343,7 @@ def launch(
     metavar="HOST:PORT",
     cls=_GroupedOption,
     group="high availability",
-    help="With --standby: the primary's address, put first in the printed OMNILOAD_ADDR.",
+    help="With --as-standby: the primary's address, put first in the printed OMNILOAD_ADDR.",
 )
 def serve(
     config: str | None,
@@ -361,7 +361,7 @@ def serve(
     spec = _or_exit(lambda: build_spec(config, sources, options))
     if as_standby and not (os.environ.get("OMNILOAD_TOKEN") and spec.checkpoint_dir):
         raise click.UsageError(
-            "--standby needs the primary's OMNILOAD_TOKEN in the environment and its "
+            "--as-standby needs the primary's OMNILOAD_TOKEN in the environment and its "
             "--checkpoint-dir (a folder both hosts share)"
         )
     token = os.environ.get("OMNILOAD_TOKEN") or secrets.token_hex(16)

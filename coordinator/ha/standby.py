@@ -1,6 +1,6 @@
 """A hot standby's wait for its turn, and the primary's side of the lease.
 
-A standby coordinator (`omniload launch --standby N`, `omniload serve --standby`) builds its
+A standby coordinator (`omniload launch --standby N`, `omniload serve --as-standby`) builds its
 catalog, announces its address and `follow`s the lease in the shared checkpoint folder
 (lease.py) before any worker, thread or event loop exists. Once the primary has written a
 snapshot, the standby restores it like --resume, starts its workers, and plans along without
