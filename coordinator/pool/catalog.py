@@ -160,19 +160,17 @@ def _listed(request: IndexRequest) -> list[tuple[str, str]]:
     found = []
     for pattern in request.urls:
         try:
-            objects = list_matching(pattern, request.store)
-        except ConfigError as exc:
+            urls = list_matching(pattern, request.store)
+        except (ConfigError, OSError) as exc:  # OSError: the store failed past its retries
             raise ConfigError(f"source '{request.name}': {exc}") from None
-        except OSError as exc:
-            raise ConfigError(f"source '{request.name}': {exc}") from None
-        for obj in objects:
-            fmt = request.format if request.format != "auto" else detect_format(obj.url)
+        for url in urls:
+            fmt = request.format if request.format != "auto" else detect_format(url)
             if fmt is None:
                 raise ConfigError(
-                    f"source '{request.name}': cannot tell the format of {redact(obj.url)!r} from its "
+                    f"source '{request.name}': cannot tell the format of {redact(url)!r} from its "
                     "name; add format=parquet|jsonl|arrow|tar to the source"
                 )
-            found.append((obj.url, fmt))
+            found.append((url, fmt))
     return found
 
 

@@ -47,7 +47,7 @@ class DiskCache:
             pass  # evicted since: the bytes read are still whole
         return data
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | memoryview) -> None:
         path = self._path(key)
         if path.exists():
             return

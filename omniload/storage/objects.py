@@ -21,7 +21,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -40,17 +40,11 @@ _BACKOFF_S, _BACKOFF_MAX_S = 0.1, 8.0
 FETCHERS = 8  # block requests in flight per lane
 _LIST_THREADS = 16
 T = TypeVar("T")
+Block = bytes | memoryview  # a block as fetched (a view of the client's buffer) or read from the disk cache
 
 
 class StoreError(OSError):
     """The store failed for good; the message names the URL and the likely fix."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoredObject:
-    url: str
-    size: int
-    version: str = ""  # ETag (S3, Azure), generation (GCS); '' where the store gives none
 
 
 @dataclass(slots=True)
@@ -68,9 +62,9 @@ def retrying(
     url: ObjectUrl,
     options: StoreOptions,
     counters: Counters | None = None,
-    budget_s: float = RETRY_S,
 ) -> T:
-    """`action()`, retried while its errors are transient and the budget lasts; StoreError else."""
+    """`action()`, retried while its errors are transient and the budget lasts (RETRY_S, or
+    UNREACHABLE_S for an endpoint that refuses connections); StoreError else."""
     started = time.monotonic()
     delay = _BACKOFF_S
     while True:
@@ -81,7 +75,7 @@ def retrying(
         except (OSError, ValueError) as exc:  # pyarrow raises OSError (ArrowIOError); fsspec a few others
             if isinstance(exc, StoreError):
                 raise
-            budget = min(budget_s, UNREACHABLE_S) if is_unreachable(exc) else budget_s
+            budget = UNREACHABLE_S if is_unreachable(exc) else RETRY_S
             if not is_transient(exc) or time.monotonic() + delay > started + budget:
                 suffix = f" (gave up after {budget:.0f}s of retries)" if is_transient(exc) else ""
                 raise StoreError(explain(exc, where, url, options) + suffix) from None
@@ -91,8 +85,8 @@ def retrying(
             delay = min(delay * 2, _BACKOFF_MAX_S)
 
 
-def list_matching(pattern: str, options: StoreOptions) -> list[StoredObject]:
-    """The objects a URL (a glob, or one object) names, in key order; ConfigError when it names
+def list_matching(pattern: str, options: StoreOptions) -> list[str]:
+    """The URLs of the objects a URL (a glob, or one object) names, in key order; ConfigError when it names
     none, saying whether the bucket, the prefix or only the pattern is missing."""
     url = parse(pattern)
     fs = filesystem(url, options)
@@ -100,7 +94,7 @@ def list_matching(pattern: str, options: StoreOptions) -> list[StoredObject]:
     if not has_glob(url.key):
         info = retrying(lambda: fs.get_file_info(url.fs_path), where, url, options)
         if info.type == pafs.FileType.File:
-            return [StoredObject(pattern, info.size)]
+            return [pattern]
         found = _listed(fs, url, url.key.rstrip("/") + "/" if url.key else "", options, recursive=True)
         if found:  # a folder: its files (as a local folder would not be): ask for a glob instead
             raise ConfigError(
@@ -114,7 +108,7 @@ def list_matching(pattern: str, options: StoreOptions) -> list[StoredObject]:
     found = [o for o in _listed(fs, url, root, options, recursive) if regex.match(o[0])]
     if not found:
         _no_match(fs, url, options, pattern)
-    return [StoredObject(url.with_key(key), size) for key, size in sorted(found)]
+    return [url.with_key(key) for key, _ in sorted(found)]
 
 
 def _listed(
@@ -174,12 +168,12 @@ class Blocks:
         self.fetchers = fetchers
         self.disk = disk
         self.counters = counters or Counters()
-        self._held: OrderedDict[tuple[str, int], bytes] = OrderedDict()  # least recently used first
+        self._held: OrderedDict[tuple[str, int], Block] = OrderedDict()  # least recently used first
         self._pending: dict[tuple[str, int], Future] = {}
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None  # made on first use: after the worker's fork
 
-    def get(self, obj: RemoteObject, index: int, ahead: int) -> bytes:
+    def get(self, obj: RemoteObject, index: int, ahead: int) -> Block:
         """Block `index` of `obj`, and the next `ahead` blocks fetched in the background."""
         key = (obj.key, index)
         with self._lock:
@@ -213,18 +207,21 @@ class Blocks:
         self._pending[key] = future
         return future
 
-    def _fetch(self, obj: RemoteObject, index: int) -> bytes:
+    def _fetch(self, obj: RemoteObject, index: int) -> Block:
         key = (obj.key, index)
+        data: Block | None
         try:
             data = self.disk.get(obj.cache_key(index)) if self.disk is not None else None
             if data is None:
                 data = obj.fetch(index, self.counters)
                 if self.disk is not None:
                     self.disk.put(obj.cache_key(index), data)
-        finally:
+        except BaseException:
             with self._lock:
                 self._pending.pop(key, None)
-        with self._lock:
+            raise
+        with self._lock:  # held before it stops being pending: a reader in between would fetch it again
+            self._pending.pop(key, None)
             if key not in self._held:
                 self._held[key] = data
                 self.counters.held += len(data)
@@ -287,17 +284,17 @@ class RemoteObject:
                 self._file = file
             return self._file
 
-    def fetch(self, index: int, counters: Counters) -> bytes:
+    def fetch(self, index: int, counters: Counters) -> Block:
         file = self._open(counters)
         assert self.size is not None  # known once opened
         start = index * BLOCK
         length = min(BLOCK, self.size - start)
 
-        def read() -> bytes:
-            data = file.read_at(length, start)
+        def read() -> Block:
+            data = memoryview(file.read_at(length, start))  # the fetched buffer itself, not a copy
             if len(data) != length:  # a body cut short without an error
                 raise OSError(f"partial read: {len(data)} of {length} bytes")
-            return data.to_pybytes() if hasattr(data, "to_pybytes") else bytes(data)
+            return data
 
         data = retrying(read, redact(self.url), self.parsed, self.options, counters)
         counters.fetched += len(data)
@@ -330,31 +327,29 @@ class RemoteFile(io.RawIOBase):
         self._pos = max(0, base + offset)
         return self._pos
 
+    def _pieces(self, size: int) -> Iterator[memoryview]:
+        """The next `size` bytes (fewer at the end) as views of the blocks holding them."""
+        end = min(self._pos + size, self.size())
+        while self._pos < end:
+            index, offset = divmod(self._pos, BLOCK)
+            block = memoryview(self._blocks.get(self.obj, index, self._ahead))
+            piece = block[offset : min(len(block), offset + end - self._pos)]
+            self._pos += len(piece)
+            yield piece
+
     def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
-        view = memoryview(buffer).cast("B")
-        n = min(len(view), self.size() - self._pos)
-        done = 0
-        while done < n:
-            index, offset = divmod(self._pos + done, BLOCK)
-            block = self._blocks.get(self.obj, index, self._ahead)
-            take = min(n - done, len(block) - offset)
-            view[done : done + take] = block[offset : offset + take]
-            done += take
-        self._pos += done
+        view, done = memoryview(buffer).cast("B"), 0
+        for piece in self._pieces(len(view)):
+            view[done : done + len(piece)] = piece
+            done += len(piece)
         return done
 
     def read(self, size: int = -1) -> bytes:
-        n = self.size() - self._pos if size is None or size < 0 else min(size, self.size() - self._pos)
-        buffer = bytearray(max(0, n))
-        got = self.readinto(buffer)
-        return bytes(buffer[:got])
+        """One copy of the bytes, straight from the blocks (pyarrow's readers call this)."""
+        return b"".join(self._pieces(self.size() if size is None or size < 0 else size))
 
     def readall(self) -> bytes:
         return self.read(-1)
-
-    def read_at(self, nbytes: int, offset: int) -> bytes:
-        self.seek(offset)
-        return self.read(nbytes)
 
     def warm(self, start: int, stop: int) -> None:
         """Fetch bytes [start, stop) in the background (within the lane's budget)."""
