@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +75,11 @@ class Source:
                     parse(path)
                 except ConfigError as exc:
                     raise ConfigError(f"source '{self.name}': {exc}") from None
+        if self.endpoint is not None and "@" in self.endpoint.partition("://")[2].partition("/")[0]:
+            raise ConfigError(
+                f"source '{self.name}': credentials in endpoint= would be written to logs and checkpoints; "
+                "give them in the store's environment variables (see docs/storage.md)"
+            )
         if self.endpoint is not None and "://" not in self.endpoint:
             raise ConfigError(
                 f"source '{self.name}': endpoint must be a URL like http://127.0.0.1:9000, got {self.endpoint!r}"
@@ -215,8 +219,9 @@ class Spec:
         _at_least("read_ahead", self.read_ahead, 1 << 20)
         _at_least("cache_limit", self.cache_limit, 1 << 20)
         if self.cache_dir == "auto":
-            base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-            object.__setattr__(self, "cache_dir", os.path.join(base, "omniload"))
+            from omniload.storage.disk_cache import default_dir  # no pyarrow there
+
+            object.__setattr__(self, "cache_dir", default_dir())
         _at_least("keep_snapshots", self.keep_snapshots, 1)
         for name, allowed in [("long_docs", LONG_DOCS), ("pp_data", PP_DATA), ("broadcast_at", BROADCAST_AT)]:
             if getattr(self, name) not in allowed:

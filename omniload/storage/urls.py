@@ -100,7 +100,8 @@ def parse(url: str) -> ObjectUrl:
     if store in (None, "unknown"):
         raise ConfigError(f"{redact(url)}: unknown store '{scheme}://'; use s3://, gs://, az://, abfs:// or hf://")
     authority, _, key = rest.partition("/")
-    if "@" in authority and store != "azure" or "?" in rest:
+    # a query with parameters (`?X-Amz-Signature=...`); a lone `?` is a glob's one character
+    if "@" in authority and store != "azure" or re.search(r"\?[^/]*=", rest):
         raise ConfigError(
             f"{redact(url)}: credentials or signed parameters in a URL would be written to logs and "
             "checkpoints; give them in the store's environment variables (see docs/storage.md)"

@@ -86,6 +86,11 @@ def test_bad_urls_are_refused_when_the_spec_is_built_naming_the_source(url, mess
     assert "topsecret" not in str(error.value) and "abc" not in str(error.value)
 
 
+def test_a_lone_question_mark_is_a_glob_not_a_signed_url():
+    url = parse("s3://bucket/data/part-?.parquet")
+    assert url.key == "data/part-?.parquet" and glob_regex(url.key).match("data/part-7.parquet")
+
+
 def test_store_options_come_from_the_source_and_the_endpoint_must_be_a_url():
     source = parse_source(
         "web=s3://b/web/*.parquet,weight=0.5,endpoint=http://127.0.0.1:9000,region=eu-west-1,anonymous=true"
@@ -93,6 +98,9 @@ def test_store_options_come_from_the_source_and_the_endpoint_must_be_a_url():
     assert source.store_options() == StoreOptions("http://127.0.0.1:9000", "eu-west-1", True)
     with pytest.raises(ConfigError, match="endpoint must be a URL"):
         Source(name="web", path="s3://b/k", endpoint="127.0.0.1:9000")
+    with pytest.raises(ConfigError, match="credentials in endpoint=") as error:
+        Source(name="web", path="s3://b/k", endpoint="http://key:hunter22@127.0.0.1:9000")
+    assert "hunter22" not in str(error.value)
 
 
 def test_redaction_masks_credentials_signatures_and_secret_variables(monkeypatch):
