@@ -450,12 +450,11 @@ def _sample_key(name: str) -> tuple[str, str]:
 
 
 def _tar_samples(
-    path: str, offset: int, files: Files, size: int = 0, version: str = ""
+    path: str, offset: int, compressed: bool, files: Files, size: int = 0, version: str = ""
 ) -> Iterator[tuple[int, str, list[tuple[str, bytes | None]]]]:
     """(header offset, key, [(suffix, data), ...]) of each sample from byte `offset` on (0 for a
-    compressed file); data is read for text and image members only."""
+    compressed file, read as a stream); data is read for text and image members only."""
     with files.open(path, size, version) as raw:
-        compressed = not offset and raw.read(2) == b"\x1f\x8b"
         raw.seek(offset)
         archive = tarfile.open(fileobj=raw, mode="r|*" if compressed else "r:")
         with archive:
@@ -500,38 +499,29 @@ def _index_tar(path: str, column: str, ordinal: int, files: Files) -> list[Shard
     compressed = _compressed(path, files)
     shards: list[Shard] = []
     rows = size = shard_start = shard_offset = 0
-    for offset, key, members in _tar_samples(path, 0, files):
+
+    def shard_to(stop: int) -> Shard:
+        return Shard(
+            path,
+            "tar",
+            shard_start,
+            stop,
+            stop - shard_start,
+            ordinal + shard_start,
+            shard_offset,
+            slice_rows_for(stop - shard_start, size),
+        )
+
+    for offset, key, members in _tar_samples(path, 0, compressed, files):
         if rows == 0:
             _tar_value(key, members, column)  # a file of the wrong shape fails at startup
         if not compressed and rows - shard_start == TAR_SHARD_ROWS:
-            shards.append(
-                Shard(
-                    path,
-                    "tar",
-                    shard_start,
-                    rows,
-                    rows - shard_start,
-                    ordinal + shard_start,
-                    shard_offset,
-                    slice_rows_for(rows - shard_start, size),
-                )
-            )
+            shards.append(shard_to(rows))
             shard_start, shard_offset, size = rows, offset, 0
         rows += 1
         size += sum(len(data) for _, data in members if data is not None)
     if rows > shard_start or not shards:
-        shards.append(
-            Shard(
-                path,
-                "tar",
-                shard_start,
-                rows,
-                rows - shard_start,
-                ordinal + shard_start,
-                shard_offset,
-                slice_rows_for(rows - shard_start, size),
-            )
-        )
+        shards.append(shard_to(rows))
     return shards
 
 
@@ -540,7 +530,7 @@ def _tar_values(shard: Shard, column: str, first: int = 0, files: Files = LOCAL)
     seekable = not _compressed(shard.file, files, shard.size, shard.version)  # else read from the start (one shard)
     skip, taken = first + (0 if seekable else shard.start), first
     for _, key, members in _tar_samples(
-        shard.file, shard.byte_offset if seekable else 0, files, shard.size, shard.version
+        shard.file, shard.byte_offset if seekable else 0, not seekable, files, shard.size, shard.version
     ):
         if taken >= shard.rows:
             break
