@@ -1,5 +1,5 @@
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from omniload.coordinator.plan.balance import assign
@@ -34,6 +34,7 @@ def test_capacity_holds_and_every_segment_is_placed_once_or_carried(lengths, dp,
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(1, 2048), min_size=16, max_size=200), st.integers(2, 8))
+@example([1165, 1, 1, 1, 1, 1, 5, 433, 437, 437, 1, 1, 1, 726, 1, 886], 2)  # greedy 0.003% over round robin
 def test_balance_beats_round_robin_and_nears_the_bound(lengths, dp):
     lengths = np.array(lengths, dtype=np.int64)
     seq_len, rows = 2048, int(np.ceil(lengths.sum() / 2048 / dp)) + 2  # room to spare: balance is the question
@@ -42,7 +43,9 @@ def test_balance_beats_round_robin_and_nears_the_bound(lengths, dp):
     assert (a.rank >= 0).all()
     figures = a.figures(costs)
     naive = max(costs[r::dp].sum() for r in range(dp))
-    assert figures["max_cost"] <= naive + 1e-6
+    # greedy can lose to round robin by a hair where a few long segments decide (the example
+    # above: 1,939,183 against 1,939,134, also at fdab950); it must never lose more
+    assert figures["max_cost"] <= naive * (1 + 1e-3)
     # Graham's bound for greedy list scheduling: the busiest rank is at most the mean plus one
     # segment (LPT's 4/3 is against the optimum, which the lower bound may sit below: hypothesis
     # found a case at 1.335 of the bound)
