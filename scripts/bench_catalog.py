@@ -125,7 +125,7 @@ def spread(values: list[float], fmt: str) -> str:
 
 
 def main() -> None:
-    from tests.s3_store import CREDENTIALS, MotoServer, set_env
+    from tests.s3_store import CREDENTIALS, MotoServer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--objects", default="10000,100000", help="bucket sizes, comma-separated")
@@ -134,7 +134,7 @@ def main() -> None:
     parser.add_argument("--cold-rounds", type=int, default=0, help="cold launches per size (0: --rounds)")
     args = parser.parse_args()
 
-    set_env(CREDENTIALS)
+    os.environ.update(CREDENTIALS)
     store = MotoServer()
     print(
         f"machine: {os.cpu_count()} cores; store: moto {__import__('moto').__version__} on loopback; "

@@ -281,7 +281,7 @@ def spread(values: list[float], fmt: str) -> str:
 
 
 def main() -> None:
-    from tests.s3_store import CREDENTIALS, FaultyProxy, MotoServer, set_env
+    from tests.s3_store import CREDENTIALS, FaultyProxy, MotoServer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rtts", default="0,20,50,100", help="round trips in ms, comma-separated")
@@ -325,7 +325,7 @@ def main() -> None:
     }
     if args.read_ahead:
         spec["read_ahead"] = args.read_ahead
-    set_env(CREDENTIALS)  # the coordinator and its workers inherit them
+    os.environ.update(CREDENTIALS)  # the coordinator and its workers inherit them
     store = MotoServer()
     proxies = {rtt: FaultyProxy(store.port, delay_s=rtt / 1000) for rtt in sorted(set(rtts + peer_rtts))}
     try:

@@ -106,14 +106,14 @@ def s3_server():
 
 
 @pytest.fixture
-def s3(s3_server):
+def s3(s3_server, monkeypatch):
     """The S3 endpoint, emptied, with the standard AWS variables pointing at it for this test."""
-    from tests.s3_store import restore_env, set_env, store_env
+    from tests.s3_store import store_env
 
     s3_server.reset()
-    old = set_env(store_env(s3_server.endpoint))
-    yield s3_server
-    restore_env(old)
+    for name, value in store_env(s3_server.endpoint).items():
+        monkeypatch.setenv(name, value)
+    return s3_server
 
 
 @pytest.fixture

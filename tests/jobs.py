@@ -17,6 +17,8 @@ from omniload.coordinator.ha.checkpoint import last_position
 from tests.rank_forkserver import ForkedRank, spawn
 
 PROBE = Path(__file__).parent / "rank_probe.py"
+# torchrun on this host (gloo, CPU), as the command of `omniload launch -- ...`; then --nproc_per_node and the script
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone")
 ROOT = Path(__file__).parent.parent
 
 

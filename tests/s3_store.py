@@ -7,7 +7,6 @@ the objects' bodies live in memory. Objects are put with boto3, as a user would 
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 import subprocess
@@ -16,6 +15,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from omniload.coordinator.serve.listening import free_port
 
 # Fixed test credentials; a test that checks redaction sets its own secret.
 CREDENTIALS = {
@@ -26,17 +27,11 @@ CREDENTIALS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class MotoServer:
     """`moto_server` on a free loopback port; `endpoint` is its http URL."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        self.port = free_port("127.0.0.1")
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
@@ -166,18 +161,3 @@ class FaultyProxy:
 def store_env(endpoint: str) -> dict[str, str]:
     """The environment a job reading the store needs: the standard AWS variables."""
     return {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}
-
-
-def set_env(env: dict[str, str]) -> dict[str, str | None]:
-    """Put `env` into os.environ (jobs inherit it); returns what to restore."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    return old
-
-
-def restore_env(old: dict[str, str | None]) -> None:
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v

@@ -16,7 +16,7 @@ import omniload
 from omniload import client
 from omniload.state import RANK_KEY
 from tests.corpus import mixed_sources
-from tests.jobs import ROOT, omniload_cli
+from tests.jobs import ROOT, TORCHRUN, omniload_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -151,10 +151,7 @@ def test_prefetching_tp_ranks_save_the_trained_step_and_resume_bit_exact(corpus,
             "--broadcast-at",
             "tp",
             "--",
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
+            *TORCHRUN,
             "--nproc_per_node=2",
             str(TRAINER),
             mode,

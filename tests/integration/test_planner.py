@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 import torch
 
 import omniload
 from tests.corpus import mixed_sources
-from tests.jobs import PROBE, ROOT, omniload_cli
+from tests.jobs import PROBE, ROOT, TORCHRUN, omniload_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -37,10 +36,7 @@ def test_tp_ranks_of_a_dp_group_see_identical_batches_and_dp_groups_are_disjoint
         "--broadcast-at",
         broadcast_at,
         "--",
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
+        *TORCHRUN,
         "--nproc_per_node=4",
         str(PROBE),
         str(out),

@@ -16,7 +16,7 @@ import pytest
 import omniload
 from omniload.coordinator.ha.checkpoint import last_position
 from tests.corpus import documents, mixed_sources, write_parquet
-from tests.jobs import ROOT, collect, omniload_cli, run_ranks, start_ranks, wait_for_checkpoint
+from tests.jobs import ROOT, TORCHRUN, collect, omniload_cli, run_ranks, start_ranks, wait_for_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -109,10 +109,7 @@ def test_loader_state_saved_and_loaded_with_torch_distributed_checkpoint(corpus,
             "launch",
             *common,
             "--",
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
+            *TORCHRUN,
             "--nproc_per_node=2",
             str(ROOT / "tests" / "dcp_train.py"),
             mode,

@@ -20,7 +20,7 @@ from omniload.control import job_status
 from omniload.coordinator.ha.lease import read_lease
 from omniload.job import FENCED_EXIT
 from tests.corpus import make_mixed_corpus, mixed_sources
-from tests.jobs import PROBE, ROOT, checkpointed_step, collect, run_ranks, start_ranks
+from tests.jobs import PROBE, ROOT, TORCHRUN, checkpointed_step, collect, run_ranks, start_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 _STEPS = 60
@@ -129,10 +129,7 @@ def test_launch_standby_under_torchrun_survives_kill_9_of_the_primary(uninterrup
             "1",
             "-q",
             "--",
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
+            *TORCHRUN,
             "--nproc_per_node=2",
             str(PROBE),
             str(tmp_path / "out{rank}.json"),

