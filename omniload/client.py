@@ -31,22 +31,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from omniload.errors import ConfigError, OmniloadError, ProtocolError
-from omniload.protocol import PREFIX, Kind, Message, encode, parse_header, parse_prefix
+from omniload.errors import ConfigError, OmniloadError
+from omniload.protocol import Kind, Message
+from omniload.rank_link import Link, ReceiveFailed, Refused, Unreachable
 
 if TYPE_CHECKING:
     from omniload.broadcast import BroadcastLoader  # imported when used: it needs torch.distributed
 
-_CONNECT_S = 30.0
 _FAILOVER_S = 120.0  # how long a rank looks for a coordinator to go on with (a standby taking over)
 _RETRY_S = 0.05  # pause between two rounds over the addresses
-# With standbys, a primary whose host died (no FIN, no RST) must still be noticed: TCP
-# keepalive probes after 5 s of silence, every 2 s, give up after 3 (about 11 s)
-_KEEPALIVE = (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3))
 _WAIT_WARN_S = 60.0
 _CLOSE_S = 5.0
-_MAX_HEADER = 16 << 20
-_MAX_PAYLOAD = 1 << 40
 _DTYPES = {"int64": torch.int64, "int32": torch.int32, "float32": torch.float32, "uint8": torch.uint8}
 KEPT_POSITIONS = 16  # positions (after the last steps handed out) that position(step) can return
 
@@ -163,7 +158,7 @@ class Loader:
         self.wait_seconds = 0.0  # time spent waiting for data inside __next__
         self._inbox: queue.Queue = queue.Queue()
         self._done = False
-        self._sock: socket.socket | None = None
+        self._link: Link | None = None
         self.note: str | None = None  # the coordinator's last word on why no batch comes
         self._closed = False
 
@@ -210,11 +205,15 @@ class Loader:
         if position is not None:
             self._positions.append((position["step"] - 1, position))
 
-    def _connected(self) -> socket.socket:
+    @property
+    def _sock(self) -> socket.socket | None:
+        return None if self._link is None else self._link.sock
+
+    def _connected(self) -> Link:
         """The connection to the coordinator: set from a handshake until a failover or close."""
-        if self._sock is None:
+        if self._link is None:
             raise ConnectionError(f"rank {self.rank}: not connected to the coordinator")
-        return self._sock
+        return self._link
 
     def _handshake(self) -> None:
         if len(self.addrs) > 1:
@@ -229,7 +228,7 @@ class Loader:
         and a new primary listens once it has replayed. Bounded by _FAILOVER_S."""
         deadline = time.monotonic() + _FAILOVER_S
         start = self.addrs.index(self.addr) + failing_over
-        retry = (_Unreachable, OSError, _Refused) if failing_over else (_Unreachable, OSError)
+        retry = (Unreachable, OSError, Refused) if failing_over else (Unreachable, OSError)
         tried: dict[str, str] = {}
         for attempt in itertools.count():
             addr = self.addrs[(start + attempt) % len(self.addrs)]
@@ -256,7 +255,7 @@ class Loader:
             file=sys.stderr,
         )
         self._connected().close()
-        self._sock = None
+        self._link = None
         atexit.unregister(self._at_exit)
         self._thread.join(_CLOSE_S)
         self._inbox = queue.Queue()
@@ -271,17 +270,6 @@ class Loader:
 
     def _handshake_at(self, addr: str) -> None:
         self.addr = addr
-        try:
-            self._sock = open_connection(self.addr)
-        except (OSError, ValueError) as exc:
-            where = "the node's relay" if addr.startswith("unix:") else "the coordinator"
-            advice = "; is `omniload relay` running on this node?" if addr.startswith("unix:") else ""
-            raise _Unreachable(f"cannot reach {where} at {self.addr}: {exc}{advice}") from None
-        if len(self.addrs) > 1 and self._sock.family in (socket.AF_INET, socket.AF_INET6):
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            for option, value in _KEEPALIVE:
-                if hasattr(socket, option):  # Linux names; others keep the system's timing
-                    self._sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
         hello = {
             "token": self._token,
             "rank": self.rank,
@@ -290,23 +278,13 @@ class Loader:
         }
         if self._resume is not None:
             hello["resume"] = self._resume
-        try:
-            self._sock.sendall(encode(Message(Kind.HELLO, hello)))
-            kind, header, _ = self._receive_frame()
-            if kind is Kind.ERROR:
-                raise _Refused(f"coordinator at {self.addr} refused rank {self.rank}: {header.get('message')}")
-            if kind is not Kind.WELCOME:
-                raise ProtocolError(f"expected WELCOME from {self.addr}, got {kind.name}")
-            if header.get("epoch", 0) < self._epoch:  # an old primary that has not noticed its successor
-                raise _Unreachable(
-                    f"the coordinator at {self.addr} serves epoch {header.get('epoch')}, older than "
-                    f"epoch {self._epoch} this rank was served by"
-                )
-        except BaseException:
-            self._sock.close()
-            self._sock = None  # not connected: close() has nothing to do, a retry starts afresh
-            raise
-        self._sock.settimeout(None)
+        self._link, header = Link.greet(
+            addr,
+            hello,
+            min_epoch=self._epoch,
+            keepalive=len(self.addrs) > 1,
+            page_locked=_page_locked_buffer if self.pin_memory else None,
+        )
         self._info = header
         self._epoch = max(self._epoch, header.get("epoch", 0))
         self._position = header.get("state")
@@ -349,9 +327,7 @@ class Loader:
         self.meta = {k: v for k, v in header.items() if k not in ("tensors", "state", "compact")}
         try:
             # the time spent waiting so far rides along: `omniload status` shows each rank's wait %
-            self._connected().sendall(
-                encode(Message(Kind.ACK, {"step": self.step, "wait": round(self.wait_seconds, 3)}))
-            )
+            self._connected().send(Message(Kind.ACK, {"step": self.step, "wait": round(self.wait_seconds, 3)}))
         except OSError:
             pass  # the connection is lost: the receive thread says why at the next batch
         return batch
@@ -376,17 +352,13 @@ class Loader:
     def close(self) -> None:
         """Hang up gracefully: the coordinator reads every ACK sent before it sees the end."""
         self._done = True
-        if self._sock is None or self._closed:
+        if self._link is None or self._closed:
             return
         self._closed = True
         atexit.unregister(self._at_exit)
-        try:
-            self._sock.sendall(encode(Message(Kind.BYE, {"step": self.step})))
-            self._sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
+        self._link.hang_up(self.step)
         self._thread.join(_CLOSE_S)  # it ends when the coordinator closes its side
-        self._sock.close()
+        self._link.close()
 
     def __enter__(self) -> Loader:
         return self
@@ -406,7 +378,7 @@ class Loader:
                     file=sys.stderr,
                 )
                 continue
-            if isinstance(item, _ReceiveFailed):
+            if isinstance(item, ReceiveFailed):
                 self._done = True
                 raise OmniloadError(str(item))
             if (
@@ -428,8 +400,9 @@ class Loader:
         try:
             if self.pin_memory:  # else page-locked memory would make a CUDA context on GPU 0
                 torch.cuda.set_device(self._cuda_index)
+            link = self._connected()
             while True:
-                frame = self._receive_frame()
+                frame = link.receive_frame()
                 if frame[0] is Kind.WAIT:  # not a batch: why none comes, said while this rank waits
                     self.note = frame[1].get("message")
                     print(f"omniload: rank {self.rank} waits: {self.note}", file=sys.stderr)
@@ -439,56 +412,6 @@ class Loader:
                     return
         except Exception as exc:  # handed to the training thread, which raises it
             self._inbox.put(exc)
-
-    def _receive_frame(self) -> tuple[Kind, dict[str, Any], bytearray | torch.Tensor]:
-        prefix = self._receive_exactly(PREFIX.size)
-        kind, header_len, payload_len = parse_prefix(prefix, _MAX_HEADER, _MAX_PAYLOAD)
-        header = parse_header(self._receive_exactly(header_len))
-        if self.pin_memory and kind is Kind.BATCH:
-            return kind, header, self._receive_pinned(payload_len)
-        return kind, header, self._receive_exactly(payload_len)
-
-    def _receive_pinned(self, size: int) -> torch.Tensor:
-        """The payload read straight into page-locked memory (on the receive thread, no copy)."""
-        try:
-            buffer = _page_locked(size)
-        except RuntimeError as exc:
-            raise _ReceiveFailed(
-                f"rank {self.rank}: cannot allocate {size} bytes of page-locked memory for a "
-                f"batch (pin_memory=True): {exc}"
-            ) from exc
-        self._receive_into(buffer.numpy().data)  # ndarray.data: memoryview(array)
-        return buffer
-
-    def _receive_exactly(self, size: int) -> bytearray:
-        buffer = bytearray(size)
-        self._receive_into(memoryview(buffer))
-        return buffer
-
-    def _receive_into(self, view: memoryview) -> None:
-        sock = self._connected()
-        while view:
-            got = sock.recv_into(view)
-            if not got:
-                raise ConnectionError("the coordinator closed the connection")
-            view = view[got:]
-
-
-def open_connection(addr: str) -> socket.socket:
-    """A connected socket to HOST:PORT (the coordinator) or unix:PATH (the node's relay)."""
-    if addr.startswith("unix:"):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(_CONNECT_S)
-        try:
-            sock.connect(addr[len("unix:") :])
-        except OSError:
-            sock.close()
-            raise
-        return sock
-    host, _, port = addr.rpartition(":")
-    sock = socket.create_connection((host, int(port)), timeout=_CONNECT_S)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
 
 
 def _close_at_exit(ref: weakref.ref) -> Any:
@@ -500,18 +423,6 @@ def _close_at_exit(ref: weakref.ref) -> Any:
             loader.close()
 
     return close
-
-
-class _Unreachable(OmniloadError):
-    """No coordinator to go on with at this address (not listening, gone, or of an older epoch)."""
-
-
-class _Refused(OmniloadError):
-    """A coordinator answered HELLO with ERROR; its message says why."""
-
-
-class _ReceiveFailed(OmniloadError):
-    """The receive thread failed on this side (not the connection); its message says how."""
 
 
 def kept_position(positions: collections.deque[tuple[int, Any]], step: int) -> Any:
@@ -532,6 +443,10 @@ def kept_position(positions: collections.deque[tuple[int, Any]], step: int) -> A
         f"{why}: ask for a step from {first} to {last} (the loader keeps its last "
         f"{positions.maxlen} positions: after each step it handed out, and before its first)"
     )
+
+
+def _page_locked_buffer(size: int) -> torch.Tensor:
+    return _page_locked(size)  # looked up when called: a test swaps _page_locked
 
 
 def _page_locked(size: int) -> torch.Tensor:
