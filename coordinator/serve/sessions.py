@@ -69,7 +69,8 @@ class Sessions:
                 return
             if hello.role == "control":
                 await self._control(inbox, writer)
-            elif hello.role == "relay" and isinstance(inbox, StreamInbox):
+            elif hello.role == "relay" and isinstance(inbox, StreamInbox) and isinstance(writer, asyncio.StreamWriter):
+                # only a direct connection can carry a relay: its writer is the socket's own
                 _say(writer, Kind.WELCOME, role="relay")
                 await serve_relay(inbox.raw_reader(), writer, f"relay {peer}", self.session)
             elif hello.role == "relay":
