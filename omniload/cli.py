@@ -18,16 +18,16 @@ from typing import Any
 import click
 
 from omniload.errors import ConfigError, OmniloadError
-from omniload.spec import Spec, load_config, parse_source
+from omniload.spec import GROUP_OF, GROUPS, Spec, load_config, parse_source
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Spec) if f.name != "sources"}
 _CHILD_STOP_S = 10.0
 _PROGRESS_S = 30.0
 
-_SPEC_OPTIONS: list[tuple[str, dict[str, Any], str]] = [  # (flag, click's kwargs, its group in --help)
-    ("--seq-len", dict(type=int, help="Tokens per row."), "batching"),
-    ("--rows", dict(type=int, help="Rows per batch on each data-parallel rank."), "batching"),
-    ("--tokenizer", dict(help="'bytes', a tokenizer.json path, or module:function."), "sources"),
+_SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [  # (flag, click's kwargs); --help groups them by spec.GROUPS
+    ("--seq-len", dict(type=int, help="Tokens per row.")),
+    ("--rows", dict(type=int, help="Rows per batch on each data-parallel rank.")),
+    ("--tokenizer", dict(help="'bytes', a tokenizer.json path, or module:function.")),
     (
         "--workers",
         dict(
@@ -36,36 +36,31 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any], str]] = [  # (flag, click's kwarg
             help="Total source-worker processes, split among sources by weight once; auto (or 0): the "
             "CPUs less --reserve-cpus, re-split online by each source's measured cost per token.",
         ),
-        "workers",
     ),
     (
         "--reserve-cpus",
         dict(type=int, help="With --workers auto: CPUs left to the ranks and the coordinator."),
-        "workers",
     ),
     (
         "--autoscale-every",
         dict(type=float, help="With --workers auto: seconds between re-split decisions (0: split by weight once)."),
-        "workers",
     ),
-    ("--seed", dict(type=int, help="Seed of every shuffle: same seed, spec and files give the same batches."), "plan"),
-    ("--epochs", dict(type=int, help="Passes over each source (0: repeat forever, reshuffled)."), "sources"),
-    ("--steps", dict(type=int, help="Stop after this many steps (0: when the data ends)."), "batching"),
-    ("--tp", dict(type=int, help="Tensor-parallel size."), "parallel"),
-    ("--pp", dict(type=int, help="Pipeline-parallel size."), "parallel"),
-    ("--cp", dict(type=int, help="Context-parallel size."), "parallel"),
+    ("--seed", dict(type=int, help="Seed of every shuffle: same seed, spec and files give the same batches.")),
+    ("--epochs", dict(type=int, help="Passes over each source (0: repeat forever, reshuffled).")),
+    ("--steps", dict(type=int, help="Stop after this many steps (0: when the data ends).")),
+    ("--tp", dict(type=int, help="Tensor-parallel size.")),
+    ("--pp", dict(type=int, help="Pipeline-parallel size.")),
+    ("--cp", dict(type=int, help="Context-parallel size.")),
     (
         "--on-bad-file",
         dict(type=click.Choice(["stop", "skip"]), help="Stop the job at an unreadable file, or skip it."),
-        "sources",
     ),
-    ("--ring-mb", dict(type=int, help="Shared-memory ring size per worker lane, in MB."), "workers"),
-    ("--plan-ahead", dict(type=int, help="Steps planned ahead of the slowest rank."), "plan"),
-    ("--max-restarts", dict(type=int, help="Restarts of a crashed worker before the job fails."), "workers"),
+    ("--ring-mb", dict(type=int, help="Shared-memory ring size per worker lane, in MB.")),
+    ("--plan-ahead", dict(type=int, help="Steps planned ahead of the slowest rank.")),
+    ("--max-restarts", dict(type=int, help="Restarts of a crashed worker before the job fails.")),
     (
         "--worker-timeout",
         dict(type=float, help="Seconds without a sample from a source before the job fails."),
-        "workers",
     ),
     (
         "--rank-timeout",
@@ -75,14 +70,12 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any], str]] = [  # (flag, click's kwarg
             "disconnected) before the job fails naming it; a rank that has not "
             "connected yet is only named (0: wait forever).",
         ),
-        "serving",
     ),
     (
         "--metrics-port",
         dict(
             type=int, help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port; the log names it)."
         ),
-        "serving",
     ),
     (
         "--senders",
@@ -91,30 +84,26 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any], str]] = [  # (flag, click's kwarg
             help="Processes that write batches to the ranks' sockets from shared memory "
             "(0: the coordinator itself; -1: one per 8 cores).",
         ),
-        "serving",
     ),
-    ("--balance", dict(help="Cost model for balancing ranks: tokens, attention, or module:function."), "plan"),
-    ("--cost-coeffs", dict(help="a,b,c[,d] of the attention cost a*len^2 + b*len + c + d*images."), "plan"),
-    ("--image-size", dict(help="HxW every image is resized and center-cropped to (sources with images)."), "sources"),
+    ("--balance", dict(help="Cost model for balancing ranks: tokens, attention, or module:function.")),
+    ("--cost-coeffs", dict(help="a,b,c[,d] of the attention cost a*len^2 + b*len + c + d*images.")),
+    ("--image-size", dict(help="HxW every image is resized and center-cropped to (sources with images).")),
     (
         "--image-transform",
         dict(help="module:function from a PIL image to uint8 [3, H, W], instead of resize-and-crop."),
-        "sources",
     ),
     (
         "--image-token",
         dict(type=int, help="Placeholder token id of an image (needed when a source has images)."),
-        "sources",
     ),
-    ("--tokens-per-image", dict(type=int, help="Placeholder tokens per image in input_ids."), "sources"),
-    ("--balance-window", dict(type=int, help="Steps a hard-to-place document may wait for a better step."), "plan"),
+    ("--tokens-per-image", dict(type=int, help="Placeholder tokens per image in input_ids.")),
+    ("--balance-window", dict(type=int, help="Steps a hard-to-place document may wait for a better step.")),
     (
         "--long-docs",
         dict(
             type=click.Choice(["split", "drop", "bucket"]),
             help="Documents longer than seq-len: split into chunks, drop, or keep whole rows together.",
         ),
-        "batching",
     ),
     (
         "--shuffle-window",
@@ -124,23 +113,19 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any], str]] = [  # (flag, click's kwarg
             "long document's chunks spread over it (0: 8M / seq-len, at least "
             "4 x dp x rows).",
         ),
-        "plan",
     ),
     (
         "--max-doc-share",
         dict(type=float, help="Most of one rank's tokens a single document may fill in a step (at least one chunk)."),
-        "batching",
     ),
     (
         "--shard-interleave",
         dict(type=int, help="Shards each source reads at once, taking their rows in turn."),
-        "sources",
     ),
-    ("--rank-order", dict(help="Order of the parallel axes in the rank number, fastest first."), "parallel"),
+    ("--rank-order", dict(help="Order of the parallel axes in the rank number, fastest first.")),
     (
         "--pp-data",
         dict(type=click.Choice(["first-last", "all"]), help="Pipeline stages that receive data."),
-        "parallel",
     ),
     (
         "--broadcast-at",
@@ -148,24 +133,20 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any], str]] = [  # (flag, click's kwarg
             type=click.Choice(["none", "tp"]),
             help="tp: one rank per tensor-parallel group connects and broadcasts to the others.",
         ),
-        "parallel",
     ),
-    ("--checkpoint-dir", dict(help="Folder for loader snapshots and the per-step delta log."), "checkpoint"),
+    ("--checkpoint-dir", dict(help="Folder for loader snapshots and the per-step delta log.")),
     (
         "--snapshot-every",
         dict(type=int, help="Steps between full snapshots; a resume replays at most this many steps."),
-        "checkpoint",
     ),
     (
         "--keep-snapshots",
         dict(type=int, help="Snapshots kept in --checkpoint-dir (older ones and their logs are removed)."),
-        "checkpoint",
     ),
-    ("--resume", dict(help="Checkpoint folder to resume from when the ranks bring no loader state."), "checkpoint"),
+    ("--resume", dict(help="Checkpoint folder to resume from when the ranks bring no loader state.")),
     (
         "--allow-changed-data",
         dict(is_flag=True, help="Resume even if the spec or files changed (recorded in the log)."),
-        "checkpoint",
     ),
     (
         "--read-ahead",
@@ -174,7 +155,6 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any], str]] = [  # (flag, click's kwarg
             help="Bytes of a store's objects each worker lane holds, fetched ahead "
             "of its reads and kept for re-reads (e.g. 64MB).",
         ),
-        "storage",
     ),
     (
         "--cache-dir",
@@ -184,28 +164,16 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any], str]] = [  # (flag, click's kwarg
             "epoch 2 and the next job (auto: $XDG_CACHE_HOME/omniload); off "
             "when unset.",
         ),
-        "storage",
     ),
     (
         "--cache-limit",
         dict(metavar="BYTES", help="Bytes --cache-dir may hold; least recently used blocks go first."),
-        "storage",
     ),
 ]
 
 
 # the sections of launch's and serve's --help, in this order (then the command's other options)
-_GROUPS = [
-    "sources",
-    "batching",
-    "plan",
-    "parallel",
-    "workers",
-    "checkpoint",
-    "serving",
-    "high availability",
-    "storage",
-]
+_GROUPS = list(GROUPS)
 
 
 class _GroupedOption(click.Option):
@@ -235,8 +203,9 @@ class _GroupedCommand(click.Command):
 
 
 def spec_options(command: Callable) -> Callable:
-    for flag, kwargs, group in reversed(_SPEC_OPTIONS):
+    for flag, kwargs in reversed(_SPEC_OPTIONS):
         field = flag[2:].replace("-", "_")
+        group = GROUP_OF[field]
         kwargs = dict(kwargs, default=None, envvar=f"OMNILOAD_{field.upper()}")
         kwargs["help"] = f"{kwargs['help']}  [default: {_DEFAULTS[field]}]"
         command = click.option(flag, field, cls=_GroupedOption, group=group, **kwargs)(command)
@@ -246,7 +215,7 @@ def spec_options(command: Callable) -> Callable:
         multiple=True,
         metavar="NAME=GLOB[,weight=W][,column=C]",
         cls=_GroupedOption,
-        group="sources",
+        group="data",
         help="A data source; repeat for several. GLOB is a local glob or a URL (s3://, gs://, "
         "az://, hf://). Options: weight, column, format, tokenizer, image (the column of "
         "encoded images), endpoint, region, anonymous (for a store).",
@@ -256,7 +225,7 @@ def spec_options(command: Callable) -> Callable:
         "config",
         type=click.Path(dir_okay=False),
         cls=_GroupedOption,
-        group="sources",
+        group="data",
         help="YAML/JSON file with the same options; flags override it.",
     )(command)
 

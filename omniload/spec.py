@@ -1,8 +1,10 @@
 """The job spec: what to read, how to mix and pack it, and the parallel layout.
 
 Flags, a YAML/JSON file and Python all build the same frozen `Spec` through `Spec.from_dict`,
-which validates every field and names it in the error. `Spec.to_dict()` is what the launcher
-hands to the coordinator process.
+which validates every field and names it in the error. A file (or dict) may nest the options
+in the groups of GROUPS, which are also the sections of `--help`; the Spec itself stays flat
+(`spec.seq_len`), as flags and `Spec(seq_len=...)` name them. `Spec.to_dict()` is what the
+launcher hands to the coordinator process.
 """
 
 from __future__ import annotations
@@ -311,7 +313,7 @@ class Spec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "spec") -> Spec:
-        data = dict(data)
+        data = ungroup(data, where)
         _reject_unknown(data, {f.name for f in dataclasses.fields(cls)}, where)
         raw_sources = data.pop("sources", [])
         if not isinstance(raw_sources, (list, tuple)):
@@ -320,6 +322,54 @@ class Spec:
         if "mixture" in data:
             data["mixture"] = tuple(parse_phase(p, where) for p in data["mixture"] or ())
         return cls(sources=tuple(sources), **{k: _coerce(cls, k, v, where) for k, v in data.items()})
+
+
+# The groups of the job's options, in the order `--help` shows them. Every field but `sources`
+# (the list of sources, a group of its own) is in one group; "high availability" has no
+# field, only flags of `launch` and `serve`.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "data": (
+        "tokenizer",
+        "epochs",
+        "on_bad_file",
+        "shard_interleave",
+        "image_size",
+        "image_transform",
+        "image_token",
+        "tokens_per_image",
+    ),
+    "batching": ("seq_len", "rows", "steps", "long_docs", "max_doc_share"),
+    "plan": ("seed", "mixture", "balance", "cost_coeffs", "balance_window", "shuffle_window", "plan_ahead"),
+    "parallel": ("tp", "pp", "cp", "rank_order", "pp_data", "broadcast_at"),
+    "workers": ("workers", "reserve_cpus", "autoscale_every", "ring_mb", "max_restarts", "worker_timeout"),
+    "checkpoint": ("checkpoint_dir", "snapshot_every", "keep_snapshots", "resume", "allow_changed_data"),
+    "serving": ("rank_timeout", "metrics_port", "senders"),
+    "high availability": (),
+    "storage": ("read_ahead", "cache_dir", "cache_limit"),
+}
+GROUP_OF = {field: group for group, fields in GROUPS.items() for field in fields}
+
+
+def ungroup(data: dict[str, Any], where: str = "spec") -> dict[str, Any]:
+    """Flat options from ones nested in GROUPS (`batching: {seq_len: 4096}`); flat ones pass.
+    `workers` is both a group and a field: a mapping there is the group."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in GROUPS and isinstance(value, dict):
+            options = {str(k).replace("-", "_"): v for k, v in value.items()}
+            misplaced = [f"'{k}' belongs in group '{GROUP_OF[k]}'" for k in options if GROUP_OF.get(k, key) != key]
+            if misplaced:
+                raise ConfigError(f"{where}: group '{key}': {'; '.join(misplaced)}")
+            _reject_unknown(options, set(GROUPS[key]), f"{where}: group '{key}'")
+        elif key in GROUPS and key not in GROUPS[key]:
+            raise ConfigError(f"{where}: group '{key}' must be a mapping of its options ({', '.join(GROUPS[key])})")
+        else:
+            options = {key: value}
+        for name, option in options.items():
+            if name in flat:
+                raise ConfigError(f"{where}: '{name}' is given twice (flat and in its group); give it once")
+            flat[name] = option
+    return flat
 
 
 # Fields that change how the job runs, never which batches it yields (steps only says where
@@ -439,7 +489,8 @@ def parse_source(value: str | dict[str, Any] | Source, where: str = "spec") -> S
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    """Read a YAML or JSON job file into a dict of Spec fields (names as the flags, - or _)."""
+    """Read a YAML or JSON job file into a flat dict of Spec fields (names as the flags, - or _;
+    nested in GROUPS or not)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -453,7 +504,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML/JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r}: expected a mapping of options at the top")
-    data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    data = ungroup({str(k).replace("-", "_"): v for k, v in data.items()}, f"config file {str(path)!r}")
     if "source" in data:  # the flag's name, as a list of NAME=GLOB strings
         data.setdefault("sources", []).extend(data.pop("source"))
     return data

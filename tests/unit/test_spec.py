@@ -1,8 +1,10 @@
+import dataclasses
+
 import pytest
 
 from omniload.cli import build_spec
 from omniload.errors import ConfigError
-from omniload.spec import Spec, parse_source
+from omniload.spec import GROUPS, Spec, parse_source
 
 
 def test_source_flag_syntax():
@@ -57,6 +59,34 @@ def test_flags_override_the_config_file(tmp_path):
     assert [s.name for s in spec.sources] == ["web", "code"] and spec.sources[1].column == "content"
     spec = build_spec(str(config), ("books=b/*.arrow",), {})
     assert [s.name for s in spec.sources] == ["books"]
+
+
+def test_every_option_is_in_one_group_and_a_grouped_file_is_the_flat_one(tmp_path):
+    grouped = [f for fields in GROUPS.values() for f in fields]
+    assert sorted(grouped) == sorted(f.name for f in dataclasses.fields(Spec) if f.name != "sources")
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        "sources: [web=w/*.parquet]\nbatching: {seq-len: 512, rows: 2}\nplan:\n  seed: 7\n"
+        "  mixture: [{weights: {web: 1}, until_step: 9}]\nworkers: {workers: 3, ring_mb: 8}\nparallel: {tp: 2}\n"
+    )
+    flat = {"sources": ["web=w/*.parquet"], "seq_len": 512, "rows": 2, "seed": 7, "workers": 3, "ring_mb": 8}
+    flat["mixture"], flat["tp"] = [{"weights": {"web": 1}, "until_step": 9}], 2
+    assert build_spec(str(config), (), {}) == Spec.from_dict(flat)
+    assert build_spec(str(config), (), {"rows": 8}).rows == 8  # a flag overrides a grouped option
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"batching": {"seq_len": 64}, "seq_len": 32}, "'seq_len' is given twice"),
+        ({"batching": {"seqlen": 64}}, "group 'batching': unknown option.*seqlen"),
+        ({"plan": {"rows": 2}}, "group 'plan': 'rows' belongs in group 'batching'"),
+        ({"batching": 4096}, "group 'batching' must be a mapping"),
+    ],
+)
+def test_misplaced_grouped_options_name_the_group(data, message):
+    with pytest.raises(ConfigError, match=message):
+        Spec.from_dict({"sources": ["a=x"], **data})
 
 
 def test_unreadable_config_file_is_a_config_error(tmp_path):
