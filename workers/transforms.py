@@ -8,6 +8,7 @@ already token arrays (a list<int> column) pass through whatever the transform.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from collections.abc import Callable, Sequence
@@ -19,8 +20,10 @@ from omniload.errors import ConfigError
 Transform = Callable[[Sequence[object]], list[np.ndarray]]
 
 
+@functools.cache
 def load_transform(name: str) -> Transform:
-    """Resolve a tokenizer name; raises ConfigError saying what to fix."""
+    """Resolve a tokenizer name; raises ConfigError saying what to fix. Once per process: a
+    worker's lanes share one tokenizer (a 32k BPE holds some 15 MB)."""
     if name == "bytes":
         return _bytes_transform
     if name.endswith(".json"):

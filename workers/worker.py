@@ -49,6 +49,9 @@ def run_worker(config: WorkerConfig) -> None:
     worker with code 1, after its traceback and one line naming the worker and its sources
     on stderr, which is the coordinator's."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the coordinator's to handle
+    # A worker is one core, as autoscaling counts them: the tokenizers library's own thread
+    # pool would spread each worker over every core (and a malloc arena per thread with it)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _exit_with(config.coordinator_pid)
     try:
         _serve(config)

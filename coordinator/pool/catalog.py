@@ -68,7 +68,10 @@ def build_catalog(spec: Spec) -> list[SourceCatalog]:
     found = [_find_files(source, spec) for source in spec.sources]
     remote = any(is_remote(p) for source in spec.sources for p in source.path)
     cached = _cached_catalog(spec) if remote else None
+    tokenizers = {source.name: source.tokenizer or spec.tokenizer for source in spec.sources}
     if cached is not None:
+        with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
+            child.submit(check_tokenizers, tokenizers).result()
         path, indexed = cached
         log.warning("read the sources' catalog from %s (remove it to list the store again)", path)
     else:
@@ -85,6 +88,7 @@ def build_catalog(spec: Spec) -> list[SourceCatalog]:
             for source, files in zip(spec.sources, found)
         ]
         with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
+            child.submit(check_tokenizers, tokenizers).result()
             indexed = child.submit(index_files, requests, spec.on_bad_file == "stop").result()
         if remote:
             _keep_catalog(spec, indexed)
@@ -102,6 +106,17 @@ class IndexRequest:
     column: str
     image: str | None
     store: StoreOptions
+
+
+def check_tokenizers(tokenizers: dict[str, str]) -> None:
+    """Runs in the indexing child: each source's tokenizer loaded once, so a bad one fails
+    before any worker runs, and its vocabulary (some 15 MB for a 32k BPE) never sits in the
+    coordinator."""
+    for name, tokenizer in tokenizers.items():
+        try:
+            load_transform(tokenizer)
+        except ConfigError as exc:
+            raise ConfigError(f"source '{name}': {exc}") from None
 
 
 def index_files(sources: list[IndexRequest], stop_at_bad: bool) -> list[list[tuple[str, str, list[Shard] | str]]]:
@@ -244,13 +259,8 @@ def _keep_catalog(spec: Spec, indexed: list[list[tuple[str, str, list[Shard] | s
 
 
 def _find_files(source: Source, spec: Spec) -> list[tuple[str, str]]:
-    """The source's files and their formats; its tokenizer (and image transform) loaded once
-    here, so a bad one fails before any worker runs."""
-    tokenizer = source.tokenizer or spec.tokenizer
-    try:
-        load_transform(tokenizer)
-    except ConfigError as exc:
-        raise ConfigError(f"source '{source.name}': {exc}") from None
+    """The source's files and their formats; its image transform loaded once here, so a bad
+    one fails before any worker runs (its tokenizer: check_tokenizers)."""
     if source.has_images:
         require_pillow(source.name)
         config = image_config(spec)

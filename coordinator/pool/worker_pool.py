@@ -220,7 +220,14 @@ def describe_exit(code: int | None) -> str:
 
 
 def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity, e.g. a container's cpuset), else the count."""
+    """The CPUs this process may run on (its affinity, e.g. a container's cpuset), else the count;
+    OMNILOAD_CPUS overrides both (to size `--workers auto` for another machine, or to measure it)."""
+    override = os.environ.get("OMNILOAD_CPUS")
+    if override:
+        try:
+            return max(1, int(override))
+        except ValueError:
+            raise ConfigError(f"OMNILOAD_CPUS must be a number of CPUs, got {override!r}") from None
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
