@@ -18,6 +18,15 @@ worker busy and the others idle, and the idle CPU goes to the coordinator and th
 a balanced split keeps every worker busy, so the coordinator and the rank compete with them.
 
     python scripts/bench_autoscale.py [--budget 2] [--sources 4] [--seconds 30] [--trials 3]
+
+With --shift, the cost moves during the run instead: every source starts cheap, source s0
+becomes ten times costlier after --warmup seconds, and cheap again --seconds later while s1
+takes its place for another --seconds. The tokens are the same in every phase (the transform
+only works harder), so both sides deliver the same batches. Each run reports tokens/s per
+phase, the autoscaler's moves with the time of each, and how long after a shift the split
+first moved.
+
+    python scripts/bench_autoscale.py --shift [--budget 2] [--seconds 30] [--trials 3]
 """
 
 from __future__ import annotations
@@ -56,6 +65,28 @@ def cheap(text: str) -> np.ndarray:
 
 def costly(text: str) -> np.ndarray:
     return _work(text, 10 * _ROUNDS)
+
+
+_PHASE_ENV = "OMNILOAD_BENCH_PHASE_FILE"  # holds the name of the costly source (empty: none)
+_PHASE_CHECK_S = 0.25
+_phase = {"checked": 0.0, "costly": ""}
+
+
+def _costly_now() -> str:
+    now = time.monotonic()
+    if now - _phase["checked"] > _PHASE_CHECK_S:
+        _phase["checked"] = now
+        with contextlib.suppress(OSError):
+            _phase["costly"] = Path(os.environ[_PHASE_ENV]).read_text().strip()
+    return str(_phase["costly"])
+
+
+def __getattr__(name: str):  # noqa: ANN202  (tokenizer "bench_autoscale:shifting_s0" and so on)
+    """The transform of source NAME under --shift: ten times the work while NAME is the costly one."""
+    if not name.startswith("shifting_"):
+        raise AttributeError(name)
+    source = name[len("shifting_") :]
+    return lambda text: _work(text, 10 * _ROUNDS if _costly_now() == source else _ROUNDS)
 
 
 def _rank(addr: str, token: str) -> None:
@@ -128,6 +159,97 @@ def run(spec_dict: dict, seconds: float, warmup: float) -> dict:
     }
 
 
+def run_shifting(spec_dict: dict, phases: list[tuple[str, float]], phase_file: Path) -> dict:
+    """Delivered tokens/s in each phase (name of the costly source, seconds), the split each
+    second, and the moves with their times; the first phase is the warm-up."""
+    import omniload
+
+    phase_file.write_text("")
+    job = omniload.Job(spec_dict).start()
+    rank = multiprocessing.get_context("spawn").Process(target=_rank, args=(job.addr, job.token), daemon=True)
+    rank.start()
+    splits: list[str] = []
+    moves: list[tuple[float, int]] = []
+    delivered: list[tuple[float, int]] = []  # (seconds since start, tokens) at each phase's end
+    try:
+        started = time.monotonic()
+        for costly_source, seconds in phases:
+            phase_file.write_text(costly_source)
+            end = time.monotonic() + seconds
+            while (now := time.monotonic()) < end:
+                time.sleep(min(1.0, max(0.0, end - now)))
+                status = job.status()
+                at = time.monotonic() - started
+                split = "/".join(str(s["workers"]) for s in status["sources"])
+                if not splits or splits[-1].split(" ", 1)[1] != split:
+                    splits.append(f"{at:.0f}s {split}")
+                if status["workers"]["moves"] > (moves[-1][1] if moves else 0):
+                    moves.append((at, status["workers"]["moves"]))
+            delivered.append((time.monotonic() - started, job.status()["delivered"]["tokens"]))
+    finally:
+        rank.kill()
+        rank.join()
+        job.stop()
+    rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(delivered, delivered[1:])]
+    shifts = [end for end, _ in delivered[:-1]]  # when each timed phase began
+    first_move = [next((round(t - shift, 1) for t, _ in moves if t >= shift), None) for shift in shifts]
+    return {"rates": rates, "splits": splits, "moves": moves, "first_move": first_move}
+
+
+def main_shift(args: argparse.Namespace, cpus: int) -> None:
+    import tempfile
+
+    from bench_data import make_sources
+
+    phase_file = Path(tempfile.mkdtemp(prefix="omniload-bench-")) / "costly"
+    os.environ[_PHASE_ENV] = str(phase_file)
+    sources = make_sources(args.sources, args.docs)
+    for source in sources:
+        source["tokenizer"] = f"bench_autoscale:shifting_{source['name']}"
+    base = {
+        "sources": sources,
+        "seq_len": 2048,
+        "rows": 4,
+        "seed": 0,
+        "epochs": 0,
+        "ring_mb": args.ring_mb,
+        "shuffle_window": args.shuffle_window,
+        "shard_interleave": args.shard_interleave,
+    }
+    sides = {
+        "static": dict(base, workers=args.budget),
+        "auto": dict(base, workers="auto", reserve_cpus=cpus - args.budget, autoscale_every=args.every),
+    }
+    phases = [("", args.warmup), ("s0", args.seconds), ("s1", args.seconds)]
+    print(
+        f"machine: {cpus} cores; {args.sources} sources of equal weight, all cheap ({args.rounds} rounds per "
+        f"token) for {args.warmup:.0f}s, then s0 ten times costlier for {args.seconds:.0f}s, then s1 instead "
+        f"for {args.seconds:.0f}s; {args.budget} worker processes on each side (auto: --autoscale-every "
+        f"{args.every:g}); one rank as fast as it can; {args.trials} trials alternating"
+    )
+    print(f"{'trial':<6}{'side':<8}{'s0 costly':>11}{'s1 costly':>11}  first move after shift; moves; split over time")
+    results: dict[str, list[list[float]]] = {"static": [], "auto": []}
+    for trial in range(1, args.trials + 1):
+        for side in ("static", "auto") if trial % 2 else ("auto", "static"):
+            r = run_shifting(sides[side], phases, phase_file)
+            results[side].append(r["rates"])
+            moves = ", ".join(f"{t:.0f}s" for t, _ in r["moves"]) or "none"
+            first = "/".join("-" if m is None else f"{m:.0f}s" for m in r["first_move"])
+            print(
+                f"{trial:<6}{side:<8}{r['rates'][0]:>11,.0f}{r['rates'][1]:>11,.0f}  {first}; moves at {moves}; "
+                f"{', '.join(r['splits'])}",
+                flush=True,
+            )
+    for phase, name in enumerate(("s0 costly", "s1 costly")):
+        static = statistics.median(r[phase] for r in results["static"])
+        auto = statistics.median(r[phase] for r in results["auto"])
+        per_trial = ", ".join(f"{a[phase] / s[phase]:.2f}x" for s, a in zip(results["static"], results["auto"]))
+        print(
+            f"{name}: median tokens/s static {static:,.0f}, auto {auto:,.0f}; auto / static {auto / static:.2f}x "
+            f"(per trial: {per_trial})"
+        )
+
+
 def main() -> None:
     from bench_data import make_sources
 
@@ -147,6 +269,7 @@ def main() -> None:
         help="a cheap source's per-token work (the costly source does ten times as many rounds)",
     )
     parser.add_argument("--docs", type=int, default=20000, help="documents per source")
+    parser.add_argument("--shift", action="store_true", help="the costly source changes during the run (see above)")
     parser.add_argument(
         "--ring-mb",
         type=int,
@@ -168,10 +291,18 @@ def main() -> None:
         "--shard-interleave", type=int, default=4, help="both sides: row groups read together (the job default is 4)"
     )
     args = parser.parse_args()
-    cpus = len(os.sched_getaffinity(0))
+    from omniload.coordinator.pool.worker_pool import available_cpus
+
+    cpus = available_cpus()  # OMNILOAD_CPUS=N: measure the split of a larger machine (time-shared here)
     if not 1 <= args.budget <= cpus:
-        parser.error(f"--budget must be 1..{cpus} (the cores here): auto's budget is the cores less --reserve-cpus")
+        parser.error(
+            f"--budget must be 1..{cpus} (the cores here, or OMNILOAD_CPUS): auto's budget is the cores less "
+            "--reserve-cpus"
+        )
     os.environ[_ROUNDS_ENV] = str(args.rounds)  # the workers' transforms read it
+    if args.shift:
+        main_shift(args, cpus)
+        return
 
     sources = make_sources(args.sources, args.docs)
     for i, source in enumerate(sources):
