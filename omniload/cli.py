@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from omniload.errors import ConfigError, OmniloadError
-from omniload.spec import Spec, load_config, parse_source
+from omniload.spec import CP_SPLITS, Spec, load_config, parse_source
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Spec) if f.name != "sources"}
 _CHILD_STOP_S = 10.0
@@ -54,6 +54,15 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any], str]] = [  # (flag, click's kwarg
     ("--tp", dict(type=int, help="Tensor-parallel size."), "parallel"),
     ("--pp", dict(type=int, help="Pipeline-parallel size."), "parallel"),
     ("--cp", dict(type=int, help="Context-parallel size."), "parallel"),
+    (
+        "--cp-split",
+        dict(
+            type=click.Choice(CP_SPLITS),
+            help="With --cp > 1: cut every packed sequence into 2*cp chunks (Transformer Engine's THD "
+            "layout, with cu_seqlens_padded) or every row (padded BSHD rows).",
+        ),
+        "parallel",
+    ),
     (
         "--on-bad-file",
         dict(type=click.Choice(["stop", "skip"]), help="Stop the job at an unreadable file, or skip it."),

@@ -18,7 +18,7 @@ import socket
 from collections.abc import Callable, Sequence
 
 from omniload.batch_arrays import expand, narrow
-from omniload.coordinator.plan.parallel import cp_slice
+from omniload.coordinator.plan.parallel import CP_SPLITS
 from omniload.coordinator.plan.stepper import Step
 from omniload.coordinator.pool.worker_pool import available_cpus
 from omniload.coordinator.serve.arena import StepArena
@@ -77,7 +77,7 @@ class Sending:
                 "state": position,
             }
         )
-        frames, full_rows = {}, {}
+        frames, full_rows, cut = {}, {}, CP_SPLITS[self._spec.cp_split]
         for variant in frame_kinds:
             dp_rank, cp_rank, has_data = variant
             fields = {"tokens": step.tokens[dp_rank], "compact": has_data and self._spec.cp == 1}
@@ -85,10 +85,10 @@ class Sending:
                 arrays = {}
             elif self._spec.cp == 1:
                 arrays = step.batches[dp_rank]
-            else:  # a slice's labels and positions need the whole row: sent, as int32
+            else:  # a slice's labels and positions need the whole row or sequence: sent, as int32
                 if dp_rank not in full_rows:
                     full_rows[dp_rank] = expand(step.batches[dp_rank])
-                arrays = narrow(cp_slice(full_rows[dp_rank], self._spec.cp, cp_rank))
+                arrays = narrow(cut(full_rows[dp_rank], self._spec.cp, cp_rank))
             frames[variant] = self._place(step.number, *encode_batch(step.number, arrays, fields, shared))
         return frames
 
