@@ -17,7 +17,7 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 
-from omniload.batch_arrays import expand, narrow
+from omniload.batch_arrays import expand, narrow, trained_tokens
 from omniload.coordinator.plan.parallel import CP_SPLITS
 from omniload.coordinator.plan.stepper import Step
 from omniload.coordinator.pool.worker_pool import available_cpus
@@ -73,6 +73,8 @@ class Sending:
             {
                 "dp": dp,
                 "imbalance": round(step.figures["imbalance"], 4),
+                # the loss's denominator: sum of token losses / this, times dp (docs/planning.md)
+                "global_trained_tokens": trained_tokens(step.batches),
                 "weights": dict(zip(self._source_names, step.weights)),
                 "state": position,
             }

@@ -51,6 +51,10 @@ def test_each_cp_group_reassembles_the_sequences_the_job_without_cp_delivers(cor
     whole = _launch(corpus, tmp_path / "cp1", 2)  # dp = 2
     split = _launch(corpus, tmp_path / "cp2", 4, "--cp", "2")  # dp = 2, cp ranks 2d and 2d+1 (tp-cp-dp-pp)
     for step in range(STEPS):
+        counts = {meta[step]["global_trained_tokens"] for _, meta in whole + split}
+        want_count = sum(int((arrays[f"{step}/labels"] != -100).sum()) for arrays, _ in whole)
+        assert counts == {want_count}, (step, counts, want_count)
+        assert sum(int((arrays[f"{step}/labels"] != -100).sum()) for arrays, _ in split) == want_count
         for dp_rank, (full, _) in enumerate(whole):
             group = [split[2 * dp_rank][0], split[2 * dp_rank + 1][0]]
             cu, padded = group[0][f"{step}/cu_seqlens"], group[0][f"{step}/cu_seqlens_padded"]

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omniload import spec
-from omniload.batch_arrays import IGNORE_INDEX, PAD_ID, expand
+from omniload.batch_arrays import IGNORE_INDEX, PAD_ID, expand, trained_tokens
 from omniload.coordinator.plan.packer import Segment, build_batch, compact_batch
 from omniload.coordinator.plan.parallel import (
     CP_SPLITS,
@@ -125,7 +125,7 @@ def test_every_cp_group_reassembles_the_exact_sequences(rows, cp, flat):
         whole = thd_unslice([s[name] for s in slices], batch["cu_seqlens"], padded)
         assert (whole == batch[name].reshape(-1)).all(), name
     trained = sum(int((s["labels"] != IGNORE_INDEX).sum()) for s in slices)
-    assert trained == int((batch["labels"] != IGNORE_INDEX).sum())
+    assert trained == int((batch["labels"] != IGNORE_INDEX).sum()) == trained_tokens([compact_batch(rows, SEQ)])
 
 
 def test_sequence_split_takes_chunks_i_and_mirror_of_every_sequence():
