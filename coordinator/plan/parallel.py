@@ -20,7 +20,7 @@ tests) that gather the slices back.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -79,25 +79,35 @@ def _places(cu: NDArray[np.int64], cu_padded: NDArray[np.int64]) -> NDArray[np.i
     return np.arange(cu[-1]) - np.repeat(cu[:-1] - cu_padded[:-1], np.diff(cu))
 
 
-def thd_slice(arrays: Arrays, cp: int, cp_rank: int) -> Arrays:
-    """cp rank `cp_rank`'s share of every sequence (`--cp-split sequence`), from a rank's batch
-    in the schema (omniload.batch_arrays.expand): any number of rows, one flat row included."""
+def thd_pad(arrays: Arrays, cp: int) -> Arrays:
+    """A replica's batch (the schema, omniload.batch_arrays.expand: any number of rows, one flat
+    row included) with every sequence padded to a multiple of 2*cp, flat: what thd_take cuts.
+    Once per replica; its cp ranks' takes are then a gather each."""
     cu = arrays["cu_seqlens"].astype(np.int64)
     cu_padded = padded_cu_seqlens(cu, 2 * cp)
-    to_padded = _places(cu, cu_padded)
-    take = thd_indices(cu_padded, cp, cp_rank)
+    to_padded, total = _places(cu, cu_padded), int(cu_padded[-1])
     out = dict(arrays)
     for name, fill in (("input_ids", PAD_ID), ("labels", IGNORE_INDEX)):
-        padded = np.full(int(cu_padded[-1]), fill, dtype=arrays[name].dtype)
-        padded[to_padded] = arrays[name].reshape(-1)
-        out[name] = padded[take].reshape(1, -1)
+        out[name] = np.full(total, fill, dtype=arrays[name].dtype)
+        out[name][to_padded] = arrays[name].reshape(-1)
     positions = arrays["position_ids"].reshape(-1)
     first = positions[np.minimum(cu[:-1], max(len(positions) - 1, 0))] if len(positions) else cu[:-1]
-    run_on = np.repeat(first - cu_padded[:-1], np.diff(cu_padded)) + np.arange(int(cu_padded[-1]))  # pads run on
+    run_on = np.repeat(first - cu_padded[:-1], np.diff(cu_padded)) + np.arange(total)  # a pad's position runs on
     run_on[to_padded] = positions
-    out["position_ids"] = run_on.astype(positions.dtype)[take].reshape(1, -1)
+    out["position_ids"] = run_on.astype(positions.dtype)
     out["cu_seqlens_padded"] = cu_padded.astype(arrays["cu_seqlens"].dtype)
     return out
+
+
+def thd_take(padded: Arrays, cp: int, cp_rank: int) -> Arrays:
+    """cp rank `cp_rank`'s share of every sequence of a thd_pad'ded batch: [1, padded / cp]."""
+    take = thd_indices(padded["cu_seqlens_padded"], cp, cp_rank)
+    return {**padded, **{name: padded[name][take].reshape(1, -1) for name in SLICED}}
+
+
+def thd_slice(arrays: Arrays, cp: int, cp_rank: int) -> Arrays:
+    """cp rank `cp_rank`'s share of every sequence (`--cp-split sequence`) of a replica's batch."""
+    return thd_take(thd_pad(arrays, cp), cp, cp_rank)
 
 
 def thd_unslice(
@@ -112,4 +122,15 @@ def thd_unslice(
     return padded[_places(cu_seqlens.astype(np.int64), cu_seqlens_padded.astype(np.int64))]
 
 
-CP_SPLITS: dict[str, Callable[[Arrays, int, int], Arrays]] = {"sequence": thd_slice, "row": cp_slice}
+def _whole(arrays: Arrays, cp: int) -> Arrays:
+    return arrays
+
+
+class Split(NamedTuple):
+    """A `--cp-split`: `prepare` a replica's batch once, then `take` each cp rank's slice of it."""
+
+    prepare: Callable[[Arrays, int], Arrays]
+    take: Callable[[Arrays, int, int], Arrays]
+
+
+CP_SPLITS = {"sequence": Split(thd_pad, thd_take), "row": Split(_whole, cp_slice)}

@@ -79,7 +79,7 @@ class Sending:
                 "state": position,
             }
         )
-        frames, full_rows, cut = {}, {}, CP_SPLITS[self._spec.cp_split]
+        frames, full_rows, split = {}, {}, CP_SPLITS[self._spec.cp_split]
         for variant in frame_kinds:
             dp_rank, cp_rank, has_data = variant
             fields = {"tokens": step.tokens[dp_rank], "compact": has_data and self._spec.cp == 1}
@@ -88,9 +88,9 @@ class Sending:
             elif self._spec.cp == 1:
                 arrays = step.batches[dp_rank]
             else:  # a slice's labels and positions need the whole row or sequence: sent, as int32
-                if dp_rank not in full_rows:
-                    full_rows[dp_rank] = expand(step.batches[dp_rank])
-                arrays = narrow(cut(full_rows[dp_rank], self._spec.cp, cp_rank))
+                if dp_rank not in full_rows:  # once per replica, whatever the number of its cp ranks
+                    full_rows[dp_rank] = split.prepare(expand(step.batches[dp_rank]), self._spec.cp)
+                arrays = narrow(split.take(full_rows[dp_rank], self._spec.cp, cp_rank))
             frames[variant] = self._place(step.number, *encode_batch(step.number, arrays, fields, shared))
         return frames
 
