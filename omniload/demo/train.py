@@ -70,7 +70,7 @@ def global_batch_loss(logits: torch.Tensor, labels: torch.Tensor, meta: dict[str
     (`global_trained_tokens`). DDP averages the ranks' gradients, dividing by dp: times dp,
     the averaged gradient is the one of the whole global batch (docs/planning.md)."""
     summed = F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), ignore_index=-100, reduction="sum")
-    return summed * (meta["dp"] / meta["global_trained_tokens"])
+    return summed * (meta["dp"] / max(meta["global_trained_tokens"], 1))  # 0: a step of padding, no loss
 
 
 def main() -> None:
