@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from omniload.errors import ConfigError, OmniloadError
-from omniload.spec import GROUP_OF, GROUPS, Spec, load_config, parse_source
+from omniload.spec import CP_SPLITS, GROUP_OF, GROUPS, Spec, load_config, parse_source
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Spec) if f.name != "sources"}
 _CHILD_STOP_S = 10.0
@@ -51,6 +51,14 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [  # (flag, click's kwargs); -
     ("--tp", dict(type=int, help="Tensor-parallel size.")),
     ("--pp", dict(type=int, help="Pipeline-parallel size.")),
     ("--cp", dict(type=int, help="Context-parallel size.")),
+    (
+        "--cp-split",
+        dict(
+            type=click.Choice(CP_SPLITS),
+            help="With --cp > 1: cut every packed sequence into 2*cp chunks (Transformer Engine's THD "
+            "layout, with cu_seqlens_padded) or every row (padded BSHD rows).",
+        ),
+    ),
     (
         "--on-bad-file",
         dict(type=click.Choice(["stop", "skip"]), help="Stop the job at an unreadable file, or skip it."),

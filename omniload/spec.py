@@ -24,6 +24,7 @@ ON_BAD_FILE = ("stop", "skip")
 LONG_DOCS = ("split", "drop", "bucket")
 PP_DATA = ("first-last", "all")
 BROADCAST_AT = ("none", "tp")
+CP_SPLITS = ("sequence", "row")  # coordinator/plan/parallel.py
 RAMPS = ("constant", "linear")
 AXES = ("tp", "cp", "dp", "pp")
 # cost = a*len^2 + b*len + c + d*images; see omniload.coordinator.cost for where these come from
@@ -138,6 +139,7 @@ class Spec:
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    cp_split: str = "sequence"  # with cp > 1: cut every packed sequence (THD) or every row (BSHD)
     on_bad_file: str = "stop"
     ring_mb: int = 4
     plan_ahead: int = 8
@@ -225,7 +227,12 @@ class Spec:
 
             object.__setattr__(self, "cache_dir", default_dir())
         _at_least("keep_snapshots", self.keep_snapshots, 1)
-        for name, allowed in [("long_docs", LONG_DOCS), ("pp_data", PP_DATA), ("broadcast_at", BROADCAST_AT)]:
+        for name, allowed in [
+            ("long_docs", LONG_DOCS),
+            ("pp_data", PP_DATA),
+            ("broadcast_at", BROADCAST_AT),
+            ("cp_split", CP_SPLITS),
+        ]:
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name.replace('_', '-')} must be one of {allowed}, got {getattr(self, name)!r}")
         if sorted(self.rank_order.split("-")) != sorted(AXES):
@@ -340,7 +347,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "batching": ("seq_len", "rows", "steps", "long_docs", "max_doc_share"),
     "plan": ("seed", "mixture", "balance", "cost_coeffs", "balance_window", "shuffle_window", "plan_ahead"),
-    "parallel": ("tp", "pp", "cp", "rank_order", "pp_data", "broadcast_at"),
+    "parallel": ("tp", "pp", "cp", "cp_split", "rank_order", "pp_data", "broadcast_at"),
     "workers": ("workers", "reserve_cpus", "autoscale_every", "ring_mb", "max_restarts", "worker_timeout"),
     "checkpoint": ("checkpoint_dir", "snapshot_every", "keep_snapshots", "resume", "allow_changed_data"),
     "serving": ("rank_timeout", "metrics_port", "senders"),
@@ -387,6 +394,7 @@ RUNTIME_FIELDS = (
     "metrics_port",
     "senders",
     "broadcast_at",
+    "cp_split",  # where a replica's tokens are cut between its cp ranks, not which tokens it gets
     "checkpoint_dir",
     "snapshot_every",
     "keep_snapshots",

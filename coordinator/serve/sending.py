@@ -17,8 +17,8 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 
-from omniload.batch_arrays import expand, narrow
-from omniload.coordinator.plan.parallel import cp_slice
+from omniload.batch_arrays import expand, narrow, trained_tokens
+from omniload.coordinator.plan.parallel import CP_SPLITS
 from omniload.coordinator.plan.stepper import Step
 from omniload.coordinator.pool.worker_pool import available_cpus
 from omniload.coordinator.serve.arena import StepArena
@@ -73,11 +73,13 @@ class Sending:
             {
                 "dp": dp,
                 "imbalance": round(step.figures["imbalance"], 4),
+                # the loss's denominator: sum of token losses / this, times dp (docs/planning.md)
+                "global_trained_tokens": trained_tokens(step.batches),
                 "weights": dict(zip(self._source_names, step.weights)),
                 "state": position,
             }
         )
-        frames, full_rows = {}, {}
+        frames, full_rows, split = {}, {}, CP_SPLITS[self._spec.cp_split]
         for variant in frame_kinds:
             dp_rank, cp_rank, has_data = variant
             fields = {"tokens": step.tokens[dp_rank], "compact": has_data and self._spec.cp == 1}
@@ -85,10 +87,10 @@ class Sending:
                 arrays = {}
             elif self._spec.cp == 1:
                 arrays = step.batches[dp_rank]
-            else:  # a slice's labels and positions need the whole row: sent, as int32
-                if dp_rank not in full_rows:
-                    full_rows[dp_rank] = expand(step.batches[dp_rank])
-                arrays = narrow(cp_slice(full_rows[dp_rank], self._spec.cp, cp_rank))
+            else:  # a slice's labels and positions need the whole row or sequence: sent, as int32
+                if dp_rank not in full_rows:  # once per replica, whatever the number of its cp ranks
+                    full_rows[dp_rank] = split.prepare(expand(step.batches[dp_rank]), self._spec.cp)
+                arrays = narrow(split.take(full_rows[dp_rank], self._spec.cp, cp_rank))
             frames[variant] = self._place(step.number, *encode_batch(step.number, arrays, fields, shared))
         return frames
 

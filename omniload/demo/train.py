@@ -1,14 +1,16 @@
 """A tiny GPT-style model trained through omniload; run by `omniload demo` under torchrun (gloo, CPU).
 
 Attention is causal within each packed segment (built from `cu_seqlens`), and positions come
-from the batch's `position_ids`, as a varlen-attention model would use them. Rank 0 prints
-per step: loss (mean over ranks), tokens/s, and the share of time the ranks waited for data.
+from the batch's `position_ids`, as a varlen-attention model would use them. The loss is the
+global batch's mean token loss (`global_batch_loss`), whatever each rank's share of its tokens.
+Rank 0 prints per step: that loss, tokens/s, and the share of time the ranks waited for data.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -60,6 +62,17 @@ def segment_causal_mask(cu_seqlens: torch.Tensor, rows: int, seq_len: int) -> to
     return (segment.unsqueeze(2) == segment.unsqueeze(1)) & causal
 
 
+def global_batch_loss(logits: torch.Tensor, labels: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
+    """This rank's part of the global batch's mean token loss, scaled for DDP's gradient average.
+
+    Ranks hold unequal numbers of labelled tokens, so each rank's mean loss weighs tokens
+    unequally: sum this rank's token losses and divide by the step's global count
+    (`global_trained_tokens`). DDP averages the ranks' gradients, dividing by dp: times dp,
+    the averaged gradient is the one of the whole global batch (docs/planning.md)."""
+    summed = F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), ignore_index=-100, reduction="sum")
+    return summed * (meta["dp"] / max(meta["global_trained_tokens"], 1))  # 0: a step of padding, no loss
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -72,18 +85,19 @@ def main() -> None:
     started = last = time.perf_counter()
     for step, batch in enumerate(loader):
         logits = model(batch["input_ids"], batch["position_ids"], batch["cu_seqlens"])
-        loss = F.cross_entropy(logits.view(-1, VOCAB), batch["labels"].view(-1), ignore_index=-100)
+        loss = global_batch_loss(logits, batch["labels"], loader.meta)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        figures = torch.tensor([loss.item(), float((batch["labels"] != -100).sum()), loader.wait_seconds])
-        dist.all_reduce(figures)
+        figures = torch.tensor([loss.item(), loader.wait_seconds])
+        dist.all_reduce(figures)  # the ranks' parts, each times dp, add up to dp x the global mean
         now = time.perf_counter()
-        losses.append(figures[0].item() / world)
+        losses.append(figures[0].item() / loader.meta["dp"])
         if rank == 0:
             print(
-                f"step {step:3d}  loss {losses[-1]:.3f}  tokens/s {figures[1].item() / (now - last):8.0f}  "
-                f"data wait {figures[2].item() / world / (now - started):.1%}",
+                f"step {step:3d}  loss {losses[-1]:.3f}  "
+                f"tokens/s {loader.meta['global_trained_tokens'] / (now - last):8.0f}  "
+                f"data wait {figures[1].item() / world / (now - started):.1%}",
                 flush=True,
             )
         last = now

@@ -99,15 +99,16 @@ def test_a_mixture_change_before_the_first_step_keeps_the_other_weights(corpus, 
     assert weights == pytest.approx({"web": 0.6 / 1.5, "code": 0.3 / 1.5, "books": 0.6 / 1.5})
 
 
-def test_context_parallel_slices_reassemble_into_the_full_rows(corpus):
-    """cp ranks get int32 slices on the wire (a slice's labels need the whole row) and widen
-    them: put back together they are the batch one rank gets without context parallelism."""
+def test_context_parallel_row_slices_reassemble_into_the_full_rows(corpus):
+    """With --cp-split row, cp ranks get int32 slices of the rows on the wire (a slice's labels
+    need the whole row) and widen them: put back together they are the batch one rank gets
+    without context parallelism (the sequence split: test_context_parallel.py)."""
     from omniload.coordinator.plan.parallel import cp_unslice
 
     spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "steps": 6}
     with omniload.Job(spec) as job, omniload.connect(job.addr, job.token, rank=0, world_size=1) as whole:
         full = [{k: v.clone() for k, v in batch.items()} for batch in whole]
-    with omniload.Job({**spec, "cp": 2}) as job:
+    with omniload.Job({**spec, "cp": 2, "cp_split": "row"}) as job:
         ranks = [omniload.connect(job.addr, job.token, rank=r, world_size=2) for r in range(2)]
         sliced = [[{k: v.clone() for k, v in batch.items()} for batch in loader] for loader in ranks]
         for loader in ranks:

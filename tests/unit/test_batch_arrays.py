@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload.batch_arrays import IGNORE_INDEX, PAD_ID, expand, narrow, widen
+from omniload.batch_arrays import IGNORE_INDEX, PAD_ID, expand, narrow, trained_tokens, widen
 from omniload.coordinator.plan.packer import Segment, compact_batch
 
 SEQ = 32
@@ -69,6 +69,7 @@ def test_the_rank_derives_exactly_the_schema(rows):
     assert set(got) == set(want)
     for name in want:
         assert np.array_equal(got[name], want[name]), name
+    assert trained_tokens([wire]) == int((want["labels"] != IGNORE_INDEX).sum())  # the loss's token count
     assert {n: a.dtype.name for n, a in got.items()} == {
         "input_ids": "int64",
         "labels": "int64",
@@ -94,3 +95,11 @@ def test_narrowed_arrays_widen_back_unchanged():
     assert {sent[n].dtype.name for n in ("input_ids", "labels", "position_ids", "source")} == {"int32"}
     back = widen(sent)
     assert all(np.array_equal(back[n], schema[n]) and back[n].dtype == schema[n].dtype for n in schema)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(_rows(), min_size=0, max_size=5))
+def test_a_steps_trained_tokens_are_every_ranks_labels(ranks):
+    """What loader.meta["global_trained_tokens"] holds: the labels of every data-parallel rank's batch."""
+    wires = [compact_batch(rows, SEQ) for rows in ranks]
+    assert trained_tokens(wires) == sum(int((expand(w)["labels"] != IGNORE_INDEX).sum()) for w in wires)
