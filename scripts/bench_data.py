@@ -7,6 +7,8 @@ text compresses like real text. Written once per (name, size) into the cache fol
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 CACHE = Path.home() / ".cache" / "omniload" / "bench"
+_BPE_VOCAB = 32000
 _FORMATS = ("parquet", "jsonl", "arrow")
 _WORDS = np.array(
     [
@@ -64,3 +67,34 @@ def _write(stem: Path, fmt: str, texts: list[str]) -> None:
         with pa.OSFile(str(stem.with_suffix(".arrow")), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
             for start in range(0, len(table), 1000):
                 w.write_batch(table.slice(start, 1000).to_batches()[0])
+
+
+def bpe_tokenizer() -> str:
+    """A byte-level BPE tokenizer.json (32k vocabulary), trained once on the standard library's
+    Python sources (text unlike the corpus, so its words split into sub-words as real text does)."""
+    path = CACHE / f"bpe-{_BPE_VOCAB}.json"
+    if not path.exists():
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=_BPE_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        stdlib = sorted(Path(os.__file__).parent.glob("*.py"))
+        tokenizer.train_from_iterator((p.read_text(errors="replace") for p in stdlib), trainer)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(str(path))
+    return str(path)
+
+
+def us_per_token(tokenizer: str) -> float:
+    """What the tokenizer costs on this corpus's documents, in one process, one document at a time
+    (as omniload's workers call it on a slice's values)."""
+    from omniload.workers.transforms import load_transform
+
+    transform = load_transform(tokenizer)
+    texts = documents(2000, 99, 600)
+    transform(texts[:100])
+    started = time.perf_counter()
+    tokens = sum(len(t) for t in transform(texts))
+    return (time.perf_counter() - started) / tokens * 1e6

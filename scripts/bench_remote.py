@@ -37,42 +37,10 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # the bench helpers, and tests/s3_store
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH")]))
 
-from bench_data import CACHE, documents, make_sources  # noqa: E402
+from bench_data import CACHE, bpe_tokenizer, make_sources, us_per_token  # noqa: E402
 from bench_throughput import _WARMUP_STEPS, run  # noqa: E402
 
 BUCKET = "bench"
-_BPE_VOCAB = 32000
-
-
-def bpe_tokenizer() -> str:
-    """A byte-level BPE tokenizer.json (32k vocabulary), trained once on the standard library's
-    Python sources (text unlike the corpus, so its words split into sub-words as real text does)."""
-    path = CACHE / f"bpe-{_BPE_VOCAB}.json"
-    if not path.exists():
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-        tokenizer = Tokenizer(models.BPE())
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tokenizer.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=_BPE_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-        stdlib = sorted(Path(os.__file__).parent.glob("*.py"))
-        tokenizer.train_from_iterator((p.read_text(errors="replace") for p in stdlib), trainer)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tokenizer.save(str(path))
-    return str(path)
-
-
-def us_per_token(tokenizer: str) -> float:
-    """What the tokenizer costs on this corpus's documents, in one process, one document at a time
-    (as omniload's workers call it on a slice's values)."""
-    from omniload.workers.transforms import load_transform
-
-    transform = load_transform(tokenizer)
-    texts = documents(2000, 99, 600)
-    transform(texts[:100])
-    started = time.perf_counter()
-    tokens = sum(len(t) for t in transform(texts))
-    return (time.perf_counter() - started) / tokens * 1e6
 
 
 def upload(store, folders: dict[str, Path]) -> None:

@@ -112,7 +112,10 @@ class LeanDataset(IterableDataset):
         part, parts = self.rank * workers + worker, self.world * workers
         spec = self.spec
         streams = [self._texts(src, part, parts) for src in self.catalog]
-        yield from pack_tokens(mix_texts(streams, spec.weights()), spec.rows, spec.seq_len)
+        # each document tokenized when it is taken, by its source's tokenizer (as omniload's workers do)
+        transforms = [load_transform(source.tokenizer or spec.tokenizer) for source in spec.sources]
+        tokens = (transforms[s]([value])[0] for s, value in mix_texts(streams, spec.weights()))
+        yield from pack_tokens(tokens, spec.rows, spec.seq_len)
 
     def _texts(self, src: SourceCatalog, part: int, parts: int) -> Iterator[object]:
         n = len(src.shards)
@@ -125,8 +128,8 @@ class LeanDataset(IterableDataset):
                 yield from (values[(part // n) % stride :: stride] if n < parts else values)
 
 
-def mix_texts(streams: list[Iterator[object]], weights: list[float]) -> Iterator[object]:
-    """Values from the streams, each next from the stream furthest behind its share of bytes."""
+def mix_texts(streams: list[Iterator[object]], weights: list[float]) -> Iterator[tuple[int, object]]:
+    """(stream, value) pairs, each next from the stream furthest behind its share of bytes."""
     taken = [0.0] * len(streams)
     live = list(range(len(streams)))
     while live:
@@ -136,17 +139,16 @@ def mix_texts(streams: list[Iterator[object]], weights: list[float]) -> Iterator
             live.remove(s)
             continue
         taken[s] += len(value) if isinstance(value, str) else 4 * len(value)
-        yield value
+        yield s, value
 
 
-def pack_tokens(values: Iterator[object], rows: int, seq_len: int) -> Iterator[dict[str, torch.Tensor]]:
-    """Byte-tokenize each value as it comes and cut the stream into `rows x seq_len` batches."""
+def pack_tokens(documents: Iterator[np.ndarray], rows: int, seq_len: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Cut the stream of tokenized documents into `rows x seq_len` batches."""
     need = rows * seq_len
     held: list[np.ndarray] = []
     count = 0
-    for value in values:
-        tokens = value if isinstance(value, np.ndarray) else np.frombuffer(str(value).encode(), np.uint8)
-        held.append(tokens.astype(np.int32))
+    for tokens in documents:
+        held.append(tokens.astype(np.int32, copy=False))
         count += len(tokens)
         while count >= need:
             flat = np.concatenate(held)

@@ -21,6 +21,8 @@ from pathlib import Path
 from colocated import pack_tokens
 from torch.utils.data import DataLoader, IterableDataset
 
+from omniload.workers.transforms import load_transform
+
 PEERS = ("streaming", "litdata")
 
 
@@ -101,18 +103,19 @@ def _litdata_item(text: str) -> dict:
 
 
 class _Packed(IterableDataset):
-    """The peer's dataset, its documents byte-tokenized and packed as the lean baseline does;
+    """The peer's dataset, its documents tokenized and packed as the lean baseline does;
     iterated in each DataLoader worker, where the peer splits the data by worker."""
 
-    def __init__(self, inner: IterableDataset, rows: int, seq_len: int) -> None:
-        self.inner, self.rows, self.seq_len = inner, rows, seq_len
+    def __init__(self, inner: IterableDataset, rows: int, seq_len: int, tokenizer: str = "bytes") -> None:
+        self.inner, self.rows, self.seq_len, self.tokenizer = inner, rows, seq_len, tokenizer
 
     def __iter__(self) -> Iterator:
-        return pack_tokens((item["text"] for item in self.inner), self.rows, self.seq_len)
+        transform = load_transform(self.tokenizer)
+        return pack_tokens((transform([item["text"]])[0] for item in self.inner), self.rows, self.seq_len)
 
 
 def peer_loader(
-    peer: str, folders: list[str], weights: list[float], rows: int, seq_len: int, workers: int
+    peer: str, folders: list[str], weights: list[float], rows: int, seq_len: int, workers: int, tokenizer: str = "bytes"
 ) -> DataLoader:
     """Must run in the rank, with RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE (streaming) and
     GLOBAL_RANK/NNODES (LitData) already in the environment."""
@@ -134,7 +137,10 @@ def peer_loader(
             seed=0,
         )
     return DataLoader(
-        _Packed(dataset, rows, seq_len), batch_size=None, num_workers=workers, prefetch_factor=2 if workers else None
+        _Packed(dataset, rows, seq_len, tokenizer),
+        batch_size=None,
+        num_workers=workers,
+        prefetch_factor=2 if workers else None,
     )
 
 
