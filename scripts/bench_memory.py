@@ -13,16 +13,20 @@ and pack on the same files:
 - `planned`: the older baseline that runs omniload's planner and packer in every worker
   (colocated.colocated_loader, used by the throughput benchmark); heavier than what users run,
   so it is off unless asked for with --kinds.
-- `omniload`: one coordinator with min(K, N*W, --omniload-workers) workers in total, never
-  more than the baseline: its worker count follows what the data needs, not the rank count.
+- `omniload`: one coordinator with its default `--workers auto` (this host's CPUs less one;
+  `OMNILOAD_CPUS=16` sizes it as on a 16-core node), or min(K, N*W, --omniload-workers N).
+
+Every side tokenizes with the same tokenizer (--tokenizer: the 32k BPE of bench_data by
+default; a real vocabulary is part of what each process holds).
 
 Memory is PSS summed over every process of the loading stack (ranks and their DataLoader
 workers; coordinator, forkserver, workers), sampled at steady state while batches flow,
 minus the PSS of N bare `import torch` rank processes measured the same way, so every side
 counts only what loading adds.
 
-    python scripts/bench_memory.py [--ranks 1,2,4,8,16] [--sources 4,16] [--workers-per-rank 2]
-                                   [--kinds dataloader,streaming,litdata,omniload]
+    [OMNILOAD_CPUS=16] python scripts/bench_memory.py [--ranks 1,2,4,8,16] [--sources 4,16]
+        [--workers-per-rank 2] [--omniload-workers auto|N] [--tokenizer bpe|bytes]
+        [--kinds dataloader,streaming,litdata,omniload]
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ def _rank(kind: str, spec_dict: dict, rank: int, world: int, workers: int, conn,
             spec_dict["rows"],
             spec_dict["seq_len"],
             workers,
+            spec_dict["sources"][0].get("tokenizer", "bytes"),
         )
     else:  # only the baselines' ranks load the readers (and, planned, the planner)
         from colocated import colocated_loader, lean_loader
@@ -144,7 +149,7 @@ def loading_mb(
     spec_dict: dict,
     n: int,
     workers_per_rank: int,
-    omniload_workers: int = 4,
+    omniload_workers: str = "auto",
     peer_folders: list[str] | None = None,
     breakdown: dict | None = None,
 ) -> float:
@@ -163,7 +168,11 @@ def loading_mb(
     if kind == "omniload":
         import omniload
 
-        workers = min(len(spec_dict["sources"]), n * workers_per_rank, omniload_workers)
+        workers = (
+            0
+            if omniload_workers == "auto"
+            else min(len(spec_dict["sources"]), n * workers_per_rank, int(omniload_workers))
+        )
         job = omniload.Job(dict(spec_dict, workers=workers)).start()
         addr, token = job.addr, job.token
     else:  # a peer's ranks get the folders of its copy of the sources, and a port to meet at
@@ -210,19 +219,29 @@ def loading_mb(
 
 
 def main() -> None:
-    from bench_data import CACHE, make_sources
+    from bench_data import CACHE, bpe_tokenizer, make_sources
+
+    from omniload.coordinator.pool.worker_pool import available_cpus
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="1,2,4,8,16")
     parser.add_argument("--sources", default="4,16")
     parser.add_argument("--workers-per-rank", type=int, default=2)
-    parser.add_argument("--omniload-workers", type=int, default=4, help="omniload's worker budget (at most N*W)")
+    parser.add_argument(
+        "--omniload-workers",
+        default="auto",
+        help="omniload's workers: auto (the job default) or a budget N (at most N*W)",
+    )
+    parser.add_argument("--tokenizer", default="bpe", help="every side's tokenizer: bpe (32k), bytes, or a path")
     parser.add_argument("--docs", type=int, default=6000, help="documents per source")
     parser.add_argument("--median-bytes", type=int, default=1200)
     parser.add_argument(
         "--kinds", default="dataloader,streaming,litdata,omniload", help=f"what to measure, of {','.join(_KINDS)}"
     )
     args = parser.parse_args()
+    # one core per worker on every side (omniload's workers set it themselves): the tokenizers
+    # library's thread pool in each DataLoader worker would make the baseline heavier than users run it
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     ranks = [int(n) for n in args.ranks.split(",")]
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = sorted(set(kinds) - set(_KINDS))
@@ -233,16 +252,23 @@ def main() -> None:
             print(f"skipping {peer}: {why}")
             kinds.remove(peer)
     others = [k for k in kinds if k != "omniload"]
+    tokenizer = bpe_tokenizer() if args.tokenizer == "bpe" else args.tokenizer
+    budget = (
+        f"--workers auto ({available_cpus()} CPUs{' from OMNILOAD_CPUS' if os.environ.get('OMNILOAD_CPUS') else ''})"
+        if args.omniload_workers == "auto"
+        else f"min(K, N*W, {args.omniload_workers}) workers in total"
+    )
     print(
         f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
         f"{_RATE:.0f} steps/s per rank; {args.workers_per_rank} DataLoader workers per rank for "
-        f"{', '.join(_LABELS[k] for k in others) or 'no baseline'}; omniload min(K, N*W, {args.omniload_workers}) "
-        "workers in total; MB = PSS of the loading stack minus bare torch ranks"
+        f"{', '.join(_LABELS[k] for k in others) or 'no baseline'}; omniload {budget}; tokenizer "
+        f"{args.tokenizer}; MB = PSS of the loading stack minus bare torch ranks"
     )
     bare = {n: bare_torch_mb(n) for n in ranks}
     for k in (int(k) for k in args.sources.split(",")):
         # two files per source, row groups / record batches of 1000 documents (~1.5 MB of text)
         sources = make_sources(k, args.docs, median_bytes=args.median_bytes, files_per_source=2)
+        sources = [dict(s, tokenizer=tokenizer) for s in sources]
         spec = {"sources": sources, "seq_len": 1024, "rows": 2, "seed": 0, "epochs": 0}
         cache = CACHE / f"peers-k{k}-d{args.docs}-m{args.median_bytes}"
         folders = {peer: convert(peer, spec, cache) for peer in kinds if peer in PEERS}

@@ -192,6 +192,9 @@ def main() -> None:
     parser.add_argument("--tokenizer", default="bpe", help="bpe (the 32k BPE), bytes, or a tokenizer.json")
     parser.add_argument("--trials", type=int, default=3, help="runs of each side per mix, alternating")
     args = parser.parse_args()
+    # one core per worker on every side (omniload's workers set it themselves): the tokenizers
+    # library's thread pool in each DataLoader worker would make the baseline heavier than users run it
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
     tokenizer = bpe_tokenizer() if args.tokenizer == "bpe" else args.tokenizer
     workers = args.workers or args.ranks * args.workers_per_rank

@@ -26,6 +26,7 @@ from omniload.coordinator.plan.step_plan import plan_step
 from omniload.coordinator.plan.window import units_of
 from omniload.coordinator.pool.catalog import SourceCatalog, build_catalog
 from omniload.coordinator.pool.intake import Doc
+from omniload.coordinator.pool.worker_pool import stop_helpers
 from omniload.order import row_permutation, shard_permutation
 from omniload.spec import Spec
 from omniload.workers.readers import read_shard
@@ -105,6 +106,7 @@ class LeanDataset(IterableDataset):
     def __init__(self, spec: Spec, rank: int, world: int) -> None:
         self.spec, self.rank, self.world = spec, rank, world
         self.catalog = build_catalog(spec)  # the file footers: what opening the files costs anyway
+        stop_helpers()  # build_catalog's indexing forkserver: a hand-written loader has none
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
@@ -158,10 +160,13 @@ def pack_tokens(documents: Iterator[np.ndarray], rows: int, seq_len: int) -> Ite
 
 
 def lean_loader(spec: Spec, rank: int, world: int, workers: int) -> DataLoader:
+    # forked workers, as in a torchrun rank on Linux (Python < 3.14): a benchmark's rank is
+    # often a spawned process, whose children would be spawned too and import torch again
     return DataLoader(
         LeanDataset(spec, rank, world),
         batch_size=None,
         num_workers=workers,
         prefetch_factor=2 if workers else None,
         persistent_workers=False,
+        multiprocessing_context="fork" if workers else None,
     )
