@@ -9,6 +9,14 @@ the coordinator's CPU use while every rank is served, and the bytes received per
 (frames and headers included).
 
     python scripts/bench_fanout.py [--worlds 16,64,256,1024] [--tokens 100e6] [--procs 8]
+                                   [--clients lean|full]
+
+--clients lean (the default) replaces the rank clients by lean consumers (lean_ranks.py): one
+selectors loop per process reads many ranks' sockets and acknowledges each batch without
+decoding it, so two cores can pull faster than the coordinator sends and the figures are the
+coordinator's; tokens/s then counts token slots (padding included). --clients full runs real
+rank clients (omniload.connect, a thread each), which are what bound the figures on a small
+machine.
 
 Uses only the public API (omniload.Job, omniload.connect), so it runs on older commits too.
 Modes (--modes): direct, the coordinator writes to every rank's socket; relayN, every N ranks
@@ -75,6 +83,16 @@ def _ranks(addrs: dict[int, str], token: str, world: int, conn) -> None:
     conn.send((results, sum(received)))
 
 
+def _lean_ranks(addrs: dict[int, str], token: str, world: int, conn) -> None:
+    from lean_ranks import consume
+
+    results = consume(addrs, token, world)
+    for r in results:
+        r["first"] = r["arrivals"][0] if r["arrivals"] else None
+        r["tokens"] = r["slots"]  # not decoded: token slots, padding included
+    conn.send((results, sum(r["received"] for r in results)))
+
+
 def _start_relays(job, count: int, folder: str) -> tuple[list[subprocess.Popen], list[str]]:
     relays, addrs = [], []
     for node in range(count):
@@ -121,18 +139,20 @@ def _connections(coordinator, addr: str) -> int:
     return sum(c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED for c in coordinator.net_connections("tcp"))
 
 
-def run(world: int, procs: int, steps: int, spec: dict, relay_ranks: int = 0) -> dict:
+def run(world: int, procs: int, steps: int, spec: dict, relay_ranks: int = 0, lean: bool = False) -> dict:
     import omniload
 
     with omniload.Job({**spec, "steps": steps}) as job, tempfile.TemporaryDirectory() as folder:
         relays, addrs = _start_relays(job, -(-world // relay_ranks), folder) if relay_ranks else ([], [job.addr])
         try:
-            return _serve_ranks(job, world, min(procs, world), relay_ranks, relays, addrs)
+            return _serve_ranks(job, world, min(procs, world), relay_ranks, relays, addrs, lean)
         finally:
             _stop(relays)
 
 
-def _serve_ranks(job, world: int, procs: int, relay_ranks: int, relays: list, addrs: list[str]) -> dict:
+def _serve_ranks(
+    job, world: int, procs: int, relay_ranks: int, relays: list, addrs: list[str], lean: bool = False
+) -> dict:
     import psutil
 
     ctx = multiprocessing.get_context("spawn")
@@ -145,7 +165,7 @@ def _serve_ranks(job, world: int, procs: int, relay_ranks: int, relays: list, ad
     for p in range(procs):
         receive, send = ctx.Pipe(duplex=False)
         mine = {r: addrs[r // relay_ranks if relay_ranks else 0] for r in range(p, world, procs)}
-        child = ctx.Process(target=_ranks, args=(mine, job.token, world, send))
+        child = ctx.Process(target=_lean_ranks if lean else _ranks, args=(mine, job.token, world, send))
         child.start()
         pipes.append(receive)
         children.append(child)
@@ -211,6 +231,7 @@ def main() -> None:
         help="one run each: direct (the coordinator writes to every rank), relayN (N ranks share a "
         "relay), sendersN (N sender processes write the batches)",
     )
+    parser.add_argument("--clients", choices=("lean", "full"), default="lean", help="see above")
     args = parser.parse_args()
     spec = {
         "sources": make_sources(3, 20000),
@@ -223,7 +244,8 @@ def main() -> None:
     }
     print(
         f"machine: {os.cpu_count()} cores; 3 sources, byte tokenizer, seq_len {args.seq_len} x rows {args.rows}, "
-        f"about {args.tokens / 1e6:.0f}M tokens a run, {args.procs} client processes"
+        f"about {args.tokens / 1e6:.0f}M tokens a run, {args.procs} client processes, {args.clients} clients"
+        + (" (tokens/s: token slots, not decoded)" if args.clients == "lean" else "")
     )
     print(
         f"{'world':>6}{'mode':>10}{'conns':>6}{'tokens/s':>14}{'MB/s':>8}"
@@ -234,7 +256,7 @@ def main() -> None:
         steps = max(12, round(args.tokens / (world * args.rows * args.seq_len)))
         relay_ranks = int(mode[len("relay") :]) if mode.startswith("relay") else 0
         senders = int(mode[len("senders") :]) if mode.startswith("senders") else 0
-        r = run(world, args.procs, steps, {**spec, "senders": senders}, relay_ranks)
+        r = run(world, args.procs, steps, {**spec, "senders": senders}, relay_ranks, args.clients == "lean")
         print(
             f"{world:>6}{mode:>10}{r['connections']:>6}{r['tokens_per_s']:>14,.0f}{r['mb_per_s']:>8.0f}"
             f"{r['gap_p50'] * 1000:>7.0f}ms"

@@ -51,3 +51,8 @@ def test_bench_checkpoint_runs():
 def test_bench_standby_runs():
     out = _run("bench_standby.py", "--ranks", "2", "--steps", "40", "--kill-at", "15")
     assert "from kill median" in out and "every rank got every step exactly once" in out
+
+
+def test_bench_fanout_runs_with_lean_consumers():
+    out = _run("bench_fanout.py", "--worlds", "4", "--tokens", "1e6", "--modes", "direct", "--procs", "1")
+    assert "lean clients" in out and "direct" in out
