@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from omniload.errors import ConfigError
+from omniload.formats.shards import TOKEN_FILES
 from omniload.storage.urls import StoreOptions, is_remote, parse
 
-FORMATS = ("auto", "parquet", "jsonl", "arrow", "tar")
+FORMATS = ("auto", "parquet", "jsonl", "arrow", "tar", "megatron", "tokens")
+TOKEN_DTYPES = ("uint8", "uint16", "int16", "int32", "uint32", "int64")  # format=tokens: the ids' type
 ON_BAD_FILE = ("stop", "skip")
 LONG_DOCS = ("split", "drop", "bucket")
 PP_DATA = ("first-last", "all")
@@ -51,6 +53,11 @@ class Source:
     endpoint: str | None = None  # http[s]://host:port of an S3-compatible store, a GCS or Azure endpoint, a Hub mirror
     region: str | None = None
     anonymous: bool = False  # unsigned requests (a public bucket)
+    # sources of token ids, read without a tokenizer (docs/sources.md)
+    tokens: str | None = None  # parquet/Arrow/JSON lines: the column of token-id lists
+    dtype: str = "uint16"  # format=tokens: the type of the ids in the file
+    eos: int | None = None  # format=tokens: the id that ends each document
+    vocab: int | None = None  # every token id must be below it (default: a tokenizer.json's vocabulary)
 
     def __post_init__(self) -> None:
         if isinstance(self.path, str):
@@ -69,6 +76,7 @@ class Source:
             raise ConfigError(f"source '{self.name}': epochs must be >= 0, got {self.epochs}")
         if self.image is not None and not self.image:
             raise ConfigError(f"source '{self.name}': image= needs a column name")
+        self._check_token_fields()
         for path in self.path:
             if is_remote(path):
                 try:
@@ -84,6 +92,47 @@ class Source:
             raise ConfigError(
                 f"source '{self.name}': endpoint must be a URL like http://127.0.0.1:9000, got {self.endpoint!r}"
             )
+
+    def _check_token_fields(self) -> None:
+        where = f"source '{self.name}'"
+        if self.tokens is not None and (not self.tokens or self.format in TOKEN_FILES or self.image is not None):
+            raise ConfigError(
+                f"{where}: tokens= names a column of token-id lists in parquet, Arrow or JSON lines files "
+                f"(without image=); got tokens={self.tokens!r} with format={self.format}"
+            )
+        if self.dtype not in TOKEN_DTYPES:
+            raise ConfigError(f"{where}: dtype must be one of {TOKEN_DTYPES}, got {self.dtype!r}")
+        if self.format == "tokens" and self.eos is None:
+            raise ConfigError(
+                f"{where}: format=tokens needs eos=ID, the token id that ends each document "
+                "(GPT-2's <|endoftext|>, as in nanoGPT's train.bin, is 50256)"
+            )
+        if (self.eos is not None or self.dtype != "uint16") and self.format != "tokens":
+            raise ConfigError(f"{where}: eos= and dtype= describe a flat token file: give format=tokens too")
+        if self.vocab is not None and not self.holds_tokens:
+            raise ConfigError(
+                f"{where}: vocab= checks the ids of a source of token ids (tokens=COLUMN, format=megatron "
+                "or format=tokens); a text source's ids come from its tokenizer"
+            )
+        if self.eos is not None and self.eos < 0:
+            raise ConfigError(f"{where}: eos must be a token id >= 0, got {self.eos}")
+        if self.vocab is not None and self.vocab < 1:
+            raise ConfigError(f"{where}: vocab must be the vocabulary size (>= 1), got {self.vocab}")
+        if self.vocab is not None and self.eos is not None and self.eos >= self.vocab:
+            raise ConfigError(f"{where}: eos={self.eos} is not below vocab={self.vocab}")
+
+    @property
+    def holds_tokens(self) -> bool:
+        """Whether the source's files hold token ids (read without a tokenizer): a tokens= column,
+        a Megatron indexed dataset or a flat token file."""
+        if self.tokens is not None or self.format in TOKEN_FILES:
+            return True
+        return self.format == "auto" and all(p.lower().endswith(".bin") for p in self.path)
+
+    @property
+    def read_column(self) -> str:
+        """The column its values are read from: tokens= if given, else column=."""
+        return self.tokens if self.tokens is not None else self.column
 
     def store_options(self) -> StoreOptions:
         return StoreOptions(self.endpoint, self.region, self.anonymous)
@@ -382,6 +431,9 @@ def parse_bytes(value: str | int, name: str = "size") -> int:
         ) from None
 
 
+# A source's fields added after checkpoints existed, with their defaults: a source that leaves them
+# at the default keeps the job identity (and the checkpoints) it had before.
+LATER_SOURCE_FIELDS = {"tokens": None, "dtype": "uint16", "eos": None, "vocab": None}
 # Fields that matter only when a source has images.
 IMAGE_FIELDS = ("image_size", "image_transform", "image_token", "tokens_per_image")
 

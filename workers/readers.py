@@ -30,10 +30,12 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from omniload.formats.shards import BadFile, Shard, gzipped, part_name
+from omniload.formats.lane_config import Pretokenized
+from omniload.formats.shards import TOKEN_FILES, BadFile, Shard, gzipped, part_name
 from omniload.storage.files import Files
 from omniload.storage.objects import BLOCK, StoreError
 from omniload.storage.urls import is_remote
+from omniload.workers.token_files import check_tokens, flat_rows, index_flat, index_megatron, megatron_rows
 
 LOCAL = Files()  # local paths need no state: one for every caller that reads local files only
 JSONL_SHARD_ROWS = 4096
@@ -59,10 +61,18 @@ DATA_ERRORS = (ValueError, TypeError, OverflowError, KeyError, IndexError, EOFEr
 
 
 def index_file(
-    path: str, fmt: str, column: str, first_ordinal: int, image: str | None = None, files: Files = LOCAL
+    path: str,
+    fmt: str,
+    column: str,
+    first_ordinal: int,
+    image: str | None = None,
+    files: Files = LOCAL,
+    pretokenized: Pretokenized | None = None,
+    tokens: bool = False,
 ) -> list[Shard]:
-    """Shards of one file (`image`: the column of encoded images, if any); raises BadFile
-    naming the problem. An object in a store: its shards record its size and version."""
+    """Shards of one file (`image`: the column of encoded images, if any; `tokens`: the column
+    must hold token ids); raises BadFile naming the problem. An object in a store: its shards
+    record its size and version."""
     if image is not None and fmt not in ("parquet", "arrow"):
         raise BadFile(
             f"image={image} needs parquet or Arrow files (a {fmt} file has no columns); "
@@ -70,13 +80,17 @@ def index_file(
         )
     try:
         if fmt == "parquet":
-            shards = _index_parquet(path, _columns(column, image), first_ordinal, files)
+            shards = _index_parquet(path, _columns(column, image), first_ordinal, files, tokens)
         elif fmt == "arrow":
-            shards = _index_arrow(path, _columns(column, image), first_ordinal, files)
+            shards = _index_arrow(path, _columns(column, image), first_ordinal, files, tokens)
         elif fmt == "tar":
             shards = _index_tar(path, column, first_ordinal, files)
+        elif fmt == "megatron":
+            shards = index_megatron(path, first_ordinal, files)
+        elif fmt == "tokens":
+            shards = index_flat(path, pretokenized or Pretokenized(), first_ordinal, files)
         else:
-            shards = _index_jsonl(path, column, first_ordinal, files)
+            shards = _index_jsonl(path, column, first_ordinal, files, tokens)
     except (BadFile, StoreError):  # a store's failure is not the file's: it never makes a file "bad"
         raise
     except (pa.ArrowException, OSError, EOFError, ValueError, tarfile.TarError) as exc:
@@ -91,12 +105,14 @@ def _columns(column: str, image: str | None) -> tuple[str, ...]:
     return (column,) if image is None else (column, image)
 
 
-def _check_columns(schema: pa.Schema, columns: tuple[str, ...]) -> None:
+def _check_columns(schema: pa.Schema, columns: tuple[str, ...], tokens: bool = False) -> None:
     for column in columns:
         if column not in schema.names:
-            option = "column" if column == columns[0] else "image"
+            option = "tokens" if tokens else "column" if column == columns[0] else "image"
             raise BadFile(f"no column '{column}' (columns: {', '.join(schema.names)}); pick one with {option}=NAME")
     kind = schema.field(columns[0]).type
+    if tokens and not _is_int_list(kind):
+        raise BadFile(f"column '{columns[0]}' has type {kind}; tokens= needs a list of integer token ids")
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or _is_int_list(kind)):
         raise BadFile(f"column '{columns[0]}' has type {kind}; expected text or a list of token ids")
     if len(columns) > 1 and _is_int_list(kind):
@@ -131,9 +147,11 @@ def slice_rows_for(rows: int, size: int) -> int:
     return max(1, -(-rows // MAX_SLICES), rows * SLICE_BYTES // size)
 
 
-def _index_parquet(path: str, columns: tuple[str, ...], ordinal: int, files: Files) -> list[Shard]:
+def _index_parquet(
+    path: str, columns: tuple[str, ...], ordinal: int, files: Files, tokens: bool = False
+) -> list[Shard]:
     meta = pq.ParquetFile(files.source(path))
-    _check_columns(meta.schema_arrow, columns)
+    _check_columns(meta.schema_arrow, columns, tokens)
     leaves = [
         j for j in range(meta.metadata.num_columns) if meta.metadata.schema.column(j).path.split(".")[0] in columns
     ]
@@ -148,13 +166,13 @@ def _index_parquet(path: str, columns: tuple[str, ...], ordinal: int, files: Fil
     return shards
 
 
-def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int, files: Files) -> list[Shard]:
+def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int, files: Files, tokens: bool = False) -> list[Shard]:
     def nbytes(batch: pa.RecordBatch) -> int:
         return sum(batch.column(c).nbytes for c in columns)
 
     try:
         with ipc.open_file(files.source(path)) as reader:
-            _check_columns(reader.schema, columns)
+            _check_columns(reader.schema, columns, tokens)
             shards = []
             for i in range(reader.num_record_batches):
                 batch = reader.get_batch(i)  # reads the batch header only (memory-mapped body)
@@ -174,7 +192,7 @@ def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int, files: Files
     except pa.ArrowInvalid:
         pass  # not the IPC file format; the streaming format (e.g. Hugging Face datasets) has no footer
     with files.mapped(path) as source, ipc.open_stream(source) as reader:
-        _check_columns(reader.schema, columns)
+        _check_columns(reader.schema, columns, tokens)
         rows = size = 0
         for batch in reader:
             rows, size = rows + batch.num_rows, size + nbytes(batch)
@@ -186,7 +204,7 @@ def _open_text(path: str, files: Files, size: int = 0, version: str = "") -> IO[
     return gzip.open(raw, "rb") if gzipped(path) else raw  # type: ignore[return-value]
 
 
-def _index_jsonl(path: str, column: str, ordinal: int, files: Files) -> list[Shard]:
+def _index_jsonl(path: str, column: str, ordinal: int, files: Files, tokens: bool = False) -> list[Shard]:
     compressed = gzipped(path)
     shards: list[Shard] = []
     rows = offset = shard_offset = shard_start = 0
@@ -207,7 +225,11 @@ def _index_jsonl(path: str, column: str, ordinal: int, files: Files) -> list[Sha
         for line in f:
             if line.strip():
                 if rows == 0:
-                    _json_field(line, column, "line 1")
+                    value = _json_field(line, column, "line 1")
+                    if tokens and not (isinstance(value, list) and all(isinstance(v, int) for v in value)):
+                        raise BadFile(
+                            f"line 1: '{column}' holds {type(value).__name__}; tokens= needs a list of token ids"
+                        )
                 if not compressed and rows - shard_start == JSONL_SHARD_ROWS:
                     shards.append(shard_to(rows))
                     shard_start, shard_offset = rows, offset
@@ -229,13 +251,17 @@ def _json_field(data: bytes, column: str, where: str) -> object:
     return row[column]
 
 
-def read_shard(shard: Shard, column: str, image: str | None = None, files: Files = LOCAL) -> list:
+def read_shard(
+    shard: Shard, column: str, image: str | None = None, files: Files = LOCAL, pretokenized: Pretokenized | None = None
+) -> list:
     """All values of a shard's column (with `image`: (text, images) pairs), in file order;
     raises BadFile naming the problem."""
-    if shard.format in ("jsonl", "tar"):
+    if shard.format in ("jsonl", "tar", *TOKEN_FILES):
         return [
             value
-            for part in iter_slices(dataclasses.replace(shard, slice_rows=0), column, files=files)
+            for part in iter_slices(
+                dataclasses.replace(shard, slice_rows=0), column, files=files, pretokenized=pretokenized
+            )
             for value in part
         ]
     columns = _columns(column, image)
@@ -299,12 +325,18 @@ def _image_lists(images: pa.Array) -> list[list[bytes]]:
 
 
 def iter_slices(
-    shard: Shard, column: str, first: int = 0, image: str | None = None, files: Files = LOCAL
+    shard: Shard,
+    column: str,
+    first: int = 0,
+    image: str | None = None,
+    files: Files = LOCAL,
+    pretokenized: Pretokenized | None = None,
 ) -> Iterator[list]:
     """A shard's values slice by slice (order.Slicing: `shard.slicing.members(j)` of slice j), from
     slice `first` on, so the caller holds one slice, never the shard. A strided shard's slices
     each read the shard anew (any slice can come first); the others are read on from the
     shard's first row, as their format reads. With `image` (and always for tar), each value is a (text, images) pair.
+    With `pretokenized`, token files are read by its layout and ids checked against its vocabulary.
     Raises BadFile naming the problem, also part-way through the shard."""
     if shard.rows == 0:
         return
@@ -313,7 +345,10 @@ def iter_slices(
     chunks: Iterator[list]
     try:
         if shard.strided:
-            chunks = (_strided_slice(shard, columns, slicing.count, k, files) for k in range(first, slicing.count))
+            chunks = (
+                _strided_slice(shard, columns, slicing.count, k, files, pretokenized)
+                for k in range(first, slicing.count)
+            )
         else:  # read on from the file's start: slice `first` starts at row first * size
             size = slicing.size or shard.rows
             rows: Iterator[object] = (
@@ -329,6 +364,8 @@ def iter_slices(
                     f"{part_name(shard.format, shard.start)}: slice {j} has {len(values)} rows, the "
                     f"index expects {len(slicing.members(j))}: was the file changed while the job ran?"
                 )
+            if pretokenized is not None and pretokenized.vocab is not None and shard.format not in TOKEN_FILES:
+                _check_vocab(shard, values, slicing.members(j), pretokenized.vocab)
             j += 1
             yield values
     except (BadFile, StoreError):
@@ -362,10 +399,34 @@ def _warm(shard: Shard, columns: tuple[str, ...], files: Files) -> None:
     file.warm(min(starts), max(s + c.total_compressed_size for s, c in zip(starts, chunks)))
 
 
-def _strided_slice(shard: Shard, columns: tuple[str, ...], step: int, j: int, files: Files = LOCAL) -> list:
+def _check_vocab(shard: Shard, values: list, rows: range, vocab: int) -> None:
+    """BadFile naming the first row of a token-id column with an id not below `vocab`."""
+    for value, row in zip(values, rows):
+        bad = check_tokens(value, vocab) if isinstance(value, np.ndarray) else None
+        if bad is not None:
+            raise BadFile(
+                f"{part_name(shard.format, shard.start)}, row {row}: token id {int(value[bad])} at position "
+                f"{bad} is not below the vocabulary size {vocab} (vocab=)"
+            )
+
+
+def _strided_slice(
+    shard: Shard,
+    columns: tuple[str, ...],
+    step: int,
+    j: int,
+    files: Files = LOCAL,
+    pretokenized: Pretokenized | None = None,
+) -> list:
     """Rows j, j + step, j + 2 step... of the shard, read from its start: a parquet reader
     cannot start part-way into a row group, and one kept open between slices holds several MB
-    (pages, dictionary, buffers), more than a slice."""
+    (pages, dictionary, buffers), more than a slice. A token file's documents are read each
+    where it lies (workers/token_files.py)."""
+    layout = pretokenized or Pretokenized()
+    if shard.format == "megatron":
+        return megatron_rows(shard, range(j, shard.rows, step), files, layout.vocab)
+    if shard.format == "tokens":
+        return flat_rows(shard, range(j, shard.rows, step), layout, files)
     if shard.format == "jsonl":
         return list(_jsonl_values(shard, columns[0], step, j, files))
     pieces, offset = [], 0

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from omniload.errors import ConfigError
-from omniload.formats.lane_config import ImageConfig, LaneConfig, WorkerConfig
+from omniload.formats.lane_config import ImageConfig, LaneConfig, Pretokenized, WorkerConfig
 from omniload.formats.records import doc_record, error_record, skip_record
 from omniload.formats.ring import RecordTooLarge, Ring
 from omniload.formats.shards import BadFile, Shard, part_name
@@ -186,7 +186,7 @@ def _produce_group(
             return error_record(k, pos, gone.message)
         if not lane.skip_bad_files:
             return error_record(
-                k, pos, f"{gone.message} (the job stops on a bad file; --on-bad-file skip skips it instead)"
+                k, pos, f"{gone.message} (the job stops on a bad file; --on-bad-file skip skips it instead)", True
             )
         return skip_record(k, pos, "" if gone.said else gone.say_once(due(m, pos)))
 
@@ -227,6 +227,7 @@ def _produce_group(
                             k,
                             pos,
                             f"{message} (the job stops on a bad file; --on-bad-file skip skips the sample instead)",
+                            bad_input=True,
                         )
                         return True
                     yield skip_record(k, pos, f"skipped a sample: {message}")
@@ -244,7 +245,7 @@ def _open_shard(
     is known at once), or why it cannot be read."""
     shard = lane.shards[index]
     order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index, shard.slicing)
-    rows = _ShardRows(shard, lane.column, order, lane.image_column, files)
+    rows = _ShardRows(shard, lane.column, order, lane.image_column, files, lane.pretokenized)
     if first_due >= shard.rows:  # every row of it was delivered before a restart
         return rows
     try:
@@ -285,10 +286,16 @@ class _ShardRows:
     fatal = False  # (an _Unreadable's field: a shard read so far is never fatal)
 
     def __init__(
-        self, shard: Shard, column: str, order: np.ndarray, image_column: str | None = None, files: Files = LOCAL
+        self,
+        shard: Shard,
+        column: str,
+        order: np.ndarray,
+        image_column: str | None = None,
+        files: Files = LOCAL,
+        pretokenized: Pretokenized | None = None,
     ) -> None:
         self.order = order
-        self._files = files
+        self._files, self._pretokenized = files, pretokenized
         self._shard, self._column, self._image_column = shard, column, image_column
         self._slicing = shard.slicing
         self._slices: Iterator | None = None
@@ -313,7 +320,9 @@ class _ShardRows:
         try:
             if self._slices is None or (wanted > self._slice + 1 and self._shard.strided):
                 # the slices between are other lanes' turns: start reading at this one
-                self._slices = iter_slices(self._shard, self._column, wanted, self._image_column, self._files)
+                self._slices = iter_slices(
+                    self._shard, self._column, wanted, self._image_column, self._files, self._pretokenized
+                )
                 self._slice = wanted - 1
             while self._slice < wanted:  # iter_slices checks each slice's rows against the index
                 self._values = next(self._slices)

@@ -25,13 +25,13 @@ import orjson
 
 from omniload.coordinator.pool.forkserver import forkserver_context
 from omniload.errors import ConfigError
-from omniload.formats.lane_config import ImageConfig
+from omniload.formats.lane_config import ImageConfig, Pretokenized
 from omniload.formats.shards import BadFile, Shard, detect_format
 from omniload.order import MAX_ORDINAL
-from omniload.spec import IMAGE_FIELDS, RUNTIME_FIELDS, STORE_FIELDS, Source, Spec
+from omniload.spec import IMAGE_FIELDS, LATER_SOURCE_FIELDS, RUNTIME_FIELDS, STORE_FIELDS, Source, Spec
 from omniload.storage.urls import StoreOptions, is_remote, redact
 from omniload.workers.images import load_image_transform, require_pillow
-from omniload.workers.transforms import load_transform
+from omniload.workers.transforms import load_transform, vocab_size
 
 log = logging.getLogger("omniload")
 CATALOG_FILE = "catalog-{key}.json"
@@ -50,6 +50,16 @@ class SourceCatalog:
     image_column: str | None = None
     images: ImageConfig | None = None  # set when its samples carry images
     store: StoreOptions = StoreOptions()  # how to reach its store, if its files are URLs
+    pretokenized: Pretokenized | None = None  # set when its files hold token ids
+
+
+def pretokenized_of(source: Source, spec: Spec) -> Pretokenized | None:
+    """How a source of token ids is read and checked; None for a source of text. Its vocabulary
+    is vocab=, else a tokenizer.json's (the default `bytes` declares none for token ids)."""
+    if not source.holds_tokens:
+        return None
+    vocab = source.vocab if source.vocab is not None else vocab_size(source.tokenizer or spec.tokenizer)
+    return Pretokenized(source.dtype, source.eos, vocab)
 
 
 def image_config(spec: Spec) -> ImageConfig | None:
@@ -78,9 +88,11 @@ def build_catalog(spec: Spec) -> list[SourceCatalog]:
                 tuple(files),
                 tuple(p for p in source.path if is_remote(p)),
                 source.format,
-                source.column,
+                source.read_column,
                 source.image,
                 source.store_options(),
+                pretokenized_of(source, spec),
+                source.tokens is not None,
             )
             for source, files in zip(spec.sources, found)
         ]
@@ -102,6 +114,8 @@ class IndexRequest:
     column: str
     image: str | None
     store: StoreOptions
+    pretokenized: Pretokenized | None = None
+    tokens: bool = False  # the column must hold token ids (tokens=)
 
 
 def index_files(sources: list[IndexRequest], stop_at_bad: bool) -> list[list[tuple[str, str, list[Shard] | str]]]:
@@ -146,7 +160,7 @@ def _index_one(request: IndexRequest, access: Any, item: tuple[str, str], rows: 
 
     path, fmt = item
     try:
-        return index_file(path, fmt, request.column, rows, request.image, access)
+        return index_file(path, fmt, request.column, rows, request.image, access, request.pretokenized, request.tokens)
     except BadFile as exc:
         return redact(str(exc))
     except OSError as exc:
@@ -168,7 +182,7 @@ def _listed(request: IndexRequest) -> list[tuple[str, str]]:
             if fmt is None:
                 raise ConfigError(
                     f"source '{request.name}': cannot tell the format of {redact(url)!r} from its "
-                    "name; add format=parquet|jsonl|arrow|tar to the source"
+                    "name; add format=parquet|jsonl|arrow|tar|megatron|tokens to the source"
                 )
             found.append((url, fmt))
     return found
@@ -262,7 +276,7 @@ def _find_files(source: Source, spec: Spec) -> list[tuple[str, str]]:
         if fmt is None:
             raise ConfigError(
                 f"source '{source.name}': cannot tell the format of {path!r} from its name; "
-                "add format=parquet|jsonl|arrow|tar to the source"
+                "add format=parquet|jsonl|arrow|tar|megatron|tokens to the source"
             )
         files.append((path, fmt))
     return files
@@ -297,7 +311,7 @@ def _catalog_of(
     return SourceCatalog(
         index,
         source.name,
-        source.column,
+        source.read_column,
         source.tokenizer or spec.tokenizer,
         tuple(shards),
         rows,
@@ -305,6 +319,7 @@ def _catalog_of(
         source.image,
         images,
         source.store_options(),
+        pretokenized_of(source, spec),
     )
 
 
@@ -337,6 +352,10 @@ def job_identity(spec: Spec, catalog: list[SourceCatalog]) -> dict[str, Any]:
         data_spec = {k: v for k, v in data_spec.items() if k not in IMAGE_FIELDS}
         data_spec["cost_coeffs"] = data_spec["cost_coeffs"][:3]
         data_spec["sources"] = [{k: v for k, v in s.items() if k != "image"} for s in data_spec["sources"]]
+    data_spec["sources"] = [
+        {k: v for k, v in s.items() if k not in LATER_SOURCE_FIELDS or v != LATER_SOURCE_FIELDS[k]}
+        for s in data_spec["sources"]
+    ]
     # where a store is and how to reach it decides no batch (the objects' versions do)
     data_spec["sources"] = [{k: v for k, v in s.items() if k not in STORE_FIELDS} for s in data_spec["sources"]]
     return orjson.loads(orjson.dumps({"spec": data_spec, "files": files}))  # as it reads back from a file

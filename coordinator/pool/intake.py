@@ -82,7 +82,8 @@ class SourceIntake:
                 return None
             record = decode(data)
             if record.kind is RecordKind.ERROR:
-                raise SourceFailed(self.catalog.name, bytes(record.payload).decode(errors="replace"))
+                message = bytes(record.payload).decode(errors="replace")
+                raise SourceFailed(self.catalog.name, message, bad_input=record.token_count == 1)
             if (record.group, record.pos) != self.cursor:
                 raise SourceFailed(
                     self.catalog.name,

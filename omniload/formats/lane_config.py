@@ -29,6 +29,16 @@ class ImageConfig:
         return 3 * self.height * self.width
 
 
+@dataclass(frozen=True, slots=True)
+class Pretokenized:
+    """How a source of token ids is read and checked: a flat token file's dtype and the id that
+    ends each of its documents, and the vocabulary every id must fall below (None: unchecked)."""
+
+    dtype: str = "uint16"
+    eos: int | None = None
+    vocab: int | None = None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaneConfig:
     source_index: int
@@ -51,6 +61,7 @@ class LaneConfig:
     read_ahead: int = 64 << 20  # bytes of store objects the lane holds (omniload.storage.objects.Blocks)
     cache_dir: str | None = None  # --cache-dir
     cache_limit: int = 0
+    pretokenized: Pretokenized | None = None  # set when the source holds token ids, not text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,7 +4,9 @@ DOC carries one document's tokens (int32) and, for a sample with images, where e
 placeholders start (int32 per image) and the images' pixels (uint8 [images, 3, H, W]). SKIP says the row at this
 position could not be
 read and is skipped (on_bad_file=skip; the message rides on a file's first skipped row only).
-ERROR carries a UTF-8 message: the source cannot go on. `group` and `pos` are the sample's
+ERROR carries a UTF-8 message: the source cannot go on; its count is 1 when the source's data
+is at fault (a bad file or sample: the job exits with code 2, as for a bad file found at
+startup), 0 otherwise. `group` and `pos` are the sample's
 place in the source's deterministic order (see omniload.order).
 """
 
@@ -61,8 +63,8 @@ def skip_record(group: int, pos: int, message: str) -> tuple[bytes, bytes]:
     return _HEAD.pack(group, 0, pos, 1, RecordKind.SKIP, 0), message.encode()
 
 
-def error_record(group: int, pos: int, message: str) -> tuple[bytes, bytes]:
-    return _HEAD.pack(group, 0, pos, 0, RecordKind.ERROR, 0), message.encode()
+def error_record(group: int, pos: int, message: str, bad_input: bool = False) -> tuple[bytes, bytes]:
+    return _HEAD.pack(group, 0, pos, int(bad_input), RecordKind.ERROR, 0), message.encode()
 
 
 def decode(data: bytes) -> Record:
