@@ -117,6 +117,14 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any], str]] = [  # (flag, click's kwarg
         "batching",
     ),
     (
+        "--long-chats",
+        dict(
+            type=click.Choice(["truncate", "drop"]),
+            help="Conversations (kind=chat) longer than seq-len: cut after the last whole turn that fits, or drop.",
+        ),
+        "batching",
+    ),
+    (
         "--shuffle-window",
         dict(
             type=int,

@@ -19,6 +19,10 @@ from omniload.formats.shards import TOKEN_FILES
 from omniload.storage.urls import StoreOptions, is_remote, parse
 
 FORMATS = ("auto", "parquet", "jsonl", "arrow", "tar", "megatron", "tokens")
+KINDS = ("text", "chat")
+CHAT_COLUMNS = "messages|conversations"
+TRAIN_ON = ("assistant", "all")
+LONG_CHATS = ("truncate", "drop")
 TOKEN_DTYPES = ("uint8", "uint16", "int16", "int32", "uint32", "int64")  # format=tokens: the ids' type
 ON_BAD_FILE = ("stop", "skip")
 LONG_DOCS = ("split", "drop", "bucket")
@@ -58,6 +62,9 @@ class Source:
     dtype: str = "uint16"  # format=tokens: the type of the ids in the file
     eos: int | None = None  # format=tokens: the id that ends each document
     vocab: int | None = None  # every token id must be below it (default: a tokenizer.json's vocabulary)
+    # conversations (docs/sources.md): rows of `messages` [{role, content}] or `conversations` [{from, value}]
+    kind: str = "text"  # text | chat
+    train_on: str = "assistant"  # chat: the tokens the loss counts: the assistant's replies, or all
 
     def __post_init__(self) -> None:
         if isinstance(self.path, str):
@@ -77,6 +84,7 @@ class Source:
         if self.image is not None and not self.image:
             raise ConfigError(f"source '{self.name}': image= needs a column name")
         self._check_token_fields()
+        self._check_chat_fields()
         for path in self.path:
             if is_remote(path):
                 try:
@@ -121,6 +129,22 @@ class Source:
         if self.vocab is not None and self.eos is not None and self.eos >= self.vocab:
             raise ConfigError(f"{where}: eos={self.eos} is not below vocab={self.vocab}")
 
+    def _check_chat_fields(self) -> None:
+        where = f"source '{self.name}'"
+        if self.kind not in KINDS:
+            raise ConfigError(f"{where}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.train_on not in TRAIN_ON:
+            raise ConfigError(f"{where}: train_on must be one of {TRAIN_ON}, got {self.train_on!r}")
+        if self.kind != "chat":
+            if self.train_on != "assistant":
+                raise ConfigError(f"{where}: train_on= says which turns of a conversation train: give kind=chat too")
+            return
+        if self.image is not None or self.holds_tokens or self.format not in ("auto", "jsonl", "parquet", "arrow"):
+            raise ConfigError(
+                f"{where}: kind=chat reads conversations from JSON lines, parquet or Arrow files "
+                f"(without image= or tokens=); got format={self.format}"
+            )
+
     @property
     def holds_tokens(self) -> bool:
         """Whether the source's files hold token ids (read without a tokenizer): a tokens= column,
@@ -131,8 +155,11 @@ class Source:
 
     @property
     def read_column(self) -> str:
-        """The column its values are read from: tokens= if given, else column=."""
-        return self.tokens if self.tokens is not None else self.column
+        """The column its values are read from: tokens= if given, else column=; a conversation's,
+        unless column= names one, is `messages` or else `conversations` ("a|b": the first found)."""
+        if self.tokens is not None:
+            return self.tokens
+        return CHAT_COLUMNS if self.kind == "chat" and self.column == "text" else self.column
 
     def store_options(self) -> StoreOptions:
         return StoreOptions(self.endpoint, self.region, self.anonymous)
@@ -202,6 +229,7 @@ class Spec:
     tokens_per_image: int = 1  # placeholder tokens per image in input_ids
     balance_window: int = 0
     long_docs: str = "split"
+    long_chats: str = "truncate"  # conversations longer than seq_len: cut at a turn boundary, or drop
     shuffle_window: int = 0  # segments in the job's shuffle window, split by weight; 0: 8M / seq_len
     max_doc_share: float = 0.25  # most of one rank's tokens one document may take in a step
     shard_interleave: int = 4  # shards each source reads at once, their rows taken in turn
@@ -272,7 +300,12 @@ class Spec:
 
             object.__setattr__(self, "cache_dir", default_dir())
         _at_least("keep_snapshots", self.keep_snapshots, 1)
-        for name, allowed in [("long_docs", LONG_DOCS), ("pp_data", PP_DATA), ("broadcast_at", BROADCAST_AT)]:
+        for name, allowed in [
+            ("long_docs", LONG_DOCS),
+            ("long_chats", LONG_CHATS),
+            ("pp_data", PP_DATA),
+            ("broadcast_at", BROADCAST_AT),
+        ]:
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name.replace('_', '-')} must be one of {allowed}, got {getattr(self, name)!r}")
         if sorted(self.rank_order.split("-")) != sorted(AXES):
@@ -309,6 +342,15 @@ class Spec:
     @property
     def has_images(self) -> bool:
         return any(s.has_images for s in self.sources)
+
+    @property
+    def has_chat(self) -> bool:
+        return any(s.kind == "chat" for s in self.sources)
+
+    @property
+    def masks_labels(self) -> bool:
+        """Whether batches carry a label mask: a conversation trains on its replies only."""
+        return any(s.kind == "chat" and s.train_on == "assistant" for s in self.sources)
 
     @property
     def image_hw(self) -> tuple[int, int]:
@@ -433,7 +475,16 @@ def parse_bytes(value: str | int, name: str = "size") -> int:
 
 # A source's fields added after checkpoints existed, with their defaults: a source that leaves them
 # at the default keeps the job identity (and the checkpoints) it had before.
-LATER_SOURCE_FIELDS = {"tokens": None, "dtype": "uint16", "eos": None, "vocab": None}
+LATER_SOURCE_FIELDS = {
+    "tokens": None,
+    "dtype": "uint16",
+    "eos": None,
+    "vocab": None,
+    "kind": "text",
+    "train_on": "assistant",
+}
+# Fields that matter only when a source holds conversations.
+CHAT_FIELDS = ("long_chats",)
 # Fields that matter only when a source has images.
 IMAGE_FIELDS = ("image_size", "image_transform", "image_token", "tokens_per_image")
 

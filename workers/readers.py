@@ -68,11 +68,11 @@ def index_file(
     image: str | None = None,
     files: Files = LOCAL,
     pretokenized: Pretokenized | None = None,
-    tokens: bool = False,
+    values: str = "text",
 ) -> list[Shard]:
-    """Shards of one file (`image`: the column of encoded images, if any; `tokens`: the column
-    must hold token ids); raises BadFile naming the problem. An object in a store: its shards
-    record its size and version."""
+    """Shards of one file (`image`: the column of encoded images, if any; `values`: what the
+    column must hold: text (or token ids), tokens (token ids), chat (lists of messages)); raises
+    BadFile naming the problem. An object in a store: its shards record its size and version."""
     if image is not None and fmt not in ("parquet", "arrow"):
         raise BadFile(
             f"image={image} needs parquet or Arrow files (a {fmt} file has no columns); "
@@ -80,9 +80,9 @@ def index_file(
         )
     try:
         if fmt == "parquet":
-            shards = _index_parquet(path, _columns(column, image), first_ordinal, files, tokens)
+            shards = _index_parquet(path, _columns(column, image), first_ordinal, files, values)
         elif fmt == "arrow":
-            shards = _index_arrow(path, _columns(column, image), first_ordinal, files, tokens)
+            shards = _index_arrow(path, _columns(column, image), first_ordinal, files, values)
         elif fmt == "tar":
             shards = _index_tar(path, column, first_ordinal, files)
         elif fmt == "megatron":
@@ -90,7 +90,7 @@ def index_file(
         elif fmt == "tokens":
             shards = index_flat(path, pretokenized or Pretokenized(), first_ordinal, files)
         else:
-            shards = _index_jsonl(path, column, first_ordinal, files, tokens)
+            shards = _index_jsonl(path, column, first_ordinal, files, values)
     except (BadFile, StoreError):  # a store's failure is not the file's: it never makes a file "bad"
         raise
     except (pa.ArrowException, OSError, EOFError, ValueError, tarfile.TarError) as exc:
@@ -105,14 +105,31 @@ def _columns(column: str, image: str | None) -> tuple[str, ...]:
     return (column,) if image is None else (column, image)
 
 
-def _check_columns(schema: pa.Schema, columns: tuple[str, ...], tokens: bool = False) -> None:
-    for column in columns:
+def _resolve(columns: tuple[str, ...], names: list[str]) -> tuple[str, ...]:
+    """The columns with "a|b" (a chat source's messages or conversations) made the first of them
+    the file has (the first named, if none)."""
+    if "|" not in columns[0]:
+        return columns
+    choices = columns[0].split("|")
+    return (next((c for c in choices if c in names), choices[0]), *columns[1:])
+
+
+def _check_columns(schema: pa.Schema, columns: tuple[str, ...], values: str = "text") -> tuple[str, ...]:
+    """The columns, resolved (_resolve); BadFile when the file lacks one or its type is wrong."""
+    wanted = columns
+    columns = _resolve(columns, schema.names)
+    for column, asked in zip(columns, wanted):
         if column not in schema.names:
-            option = "tokens" if tokens else "column" if column == columns[0] else "image"
-            raise BadFile(f"no column '{column}' (columns: {', '.join(schema.names)}); pick one with {option}=NAME")
+            option = "tokens" if values == "tokens" else "column" if column == columns[0] else "image"
+            names = " or ".join(f"'{c}'" for c in asked.split("|"))
+            raise BadFile(f"no column {names} (columns: {', '.join(schema.names)}); pick one with {option}=NAME")
     kind = schema.field(columns[0]).type
-    if tokens and not _is_int_list(kind):
+    if values == "tokens" and not _is_int_list(kind):
         raise BadFile(f"column '{columns[0]}' has type {kind}; tokens= needs a list of integer token ids")
+    if values == "chat":
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+            raise BadFile(f"column '{columns[0]}' has type {kind}; kind=chat needs a list of messages")
+        return columns
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or _is_int_list(kind)):
         raise BadFile(f"column '{columns[0]}' has type {kind}; expected text or a list of token ids")
     if len(columns) > 1 and _is_int_list(kind):
@@ -125,6 +142,7 @@ def _check_columns(schema: pa.Schema, columns: tuple[str, ...], tokens: bool = F
             f"image column '{columns[1]}' has type {schema.field(columns[1]).type}; expected binary "
             "(encoded JPEG/PNG...), a struct with a 'bytes' field (Hugging Face Image), or a list of those"
         )
+    return columns
 
 
 def _is_image_type(kind: pa.DataType) -> bool:
@@ -148,10 +166,10 @@ def slice_rows_for(rows: int, size: int) -> int:
 
 
 def _index_parquet(
-    path: str, columns: tuple[str, ...], ordinal: int, files: Files, tokens: bool = False
+    path: str, columns: tuple[str, ...], ordinal: int, files: Files, values: str = "text"
 ) -> list[Shard]:
     meta = pq.ParquetFile(files.source(path))
-    _check_columns(meta.schema_arrow, columns, tokens)
+    columns = _check_columns(meta.schema_arrow, columns, values)
     leaves = [
         j for j in range(meta.metadata.num_columns) if meta.metadata.schema.column(j).path.split(".")[0] in columns
     ]
@@ -166,13 +184,13 @@ def _index_parquet(
     return shards
 
 
-def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int, files: Files, tokens: bool = False) -> list[Shard]:
+def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int, files: Files, values: str = "text") -> list[Shard]:
     def nbytes(batch: pa.RecordBatch) -> int:
         return sum(batch.column(c).nbytes for c in columns)
 
     try:
         with ipc.open_file(files.source(path)) as reader:
-            _check_columns(reader.schema, columns, tokens)
+            columns = _check_columns(reader.schema, columns, values)
             shards = []
             for i in range(reader.num_record_batches):
                 batch = reader.get_batch(i)  # reads the batch header only (memory-mapped body)
@@ -192,7 +210,7 @@ def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int, files: Files
     except pa.ArrowInvalid:
         pass  # not the IPC file format; the streaming format (e.g. Hugging Face datasets) has no footer
     with files.mapped(path) as source, ipc.open_stream(source) as reader:
-        _check_columns(reader.schema, columns, tokens)
+        columns = _check_columns(reader.schema, columns, values)
         rows = size = 0
         for batch in reader:
             rows, size = rows + batch.num_rows, size + nbytes(batch)
@@ -204,7 +222,7 @@ def _open_text(path: str, files: Files, size: int = 0, version: str = "") -> IO[
     return gzip.open(raw, "rb") if gzipped(path) else raw  # type: ignore[return-value]
 
 
-def _index_jsonl(path: str, column: str, ordinal: int, files: Files, tokens: bool = False) -> list[Shard]:
+def _index_jsonl(path: str, column: str, ordinal: int, files: Files, values: str = "text") -> list[Shard]:
     compressed = gzipped(path)
     shards: list[Shard] = []
     rows = offset = shard_offset = shard_start = 0
@@ -226,7 +244,11 @@ def _index_jsonl(path: str, column: str, ordinal: int, files: Files, tokens: boo
             if line.strip():
                 if rows == 0:
                     value = _json_field(line, column, "line 1")
-                    if tokens and not (isinstance(value, list) and all(isinstance(v, int) for v in value)):
+                    if values == "chat" and not isinstance(value, list):
+                        raise BadFile(
+                            f"line 1: '{column}' holds {type(value).__name__}; kind=chat needs a list of messages"
+                        )
+                    if values == "tokens" and not (isinstance(value, list) and all(isinstance(v, int) for v in value)):
                         raise BadFile(
                             f"line 1: '{column}' holds {type(value).__name__}; tokens= needs a list of token ids"
                         )
@@ -241,14 +263,17 @@ def _index_jsonl(path: str, column: str, ordinal: int, files: Files, tokens: boo
 
 
 def _json_field(data: bytes, column: str, where: str) -> object:
-    """The `column` field of a JSON object; BadFile naming `where` otherwise."""
+    """The `column` field of a JSON object (of "a|b", the first it has); BadFile naming `where` otherwise."""
     try:
         row = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise BadFile(f"{where} is not valid JSON: {exc}") from None
-    if not isinstance(row, dict) or column not in row:
-        raise BadFile(f"{where} has no key '{column}'; pick the text field with column=NAME")
-    return row[column]
+    if isinstance(row, dict):
+        for name in column.split("|"):
+            if name in row:
+                return row[name]
+    names = " or ".join(f"'{c}'" for c in column.split("|"))
+    raise BadFile(f"{where} has no key {names}; pick the field with column=NAME")
 
 
 def read_shard(
@@ -267,7 +292,9 @@ def read_shard(
     columns = _columns(column, image)
     try:
         if shard.format == "parquet":
-            table = pq.ParquetFile(_source(shard, files)).read_row_group(shard.start, columns=list(columns))
+            reader = pq.ParquetFile(_source(shard, files))
+            columns = _resolve(columns, reader.schema_arrow.names)
+            table = reader.read_row_group(shard.start, columns=list(columns))
         elif shard.format == "arrow":
             with ipc.open_file(_source(shard, files)) as reader:
                 table = pa.Table.from_batches([reader.get_batch(shard.start)])
@@ -289,7 +316,7 @@ def read_shard(
 
 def _select(batch: pa.RecordBatch | pa.Table, columns: tuple[str, ...]) -> pa.Array:
     """The text column, or with an image column both as one struct array (so slices cut both alike)."""
-    arrays = [batch.column(c) for c in columns]
+    arrays = [batch.column(c) for c in _resolve(columns, batch.schema.names)]
     arrays = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
     return arrays[0] if len(arrays) == 1 else pa.StructArray.from_arrays(arrays, ["text", "image"])
 
@@ -449,6 +476,7 @@ def _arrow_chunks(shard: Shard, columns: tuple[str, ...], size: int, files: File
     they come), each read or mapped when it is due and let go with it."""
     if shard.format == "parquet":
         reader = pq.ParquetFile(_source(shard, files), buffer_size=_READ_BUFFER, pre_buffer=False)
+        columns = _resolve(columns, reader.schema_arrow.names)
         try:
             for batch in reader.iter_batches(
                 batch_size=size, row_groups=[shard.start], columns=list(columns), use_threads=False
@@ -499,7 +527,8 @@ def _jsonl_values(shard: Shard, column: str, step: int = 1, j: int = 0, files: F
             if taken - 1 < j or (taken - 1 - j) % step:
                 continue
             value = _json_field(line, column, f"line {number}")
-            yield np.asarray(value, dtype=np.int32) if isinstance(value, list) else value
+            ids = isinstance(value, list) and not (value and isinstance(value[0], dict))  # not a conversation
+            yield np.asarray(value, dtype=np.int32) if ids else value
 
 
 def _sample_key(name: str) -> tuple[str, str]:

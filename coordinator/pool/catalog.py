@@ -25,11 +25,12 @@ import orjson
 
 from omniload.coordinator.pool.forkserver import forkserver_context
 from omniload.errors import ConfigError
-from omniload.formats.lane_config import ImageConfig, Pretokenized
+from omniload.formats.lane_config import ChatConfig, ImageConfig, Pretokenized
 from omniload.formats.shards import BadFile, Shard, detect_format
 from omniload.order import MAX_ORDINAL
-from omniload.spec import IMAGE_FIELDS, LATER_SOURCE_FIELDS, RUNTIME_FIELDS, STORE_FIELDS, Source, Spec
+from omniload.spec import CHAT_FIELDS, IMAGE_FIELDS, LATER_SOURCE_FIELDS, RUNTIME_FIELDS, STORE_FIELDS, Source, Spec
 from omniload.storage.urls import StoreOptions, is_remote, redact
+from omniload.workers.chat import chat_config
 from omniload.workers.images import load_image_transform, require_pillow
 from omniload.workers.transforms import load_transform, vocab_size
 
@@ -51,6 +52,17 @@ class SourceCatalog:
     images: ImageConfig | None = None  # set when its samples carry images
     store: StoreOptions = StoreOptions()  # how to reach its store, if its files are URLs
     pretokenized: Pretokenized | None = None  # set when its files hold token ids
+    chat: ChatConfig | None = None  # set when its rows are conversations
+
+
+def chat_config_of(source: Source, spec: Spec) -> ChatConfig | None:
+    """How a chat source's conversations are rendered (workers/chat.py); None for other sources."""
+    if source.kind != "chat":
+        return None
+    try:
+        return chat_config(source.tokenizer or spec.tokenizer, spec.seq_len, source.train_on, spec.long_chats == "drop")
+    except ConfigError as exc:
+        raise ConfigError(f"source '{source.name}': {exc}") from None
 
 
 def pretokenized_of(source: Source, spec: Spec) -> Pretokenized | None:
@@ -92,7 +104,7 @@ def build_catalog(spec: Spec) -> list[SourceCatalog]:
                 source.image,
                 source.store_options(),
                 pretokenized_of(source, spec),
-                source.tokens is not None,
+                "tokens" if source.tokens is not None else source.kind,
             )
             for source, files in zip(spec.sources, found)
         ]
@@ -115,7 +127,7 @@ class IndexRequest:
     image: str | None
     store: StoreOptions
     pretokenized: Pretokenized | None = None
-    tokens: bool = False  # the column must hold token ids (tokens=)
+    values: str = "text"  # what the column holds: text (or token ids), tokens (tokens=), chat (kind=chat)
 
 
 def index_files(sources: list[IndexRequest], stop_at_bad: bool) -> list[list[tuple[str, str, list[Shard] | str]]]:
@@ -160,7 +172,7 @@ def _index_one(request: IndexRequest, access: Any, item: tuple[str, str], rows: 
 
     path, fmt = item
     try:
-        return index_file(path, fmt, request.column, rows, request.image, access, request.pretokenized, request.tokens)
+        return index_file(path, fmt, request.column, rows, request.image, access, request.pretokenized, request.values)
     except BadFile as exc:
         return redact(str(exc))
     except OSError as exc:
@@ -265,6 +277,7 @@ def _find_files(source: Source, spec: Spec) -> list[tuple[str, str]]:
         load_transform(tokenizer)
     except ConfigError as exc:
         raise ConfigError(f"source '{source.name}': {exc}") from None
+    chat_config_of(source, spec)  # a chat template that does not compile fails here
     if source.has_images:
         require_pillow(source.name)
         config = image_config(spec)
@@ -320,6 +333,7 @@ def _catalog_of(
         images,
         source.store_options(),
         pretokenized_of(source, spec),
+        chat_config_of(source, spec),
     )
 
 
@@ -352,6 +366,8 @@ def job_identity(spec: Spec, catalog: list[SourceCatalog]) -> dict[str, Any]:
         data_spec = {k: v for k, v in data_spec.items() if k not in IMAGE_FIELDS}
         data_spec["cost_coeffs"] = data_spec["cost_coeffs"][:3]
         data_spec["sources"] = [{k: v for k, v in s.items() if k != "image"} for s in data_spec["sources"]]
+    if not spec.has_chat:  # a job without conversations keeps the identity it had before them
+        data_spec = {k: v for k, v in data_spec.items() if k not in CHAT_FIELDS}
     data_spec["sources"] = [
         {k: v for k, v in s.items() if k not in LATER_SOURCE_FIELDS or v != LATER_SOURCE_FIELDS[k]}
         for s in data_spec["sources"]

@@ -157,6 +157,7 @@ class WorkerPool:
                     cache_dir=self._spec.cache_dir,
                     cache_limit=self._spec.cache_limit,
                     pretokenized=src.pretokenized,
+                    chat=src.chat,
                 )
             )
         process = WorkerProcess(

@@ -115,3 +115,35 @@ def test_a_text_source_keeps_the_fingerprint_it_had_before_token_sources():
     assert "tokens" not in identity["spec"]["sources"][0] and "vocab" not in identity["spec"]["sources"][0]
     tokens = Spec.from_dict({"sources": ["a=x,tokens=ids"], "seq_len": 64})
     assert fingerprint(identity) != fingerprint(job_identity(tokens, []))
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"sources": ["a=x.jsonl,kind=dialog"]}, "source 'a': kind must be one of"),
+        ({"sources": ["a=x.jsonl,train_on=all"]}, "source 'a': train_on= says which turns .* give kind=chat"),
+        ({"sources": ["a=x.jsonl,kind=chat,train_on=user"]}, "source 'a': train_on must be one of"),
+        ({"sources": ["a=x.bin,kind=chat"]}, "source 'a': kind=chat reads conversations from JSON lines"),
+        ({"sources": ["a=x.parquet,kind=chat,tokens=ids"]}, "source 'a': kind=chat reads conversations"),
+        ({"sources": ["a=x.jsonl,kind=chat"], "long_chats": "split"}, "long-chats must be one of"),
+    ],
+)
+def test_bad_chat_options_name_the_field(data, message):
+    with pytest.raises(ConfigError, match=message):
+        Spec.from_dict(data)
+
+
+def test_chat_sources_read_messages_or_conversations_and_only_they_change_the_fingerprint():
+    from omniload.coordinator.pool.catalog import fingerprint, job_identity
+
+    chat = parse_source("sft=x/*.jsonl,kind=chat")
+    assert chat.read_column == "messages|conversations"
+    assert parse_source("sft=x/*.jsonl,kind=chat,column=dialog").read_column == "dialog"
+    text = Spec.from_dict({"sources": ["a=x"], "seq_len": 64})
+    assert "long_chats" not in job_identity(text, [])["spec"]
+    assert fingerprint(job_identity(text, [])) == fingerprint(
+        job_identity(Spec.from_dict({"sources": ["a=x"], "seq_len": 64, "long_chats": "drop"}), [])
+    ), "--long-chats decides nothing in a job without conversations"
+    with_chat = Spec.from_dict({"sources": ["a=x,kind=chat"], "seq_len": 64})
+    assert with_chat.masks_labels and not Spec.from_dict({"sources": ["a=x,kind=chat,train_on=all"]}).masks_labels
+    assert job_identity(with_chat, [])["spec"]["long_chats"] == "truncate"
