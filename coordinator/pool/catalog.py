@@ -189,7 +189,7 @@ def _listed(request: IndexRequest) -> list[tuple[str, str]]:
             urls = list_matching(pattern, request.store)
         except (ConfigError, OSError) as exc:  # OSError: the store failed past its retries
             raise ConfigError(f"source '{request.name}': {exc}") from None
-        for url in urls:
+        for url in _without_indexes(urls):
             fmt = request.format if request.format != "auto" else detect_format(url)
             if fmt is None:
                 raise ConfigError(
@@ -200,9 +200,22 @@ def _listed(request: IndexRequest) -> list[tuple[str, str]]:
     return found
 
 
+def _without_indexes(paths: list[str]) -> list[str]:
+    """The paths less each Megatron .idx whose .bin is among them (a glob such as `data/web_*`
+    names both; the .bin is the dataset, its .idx is read beside it)."""
+    present = set(paths)
+    return [p for p in paths if not (p.endswith(".idx") and p[: -len(".idx")] + ".bin" in present)]
+
+
 def _catalog_key(spec: Spec) -> str:
     sources = [
-        {k: v for k, v in s.items() if k not in ("weight", "epochs", "tokenizer")} for s in spec.to_dict()["sources"]
+        {
+            k: v
+            for k, v in s.items()
+            if k not in ("weight", "epochs", "tokenizer")
+            and (k not in LATER_SOURCE_FIELDS or v != LATER_SOURCE_FIELDS[k])
+        }
+        for s in spec.to_dict()["sources"]
     ]
     return hashlib.blake2b(
         orjson.dumps([sources, spec.on_bad_file], option=orjson.OPT_SORT_KEYS), digest_size=8
@@ -284,7 +297,7 @@ def _find_files(source: Source, spec: Spec) -> list[tuple[str, str]]:
         assert config is not None  # the source has images
         load_image_transform(config)  # a bad --image-transform fails here, not in every worker
     files = []
-    for path in _match_files(source) if any(not is_remote(p) for p in source.path) else []:
+    for path in _without_indexes(_match_files(source) if any(not is_remote(p) for p in source.path) else []):
         fmt = source.format if source.format != "auto" else detect_format(path)
         if fmt is None:
             raise ConfigError(

@@ -70,7 +70,8 @@ def test_megatron_flat_token_file_and_token_column_sources_deliver_every_documen
     write_parquet(tmp_path / "ids.parquet", docs[2], column="ids", row_group_size=20)
     spec = {
         "sources": [
-            {"name": "mega", "path": str(tmp_path / "mega" / "*.bin"), "vocab": 50304},
+            # the glob matches the .bin and its .idx: the .idx is read beside the .bin, not as a file of its own
+            {"name": "mega", "path": str(tmp_path / "mega" / "*"), "format": "megatron", "vocab": 50304},
             f"flat={tmp_path}/flat/train.bin,format=tokens,eos={eos},vocab=50304",
             {"name": "col", "path": str(tmp_path / "ids.parquet"), "tokens": "ids"},
         ],
