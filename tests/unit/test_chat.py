@@ -200,3 +200,50 @@ def test_parquet_conversations_are_read_from_messages_or_conversations(tmp_path)
     pq.write_table(pa.table({"text": ["x"]}), tmp_path / "t.parquet")
     with pytest.raises(BadFile, match="no column 'messages' or 'conversations'"):
         index_file(str(tmp_path / "t.parquet"), "parquet", "messages|conversations", 0, values="chat")
+
+
+# Qwen2-Instruct's tokenizer_config.json chat_template: a default system prompt when none is given
+QWEN2 = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_a_qwen2_template_trains_the_replies_not_its_default_system_prompt():
+    config = ChatConfig(seq_len=4096, template=QWEN2)
+    (sample,) = encode([CONVERSATION[1:]], config, _bytes, jinja_render(config))
+    assert bytes(sample.tokens.tolist()).decode().startswith("<|im_start|>system\nYou are a helpful assistant.")
+    assert _trained_text(sample) == ["hi there<|im_end|>", "hello<|im_end|>"]
+
+
+def test_status_shows_the_long_conversations_of_each_source():
+    from omniload.status_view import render
+
+    source = {
+        "name": "sft",
+        "docs_per_s": 1.0,
+        "tokens_per_s": 10,
+        "ring_fill": 0.5,
+        "workers": 1,
+        "worker_cpu_percent": 1.0,
+        "restarts": 0,
+        "epoch": 0,
+        "cursor": [0, 0],
+        "chats_truncated": 7,
+        "chats_dropped": 2,
+    }
+    status = {
+        "job": "j",
+        "uptime_s": 1,
+        "steps": {"planned": 1, "slowest": 0, "final": None},
+        "delivered": {"tokens_per_s": 1},
+        "planner": {"steps": 0},
+        "sources": [source, {**source, "name": "web", "chats_truncated": 0, "chats_dropped": 0}],
+        "ranks": [],
+        "waiting_for": None,
+    }
+    lines = render(status).splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("long chats")))
+    assert lines[at + 1].split() == ["sft", "7", "2"] and not lines[at + 2].startswith("web")
