@@ -415,11 +415,14 @@ def warm(shard: Shard, column: str, image: str | None, files: Files) -> None:
 
 
 def _warm(shard: Shard, columns: tuple[str, ...], files: Files) -> None:
+    if shard.format == "megatron":  # where a shard's documents lie is in the .idx: its slices fetch them
+        return
     file = files.remote(shard.file, shard.size, shard.version)
     if shard.format != "parquet":
         file.warm(shard.byte_offset, shard.byte_offset + 2 * BLOCK)
         return
-    meta = pq.ParquetFile(file).metadata
+    parquet = pq.ParquetFile(file)
+    meta, columns = parquet.metadata, _resolve(columns, parquet.schema_arrow.names)
     group = meta.row_group(shard.start)
     chunks = [group.column(j) for j in range(group.num_columns) if meta.schema.column(j).path.split(".")[0] in columns]
     starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in chunks]

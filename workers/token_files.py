@@ -186,11 +186,13 @@ def index_megatron(path: str, ordinal: int, files: Files) -> list[Shard]:
     return shards or [Shard(path, "megatron", 0, 0, 0, ordinal)]
 
 
-def _shard(path: str, fmt: str, start: int, stop: int, rows: int, ordinal: int, nbytes: int) -> Shard:
-    """A shard of `rows` documents taking about `nbytes` bytes of the file."""
+def _shard(
+    path: str, fmt: str, start: int, stop: int, rows: int, ordinal: int, nbytes: int, byte_offset: int = 0
+) -> Shard:
+    """A shard of `rows` documents taking about `nbytes` bytes of the file (from `byte_offset`, if known)."""
     from omniload.workers.readers import slice_rows_for  # (readers imports this module)
 
-    return Shard(path, fmt, start, stop, rows, ordinal, slice_rows=slice_rows_for(rows, nbytes))
+    return Shard(path, fmt, start, stop, rows, ordinal, byte_offset, slice_rows=slice_rows_for(rows, nbytes))
 
 
 def megatron_rows(shard: Shard, rows: Sequence[int], files: Files, vocab: int | None) -> list[np.ndarray]:
@@ -233,7 +235,8 @@ def index_flat(path: str, layout: Pretokenized, ordinal: int, files: Files) -> l
 
     def close(stop: int) -> None:
         nonlocal start, rows, ordinal
-        shards.append(_shard(path, "tokens", start, stop, rows, ordinal, (stop - start) * dtype.itemsize))
+        nbytes = (stop - start) * dtype.itemsize
+        shards.append(_shard(path, "tokens", start, stop, rows, ordinal, nbytes, start * dtype.itemsize))
         start, ordinal, rows = stop, ordinal + rows, 0
 
     with files.mapped(path) as f:

@@ -41,7 +41,8 @@ class Shard:
     stop: int
     rows: int
     first_ordinal: int  # canonical index of the shard's first row within its source
-    byte_offset: int = 0  # plain JSON lines: where line `start` begins; plain tar: sample `start`'s first header
+    # plain JSON lines: where line `start` begins; plain tar: sample `start`'s first header; tokens: token `start`
+    byte_offset: int = 0
     slice_rows: int = 0  # rows read at once (0: the whole shard); decides the row order (order.row_permutation)
     size: int = 0  # an object in a store: its bytes and version (ETag) when indexed, checked when read
     version: str = ""
