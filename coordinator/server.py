@@ -42,7 +42,7 @@ from omniload.coordinator.serve.listening import address_of, listen
 from omniload.coordinator.serve.ranks import Ranks
 from omniload.coordinator.serve.sending import Sending
 from omniload.coordinator.serve.sessions import Sessions
-from omniload.errors import ConfigError, OmniloadError
+from omniload.errors import ConfigError, OmniloadError, SourceFailed
 from omniload.formats.ring import remove_stale_segments
 from omniload.protocol import Kind, Message
 from omniload.spec import Spec
@@ -181,7 +181,7 @@ class Coordinator:
 
     # -- the one failure path ---------------------------------------------------------------
     def fail(self, where: str, exc: BaseException) -> None:
-        """Stop the job: tell every rank why; exit 2 for bad config and 1 otherwise. On the loop."""
+        """Stop the job: tell every rank why; exit 2 for bad config or bad data and 1 otherwise. On the loop."""
         expected = isinstance(exc, OmniloadError)
         message = (
             str(exc)
@@ -195,7 +195,8 @@ class Coordinator:
             log.warning("while shutting down, %s: %s", where, message)
             return
         log.error("%s", message, exc_info=None if expected else exc)
-        self.halt(2 if isinstance(exc, ConfigError) else 1, {"message": message})
+        bad_input = isinstance(exc, ConfigError) or (isinstance(exc, SourceFailed) and exc.bad_input)
+        self.halt(2 if bad_input else 1, {"message": message})
 
     def halt(self, code: int, error: dict[str, Any], abandon_checkpoints: bool = False) -> None:
         """Stop the job with exit `code`, every rank told `error` (an ERROR's header). On the loop."""

@@ -11,6 +11,9 @@ which follow from the token ids and the segment boundaries. On the wire a batch 
                                           (long_docs=bucket continues a document's positions)
     pixel_values    uint8 [images, 3, H, W]   only in a job with image sources; as in the schema
     image_index     int64 [images]            the segment each image belongs to
+    label_mask      uint8 [rows*seq_len/8]    only in a job with conversations trained on their
+                                              replies: a bit per token (np.packbits), 1 where the
+                                              token is a target the loss counts
 
 about 4 bytes a token, and `expand` makes the schema of it on the rank. The coordinator's
 `build_batch` is `expand` of the same arrays, so both ends share one definition of labels and
@@ -53,6 +56,9 @@ def expand(wire: dict[str, np.ndarray], empty: Allocate = np.empty) -> dict[str,
     following[:-1] = input_ids.reshape(-1)[1:]  # the next token ...
     following[cu[1:] - 1] = IGNORE_INDEX  # ... within the same segment
     following[(wire["source"] < 0)[segment]] = IGNORE_INDEX  # and none on padding
+    if "label_mask" in wire:  # ... and, in a conversation, only where the next token is a reply's
+        trained = np.unpackbits(wire["label_mask"], count=rows * seq_len).view(bool)
+        following[:-1][~trained[1:]] = IGNORE_INDEX
     source = empty(wire["source"].shape, np.dtype(np.int64))
     source[...] = wire["source"]
     return {

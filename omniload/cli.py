@@ -114,6 +114,13 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [  # (flag, click's kwargs); -
         ),
     ),
     (
+        "--long-chats",
+        dict(
+            type=click.Choice(["truncate", "drop"]),
+            help="Conversations (kind=chat) longer than seq-len: cut after the last whole turn that fits, or drop.",
+        ),
+    ),
+    (
         "--shuffle-window",
         dict(
             type=int,

@@ -21,10 +21,12 @@ class ProtocolError(OmniloadError):
 
 
 class SourceFailed(OmniloadError):
-    """A source worker could not produce its data (corrupt file, transform error, crash)."""
+    """A source worker could not produce its data (corrupt file, transform error, crash).
+    `bad_input`: the data is at fault (a bad file or sample), which exits with code 2."""
 
-    def __init__(self, source: str, message: str, file: str | None = None) -> None:
+    def __init__(self, source: str, message: str, file: str | None = None, bad_input: bool = False) -> None:
         self.source = source
         self.file = file
+        self.bad_input = bad_input
         where = f" ({file})" if file else ""
         super().__init__(f"source '{source}'{where}: {message}")

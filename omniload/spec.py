@@ -17,9 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from omniload.errors import ConfigError
+from omniload.formats.shards import TOKEN_FILES
 from omniload.storage.urls import StoreOptions, is_remote, parse
 
-FORMATS = ("auto", "parquet", "jsonl", "arrow", "tar")
+FORMATS = ("auto", "parquet", "jsonl", "arrow", "tar", "megatron", "tokens")
+KINDS = ("text", "chat")
+CHAT_COLUMNS = "messages|conversations"
+TRAIN_ON = ("assistant", "all")
+LONG_CHATS = ("truncate", "drop")
+TOKEN_DTYPES = ("uint8", "uint16", "int16", "int32", "uint32", "int64")  # format=tokens: the ids' type
 ON_BAD_FILE = ("stop", "skip")
 LONG_DOCS = ("split", "drop", "bucket")
 PP_DATA = ("first-last", "all")
@@ -54,6 +60,14 @@ class Source:
     endpoint: str | None = None  # http[s]://host:port of an S3-compatible store, a GCS or Azure endpoint, a Hub mirror
     region: str | None = None
     anonymous: bool = False  # unsigned requests (a public bucket)
+    # sources of token ids, read without a tokenizer (docs/sources.md)
+    tokens: str | None = None  # parquet/Arrow/JSON lines: the column of token-id lists
+    dtype: str = "uint16"  # format=tokens: the type of the ids in the file
+    eos: int | None = None  # format=tokens: the id that ends each document
+    vocab: int | None = None  # every token id must be below it (default: a tokenizer.json's vocabulary)
+    # conversations (docs/sources.md): rows of `messages` [{role, content}] or `conversations` [{from, value}]
+    kind: str = "text"  # text | chat
+    train_on: str = "assistant"  # chat: the tokens the loss counts: the assistant's replies, or all
 
     def __post_init__(self) -> None:
         if isinstance(self.path, str):
@@ -72,6 +86,8 @@ class Source:
             raise ConfigError(f"source '{self.name}': epochs must be >= 0, got {self.epochs}")
         if self.image is not None and not self.image:
             raise ConfigError(f"source '{self.name}': image= needs a column name")
+        self._check_token_fields()
+        self._check_chat_fields()
         for path in self.path:
             if is_remote(path):
                 try:
@@ -87,6 +103,66 @@ class Source:
             raise ConfigError(
                 f"source '{self.name}': endpoint must be a URL like http://127.0.0.1:9000, got {self.endpoint!r}"
             )
+
+    def _check_token_fields(self) -> None:
+        where = f"source '{self.name}'"
+        if self.tokens is not None and (not self.tokens or self.format in TOKEN_FILES or self.image is not None):
+            raise ConfigError(
+                f"{where}: tokens= names a column of token-id lists in parquet, Arrow or JSON lines files "
+                f"(without image=); got tokens={self.tokens!r} with format={self.format}"
+            )
+        if self.dtype not in TOKEN_DTYPES:
+            raise ConfigError(f"{where}: dtype must be one of {TOKEN_DTYPES}, got {self.dtype!r}")
+        if self.format == "tokens" and self.eos is None:
+            raise ConfigError(
+                f"{where}: format=tokens needs eos=ID, the token id that ends each document "
+                "(GPT-2's <|endoftext|>, as in nanoGPT's train.bin, is 50256)"
+            )
+        if (self.eos is not None or self.dtype != "uint16") and self.format != "tokens":
+            raise ConfigError(f"{where}: eos= and dtype= describe a flat token file: give format=tokens too")
+        if self.vocab is not None and not self.holds_tokens:
+            raise ConfigError(
+                f"{where}: vocab= checks the ids of a source of token ids (tokens=COLUMN, format=megatron "
+                "or format=tokens); a text source's ids come from its tokenizer"
+            )
+        if self.eos is not None and self.eos < 0:
+            raise ConfigError(f"{where}: eos must be a token id >= 0, got {self.eos}")
+        if self.vocab is not None and self.vocab < 1:
+            raise ConfigError(f"{where}: vocab must be the vocabulary size (>= 1), got {self.vocab}")
+        if self.vocab is not None and self.eos is not None and self.eos >= self.vocab:
+            raise ConfigError(f"{where}: eos={self.eos} is not below vocab={self.vocab}")
+
+    def _check_chat_fields(self) -> None:
+        where = f"source '{self.name}'"
+        if self.kind not in KINDS:
+            raise ConfigError(f"{where}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.train_on not in TRAIN_ON:
+            raise ConfigError(f"{where}: train_on must be one of {TRAIN_ON}, got {self.train_on!r}")
+        if self.kind != "chat":
+            if self.train_on != "assistant":
+                raise ConfigError(f"{where}: train_on= says which turns of a conversation train: give kind=chat too")
+            return
+        if self.image is not None or self.holds_tokens or self.format not in ("auto", "jsonl", "parquet", "arrow"):
+            raise ConfigError(
+                f"{where}: kind=chat reads conversations from JSON lines, parquet or Arrow files "
+                f"(without image= or tokens=); got format={self.format}"
+            )
+
+    @property
+    def holds_tokens(self) -> bool:
+        """Whether the source's files hold token ids (read without a tokenizer): a tokens= column,
+        a Megatron indexed dataset or a flat token file."""
+        if self.tokens is not None or self.format in TOKEN_FILES:
+            return True
+        return self.format == "auto" and all(p.lower().endswith(".bin") for p in self.path)
+
+    @property
+    def read_column(self) -> str:
+        """The column its values are read from: tokens= if given, else column=; a conversation's,
+        unless column= names one, is `messages` or else `conversations` ("a|b": the first found)."""
+        if self.tokens is not None:
+            return self.tokens
+        return CHAT_COLUMNS if self.kind == "chat" and self.column == "text" else self.column
 
     def store_options(self) -> StoreOptions:
         return StoreOptions(self.endpoint, self.region, self.anonymous)
@@ -157,6 +233,7 @@ class Spec:
     tokens_per_image: int = 1  # placeholder tokens per image in input_ids
     balance_window: int = 0
     long_docs: str = "split"
+    long_chats: str = "truncate"  # conversations longer than seq_len: cut at a turn boundary, or drop
     shuffle_window: int = 0  # segments in the job's shuffle window, split by weight; 0: 8M / seq_len
     max_doc_share: float = 0.25  # most of one rank's tokens one document may take in a step
     shard_interleave: int = 4  # shards each source reads at once, their rows taken in turn
@@ -229,6 +306,7 @@ class Spec:
         _at_least("keep_snapshots", self.keep_snapshots, 1)
         for name, allowed in [
             ("long_docs", LONG_DOCS),
+            ("long_chats", LONG_CHATS),
             ("pp_data", PP_DATA),
             ("broadcast_at", BROADCAST_AT),
             ("cp_split", CP_SPLITS),
@@ -269,6 +347,15 @@ class Spec:
     @property
     def has_images(self) -> bool:
         return any(s.has_images for s in self.sources)
+
+    @property
+    def has_chat(self) -> bool:
+        return any(s.kind == "chat" for s in self.sources)
+
+    @property
+    def masks_labels(self) -> bool:
+        """Whether batches carry a label mask: a conversation trains on its replies only."""
+        return any(s.kind == "chat" and s.train_on == "assistant" for s in self.sources)
 
     @property
     def image_hw(self) -> tuple[int, int]:
@@ -345,7 +432,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "image_token",
         "tokens_per_image",
     ),
-    "batching": ("seq_len", "rows", "steps", "long_docs", "max_doc_share"),
+    "batching": ("seq_len", "rows", "steps", "long_docs", "long_chats", "max_doc_share"),
     "plan": ("seed", "mixture", "balance", "cost_coeffs", "balance_window", "shuffle_window", "plan_ahead"),
     "parallel": ("tp", "pp", "cp", "cp_split", "rank_order", "pp_data", "broadcast_at"),
     "workers": ("workers", "reserve_cpus", "autoscale_every", "ring_mb", "max_restarts", "worker_timeout"),
@@ -440,6 +527,18 @@ def parse_bytes(value: str | int, name: str = "size") -> int:
         ) from None
 
 
+# A source's fields added after checkpoints existed, with their defaults: a source that leaves them
+# at the default keeps the job identity (and the checkpoints) it had before.
+LATER_SOURCE_FIELDS = {
+    "tokens": None,
+    "dtype": "uint16",
+    "eos": None,
+    "vocab": None,
+    "kind": "text",
+    "train_on": "assistant",
+}
+# Fields that matter only when a source holds conversations.
+CHAT_FIELDS = ("long_chats",)
 # Fields that matter only when a source has images.
 IMAGE_FIELDS = ("image_size", "image_transform", "image_token", "tokens_per_image")
 

@@ -38,6 +38,11 @@ def render(status: dict[str, Any]) -> str:
             lines.append(
                 f"{s['name'][:15]:<16}{s['store_fetched_mb']:>12.1f}{s['read_ahead_mb']:>9.1f}{s['store_retries']:>9}"
             )
+    long_chats = [s for s in status["sources"] if s.get("chats_truncated") or s.get("chats_dropped")]
+    if long_chats:
+        lines += ["", f"{'long chats':<16}{'truncated':>12}{'dropped':>9}"]
+        for s in long_chats:
+            lines.append(f"{s['name'][:15]:<16}{s['chats_truncated']:>12}{s['chats_dropped']:>9}")
     ranks = sorted(status["ranks"], key=lambda r: (r["step"], r["rank"]))
     if ranks:
         lines += ["", f"{'rank':>6}{'step':>8}{'lag':>6}{'wait%':>7}{'credits':>8}  connection"]

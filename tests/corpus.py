@@ -125,3 +125,29 @@ def mixed_sources(corpus: dict[str, str], weights=(0.6, 0.3, 0.1)) -> list[dict]
         {"name": "code", "path": corpus["code"], "weight": weights[1], "column": "content"},
         {"name": "books", "path": corpus["books"], "weight": weights[2]},
     ]
+
+
+def write_megatron(prefix: Path, documents: list[list[list[int]]], dtype: type = np.uint16) -> Path:
+    """A Megatron indexed dataset PREFIX.bin + PREFIX.idx written by the MMIDIDX layout as
+    documented (workers/token_files.py), without Megatron: each document a list of sequences
+    of token ids. Returns the .bin."""
+    codes = {np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5, np.uint16: 8}
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    sequences = [np.asarray(seq, dtype=dtype) for doc in documents for seq in doc]
+    lengths = np.array([len(s) for s in sequences], dtype=np.int32)
+    pointers = np.concatenate([[0], np.cumsum(lengths[:-1], dtype=np.int64)]) * np.dtype(dtype).itemsize
+    doc_index = np.concatenate([[0], np.cumsum([len(doc) for doc in documents])]).astype(np.int64)
+    Path(f"{prefix}.bin").write_bytes(b"".join(s.tobytes() for s in sequences))
+    header = b"MMIDIDX\x00\x00" + np.uint64(1).tobytes() + bytes([codes[dtype]])
+    header += np.uint64(len(sequences)).tobytes() + np.uint64(len(doc_index)).tobytes()
+    Path(f"{prefix}.idx").write_bytes(
+        header + lengths.tobytes() + pointers[: len(sequences)].astype(np.int64).tobytes() + doc_index.tobytes()
+    )
+    return Path(f"{prefix}.bin")
+
+
+def write_token_file(path: Path, documents: list[list[int]], eos: int, dtype: type = np.uint16) -> Path:
+    """A flat token file as nanoGPT's prepare.py writes train.bin: every document followed by `eos`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.concatenate([np.asarray([*doc, eos], dtype=dtype) for doc in documents]).tofile(path)
+    return path

@@ -8,7 +8,9 @@ gloo process group (needed for broadcast_at=tp). Each step's segments are record
 [sample_id, tokens, crc32 of their input_ids as int64] ("step_segments", padding included;
 empty where the rank holds slices of the rows, with context parallelism). With images, each
 image is recorded as [sample_id of its segment, its top-left pixel's r, g, b] ("images"), and
-each step's count of PROBE_IMAGE_TOKEN tokens and of images ("image_tokens").
+each step's count of PROBE_IMAGE_TOKEN tokens and of images ("image_tokens"). With PROBE_LABELS=1,
+each step's segments are recorded with their labels too: [sample_id, tokens, crc32 of their
+input_ids, crc32 of their labels], both as int64 ("step_labels").
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def main() -> None:
     step_seconds = float(os.environ.get("PROBE_STEP_S", 0))
     hang_after = int(os.environ.get("PROBE_HANG_AFTER", 0))
     hashes, sample_ids, source_tokens, steps, waits, step_segments = [], [], {}, [], [], []
-    images, image_tokens = [], []
+    images, image_tokens, step_labels = [], [], []
+    with_labels = os.environ.get("PROBE_LABELS") == "1"
     image_token = int(os.environ.get("PROBE_IMAGE_TOKEN", -1))
     waited = 0.0
     for batch in loader:
@@ -48,6 +51,8 @@ def main() -> None:
         steps.append(loader.step)
         lengths = (batch["cu_seqlens"][1:] - batch["cu_seqlens"][:-1]).tolist()
         step_segments.append(_segments(batch, lengths))
+        if with_labels:
+            step_labels.append(_segments(batch, lengths, with_labels=True))
         if "pixel_values" in batch:
             ids = batch["sample_id"].tolist()
             images += [
@@ -79,6 +84,7 @@ def main() -> None:
                 "step_segments": step_segments,
                 "images": images,
                 "image_tokens": image_tokens,
+                "step_labels": step_labels,
                 "served_by": {
                     k: (getattr(loader, "_info", None) or {}).get(k) for k in ("pid", "host", "role", "epoch")
                 },
@@ -87,13 +93,15 @@ def main() -> None:
         )
 
 
-def _segments(batch: dict, lengths: list[int]) -> list[list[int]]:
+def _segments(batch: dict, lengths: list[int], with_labels: bool = False) -> list[list[int]]:
     if "input_ids" not in batch or batch["input_ids"].numel() != sum(lengths):
         return []  # context parallelism: this rank holds slices of the rows
     tokens = batch["input_ids"].reshape(-1).numpy()
+    labels = batch["labels"].reshape(-1).numpy()
     bounds = batch["cu_seqlens"].tolist()
     return [
         [sid, length, zlib.crc32(tokens[start : start + length].astype("int64").tobytes())]
+        + ([zlib.crc32(labels[start : start + length].astype("int64").tobytes())] if with_labels else [])
         for sid, length, start in zip(batch["sample_id"].tolist(), lengths, bounds)
     ]
 

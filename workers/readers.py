@@ -30,10 +30,12 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from omniload.formats.shards import BadFile, Shard, gzipped, part_name
+from omniload.formats.lane_config import Pretokenized
+from omniload.formats.shards import TOKEN_FILES, BadFile, Shard, gzipped, part_name
 from omniload.storage.files import Files
 from omniload.storage.objects import BLOCK, StoreError
 from omniload.storage.urls import is_remote
+from omniload.workers.token_files import check_tokens, flat_rows, index_flat, index_megatron, megatron_rows
 
 LOCAL = Files()  # local paths need no state: one for every caller that reads local files only
 JSONL_SHARD_ROWS = 4096
@@ -59,10 +61,18 @@ DATA_ERRORS = (ValueError, TypeError, OverflowError, KeyError, IndexError, EOFEr
 
 
 def index_file(
-    path: str, fmt: str, column: str, first_ordinal: int, image: str | None = None, files: Files = LOCAL
+    path: str,
+    fmt: str,
+    column: str,
+    first_ordinal: int,
+    image: str | None = None,
+    files: Files = LOCAL,
+    pretokenized: Pretokenized | None = None,
+    values: str = "text",
 ) -> list[Shard]:
-    """Shards of one file (`image`: the column of encoded images, if any); raises BadFile
-    naming the problem. An object in a store: its shards record its size and version."""
+    """Shards of one file (`image`: the column of encoded images, if any; `values`: what the
+    column must hold: text (or token ids), tokens (token ids), chat (lists of messages)); raises
+    BadFile naming the problem. An object in a store: its shards record its size and version."""
     if image is not None and fmt not in ("parquet", "arrow"):
         raise BadFile(
             f"image={image} needs parquet or Arrow files (a {fmt} file has no columns); "
@@ -70,13 +80,17 @@ def index_file(
         )
     try:
         if fmt == "parquet":
-            shards = _index_parquet(path, _columns(column, image), first_ordinal, files)
+            shards = _index_parquet(path, _columns(column, image), first_ordinal, files, values)
         elif fmt == "arrow":
-            shards = _index_arrow(path, _columns(column, image), first_ordinal, files)
+            shards = _index_arrow(path, _columns(column, image), first_ordinal, files, values)
         elif fmt == "tar":
             shards = _index_tar(path, column, first_ordinal, files)
+        elif fmt == "megatron":
+            shards = index_megatron(path, first_ordinal, files)
+        elif fmt == "tokens":
+            shards = index_flat(path, pretokenized or Pretokenized(), first_ordinal, files)
         else:
-            shards = _index_jsonl(path, column, first_ordinal, files)
+            shards = _index_jsonl(path, column, first_ordinal, files, values)
     except (BadFile, StoreError):  # a store's failure is not the file's: it never makes a file "bad"
         raise
     except (pa.ArrowException, OSError, EOFError, ValueError, tarfile.TarError) as exc:
@@ -91,12 +105,31 @@ def _columns(column: str, image: str | None) -> tuple[str, ...]:
     return (column,) if image is None else (column, image)
 
 
-def _check_columns(schema: pa.Schema, columns: tuple[str, ...]) -> None:
-    for column in columns:
+def _resolve(columns: tuple[str, ...], names: list[str]) -> tuple[str, ...]:
+    """The columns with "a|b" (a chat source's messages or conversations) made the first of them
+    the file has (the first named, if none)."""
+    if "|" not in columns[0]:
+        return columns
+    choices = columns[0].split("|")
+    return (next((c for c in choices if c in names), choices[0]), *columns[1:])
+
+
+def _check_columns(schema: pa.Schema, columns: tuple[str, ...], values: str = "text") -> tuple[str, ...]:
+    """The columns, resolved (_resolve); BadFile when the file lacks one or its type is wrong."""
+    wanted = columns
+    columns = _resolve(columns, schema.names)
+    for column, asked in zip(columns, wanted):
         if column not in schema.names:
-            option = "column" if column == columns[0] else "image"
-            raise BadFile(f"no column '{column}' (columns: {', '.join(schema.names)}); pick one with {option}=NAME")
+            option = "tokens" if values == "tokens" else "column" if column == columns[0] else "image"
+            names = " or ".join(f"'{c}'" for c in asked.split("|"))
+            raise BadFile(f"no column {names} (columns: {', '.join(schema.names)}); pick one with {option}=NAME")
     kind = schema.field(columns[0]).type
+    if values == "tokens" and not _is_int_list(kind):
+        raise BadFile(f"column '{columns[0]}' has type {kind}; tokens= needs a list of integer token ids")
+    if values == "chat":
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+            raise BadFile(f"column '{columns[0]}' has type {kind}; kind=chat needs a list of messages")
+        return columns
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or _is_int_list(kind)):
         raise BadFile(f"column '{columns[0]}' has type {kind}; expected text or a list of token ids")
     if len(columns) > 1 and _is_int_list(kind):
@@ -109,6 +142,7 @@ def _check_columns(schema: pa.Schema, columns: tuple[str, ...]) -> None:
             f"image column '{columns[1]}' has type {schema.field(columns[1]).type}; expected binary "
             "(encoded JPEG/PNG...), a struct with a 'bytes' field (Hugging Face Image), or a list of those"
         )
+    return columns
 
 
 def _is_image_type(kind: pa.DataType) -> bool:
@@ -131,9 +165,11 @@ def slice_rows_for(rows: int, size: int) -> int:
     return max(1, -(-rows // MAX_SLICES), rows * SLICE_BYTES // size)
 
 
-def _index_parquet(path: str, columns: tuple[str, ...], ordinal: int, files: Files) -> list[Shard]:
+def _index_parquet(
+    path: str, columns: tuple[str, ...], ordinal: int, files: Files, values: str = "text"
+) -> list[Shard]:
     meta = pq.ParquetFile(files.source(path))
-    _check_columns(meta.schema_arrow, columns)
+    columns = _check_columns(meta.schema_arrow, columns, values)
     leaves = [
         j for j in range(meta.metadata.num_columns) if meta.metadata.schema.column(j).path.split(".")[0] in columns
     ]
@@ -148,13 +184,13 @@ def _index_parquet(path: str, columns: tuple[str, ...], ordinal: int, files: Fil
     return shards
 
 
-def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int, files: Files) -> list[Shard]:
+def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int, files: Files, values: str = "text") -> list[Shard]:
     def nbytes(batch: pa.RecordBatch) -> int:
         return sum(batch.column(c).nbytes for c in columns)
 
     try:
         with ipc.open_file(files.source(path)) as reader:
-            _check_columns(reader.schema, columns)
+            columns = _check_columns(reader.schema, columns, values)
             shards = []
             for i in range(reader.num_record_batches):
                 batch = reader.get_batch(i)  # reads the batch header only (memory-mapped body)
@@ -174,7 +210,7 @@ def _index_arrow(path: str, columns: tuple[str, ...], ordinal: int, files: Files
     except pa.ArrowInvalid:
         pass  # not the IPC file format; the streaming format (e.g. Hugging Face datasets) has no footer
     with files.mapped(path) as source, ipc.open_stream(source) as reader:
-        _check_columns(reader.schema, columns)
+        columns = _check_columns(reader.schema, columns, values)
         rows = size = 0
         for batch in reader:
             rows, size = rows + batch.num_rows, size + nbytes(batch)
@@ -186,7 +222,7 @@ def _open_text(path: str, files: Files, size: int = 0, version: str = "") -> IO[
     return gzip.open(raw, "rb") if gzipped(path) else raw  # type: ignore[return-value]
 
 
-def _index_jsonl(path: str, column: str, ordinal: int, files: Files) -> list[Shard]:
+def _index_jsonl(path: str, column: str, ordinal: int, files: Files, values: str = "text") -> list[Shard]:
     compressed = gzipped(path)
     shards: list[Shard] = []
     rows = offset = shard_offset = shard_start = 0
@@ -207,7 +243,15 @@ def _index_jsonl(path: str, column: str, ordinal: int, files: Files) -> list[Sha
         for line in f:
             if line.strip():
                 if rows == 0:
-                    _json_field(line, column, "line 1")
+                    value = _json_field(line, column, "line 1")
+                    if values == "chat" and not isinstance(value, list):
+                        raise BadFile(
+                            f"line 1: '{column}' holds {type(value).__name__}; kind=chat needs a list of messages"
+                        )
+                    if values == "tokens" and not (isinstance(value, list) and all(isinstance(v, int) for v in value)):
+                        raise BadFile(
+                            f"line 1: '{column}' holds {type(value).__name__}; tokens= needs a list of token ids"
+                        )
                 if not compressed and rows - shard_start == JSONL_SHARD_ROWS:
                     shards.append(shard_to(rows))
                     shard_start, shard_offset = rows, offset
@@ -219,29 +263,38 @@ def _index_jsonl(path: str, column: str, ordinal: int, files: Files) -> list[Sha
 
 
 def _json_field(data: bytes, column: str, where: str) -> object:
-    """The `column` field of a JSON object; BadFile naming `where` otherwise."""
+    """The `column` field of a JSON object (of "a|b", the first it has); BadFile naming `where` otherwise."""
     try:
         row = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise BadFile(f"{where} is not valid JSON: {exc}") from None
-    if not isinstance(row, dict) or column not in row:
-        raise BadFile(f"{where} has no key '{column}'; pick the text field with column=NAME")
-    return row[column]
+    if isinstance(row, dict):
+        for name in column.split("|"):
+            if name in row:
+                return row[name]
+    names = " or ".join(f"'{c}'" for c in column.split("|"))
+    raise BadFile(f"{where} has no key {names}; pick the field with column=NAME")
 
 
-def read_shard(shard: Shard, column: str, image: str | None = None, files: Files = LOCAL) -> list:
+def read_shard(
+    shard: Shard, column: str, image: str | None = None, files: Files = LOCAL, pretokenized: Pretokenized | None = None
+) -> list:
     """All values of a shard's column (with `image`: (text, images) pairs), in file order;
     raises BadFile naming the problem."""
-    if shard.format in ("jsonl", "tar"):
+    if shard.format in ("jsonl", "tar", *TOKEN_FILES):
         return [
             value
-            for part in iter_slices(dataclasses.replace(shard, slice_rows=0), column, files=files)
+            for part in iter_slices(
+                dataclasses.replace(shard, slice_rows=0), column, files=files, pretokenized=pretokenized
+            )
             for value in part
         ]
     columns = _columns(column, image)
     try:
         if shard.format == "parquet":
-            table = pq.ParquetFile(_source(shard, files)).read_row_group(shard.start, columns=list(columns))
+            reader = pq.ParquetFile(_source(shard, files))
+            columns = _resolve(columns, reader.schema_arrow.names)
+            table = reader.read_row_group(shard.start, columns=list(columns))
         elif shard.format == "arrow":
             with ipc.open_file(_source(shard, files)) as reader:
                 table = pa.Table.from_batches([reader.get_batch(shard.start)])
@@ -263,7 +316,7 @@ def read_shard(shard: Shard, column: str, image: str | None = None, files: Files
 
 def _select(batch: pa.RecordBatch | pa.Table, columns: tuple[str, ...]) -> pa.Array:
     """The text column, or with an image column both as one struct array (so slices cut both alike)."""
-    arrays = [batch.column(c) for c in columns]
+    arrays = [batch.column(c) for c in _resolve(columns, batch.schema.names)]
     arrays = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
     return arrays[0] if len(arrays) == 1 else pa.StructArray.from_arrays(arrays, ["text", "image"])
 
@@ -299,12 +352,18 @@ def _image_lists(images: pa.Array) -> list[list[bytes]]:
 
 
 def iter_slices(
-    shard: Shard, column: str, first: int = 0, image: str | None = None, files: Files = LOCAL
+    shard: Shard,
+    column: str,
+    first: int = 0,
+    image: str | None = None,
+    files: Files = LOCAL,
+    pretokenized: Pretokenized | None = None,
 ) -> Iterator[list]:
     """A shard's values slice by slice (order.Slicing: `shard.slicing.members(j)` of slice j), from
     slice `first` on, so the caller holds one slice, never the shard. A strided shard's slices
     each read the shard anew (any slice can come first); the others are read on from the
     shard's first row, as their format reads. With `image` (and always for tar), each value is a (text, images) pair.
+    With `pretokenized`, token files are read by its layout and ids checked against its vocabulary.
     Raises BadFile naming the problem, also part-way through the shard."""
     if shard.rows == 0:
         return
@@ -313,7 +372,10 @@ def iter_slices(
     chunks: Iterator[list]
     try:
         if shard.strided:
-            chunks = (_strided_slice(shard, columns, slicing.count, k, files) for k in range(first, slicing.count))
+            chunks = (
+                _strided_slice(shard, columns, slicing.count, k, files, pretokenized)
+                for k in range(first, slicing.count)
+            )
         else:  # read on from the file's start: slice `first` starts at row first * size
             size = slicing.size or shard.rows
             rows: Iterator[object] = (
@@ -329,6 +391,8 @@ def iter_slices(
                     f"{part_name(shard.format, shard.start)}: slice {j} has {len(values)} rows, the "
                     f"index expects {len(slicing.members(j))}: was the file changed while the job ran?"
                 )
+            if pretokenized is not None and pretokenized.vocab is not None and shard.format not in TOKEN_FILES:
+                _check_vocab(shard, values, slicing.members(j), pretokenized.vocab)
             j += 1
             yield values
     except (BadFile, StoreError):
@@ -351,21 +415,48 @@ def warm(shard: Shard, column: str, image: str | None, files: Files) -> None:
 
 
 def _warm(shard: Shard, columns: tuple[str, ...], files: Files) -> None:
+    if shard.format == "megatron":  # where a shard's documents lie is in the .idx: its slices fetch them
+        return
     file = files.remote(shard.file, shard.size, shard.version)
     if shard.format != "parquet":
         file.warm(shard.byte_offset, shard.byte_offset + 2 * BLOCK)
         return
-    meta = pq.ParquetFile(file).metadata
+    parquet = pq.ParquetFile(file)
+    meta, columns = parquet.metadata, _resolve(columns, parquet.schema_arrow.names)
     group = meta.row_group(shard.start)
     chunks = [group.column(j) for j in range(group.num_columns) if meta.schema.column(j).path.split(".")[0] in columns]
     starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in chunks]
     file.warm(min(starts), max(s + c.total_compressed_size for s, c in zip(starts, chunks)))
 
 
-def _strided_slice(shard: Shard, columns: tuple[str, ...], step: int, j: int, files: Files = LOCAL) -> list:
+def _check_vocab(shard: Shard, values: list, rows: range, vocab: int) -> None:
+    """BadFile naming the first row of a token-id column with an id not below `vocab`."""
+    for value, row in zip(values, rows):
+        bad = check_tokens(value, vocab) if isinstance(value, np.ndarray) else None
+        if bad is not None:
+            raise BadFile(
+                f"{part_name(shard.format, shard.start)}, row {row}: token id {int(value[bad])} at position "
+                f"{bad} is not below the vocabulary size {vocab} (vocab=)"
+            )
+
+
+def _strided_slice(
+    shard: Shard,
+    columns: tuple[str, ...],
+    step: int,
+    j: int,
+    files: Files = LOCAL,
+    pretokenized: Pretokenized | None = None,
+) -> list:
     """Rows j, j + step, j + 2 step... of the shard, read from its start: a parquet reader
     cannot start part-way into a row group, and one kept open between slices holds several MB
-    (pages, dictionary, buffers), more than a slice."""
+    (pages, dictionary, buffers), more than a slice. A token file's documents are read each
+    where it lies (workers/token_files.py)."""
+    layout = pretokenized or Pretokenized()
+    if shard.format == "megatron":
+        return megatron_rows(shard, range(j, shard.rows, step), files, layout.vocab)
+    if shard.format == "tokens":
+        return flat_rows(shard, range(j, shard.rows, step), layout, files)
     if shard.format == "jsonl":
         return list(_jsonl_values(shard, columns[0], step, j, files))
     pieces, offset = [], 0
@@ -388,6 +479,7 @@ def _arrow_chunks(shard: Shard, columns: tuple[str, ...], size: int, files: File
     they come), each read or mapped when it is due and let go with it."""
     if shard.format == "parquet":
         reader = pq.ParquetFile(_source(shard, files), buffer_size=_READ_BUFFER, pre_buffer=False)
+        columns = _resolve(columns, reader.schema_arrow.names)
         try:
             for batch in reader.iter_batches(
                 batch_size=size, row_groups=[shard.start], columns=list(columns), use_threads=False
@@ -438,7 +530,8 @@ def _jsonl_values(shard: Shard, column: str, step: int = 1, j: int = 0, files: F
             if taken - 1 < j or (taken - 1 - j) % step:
                 continue
             value = _json_field(line, column, f"line {number}")
-            yield np.asarray(value, dtype=np.int32) if isinstance(value, list) else value
+            ids = isinstance(value, list) and not (value and isinstance(value[0], dict))  # not a conversation
+            yield np.asarray(value, dtype=np.int32) if ids else value
 
 
 def _sample_key(name: str) -> tuple[str, str]:

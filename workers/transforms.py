@@ -44,6 +44,16 @@ def load_transform(name: str) -> Transform:
     return _per_value(fn)
 
 
+def vocab_size(name: str) -> int | None:
+    """The vocabulary of a tokenizer.json (added tokens included); None for the others: `bytes`
+    is the default, not a declaration, and a function's vocabulary is not known."""
+    if not name.endswith(".json"):
+        return None
+    from tokenizers import Tokenizer  # load_transform has checked that it loads
+
+    return int(Tokenizer.from_file(name).get_vocab_size(with_added_tokens=True))
+
+
 def _bytes_transform(values: Sequence[object]) -> list[np.ndarray]:
     return [
         v if isinstance(v, np.ndarray) else np.frombuffer(_text(v).encode("utf-8"), np.uint8).astype(np.int32)

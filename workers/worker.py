@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from omniload.errors import ConfigError
-from omniload.formats.lane_config import ImageConfig, LaneConfig, WorkerConfig
-from omniload.formats.records import doc_record, error_record, skip_record
+from omniload.formats.lane_config import ChatConfig, ImageConfig, LaneConfig, Pretokenized, WorkerConfig
+from omniload.formats.records import chat_record, doc_record, error_record, skip_record
 from omniload.formats.ring import RecordTooLarge, Ring
 from omniload.formats.shards import BadFile, Shard, part_name
 from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at, turns_of_lane
@@ -33,6 +33,7 @@ from omniload.storage.disk_cache import DiskCache
 from omniload.storage.files import Files
 from omniload.storage.objects import StoreError
 from omniload.storage.urls import is_remote
+from omniload.workers.chat import ChatError, ChatSample, encode, jinja_render
 from omniload.workers.images import DECODE_ERRORS, ImageTransform, load_image_transform, place_images, text_pieces
 from omniload.workers.readers import DATA_ERRORS, LOCAL, iter_slices, use_system_allocator, warm
 from omniload.workers.transforms import Transform, load_transform
@@ -133,6 +134,8 @@ def _produce(lane: LaneConfig, files: Files = LOCAL) -> Iterator[tuple]:
         transform = load_transform(lane.tokenizer)
         if lane.images is not None:
             transform = _with_images(transform, load_image_transform(lane.images), lane.images)
+        if lane.chat is not None:
+            transform = _with_chats(transform, lane.chat)
     except ConfigError as exc:  # the coordinator loaded it, but the user's module may fail here
         yield error_record(lane.start_group, lane.start_pos, f"{exc} (loading it in the source's worker)")
         return
@@ -189,9 +192,11 @@ def _produce_group(
             return error_record(k, pos, gone.message)
         if not lane.skip_bad_files:
             return error_record(
-                k, pos, f"{gone.message} (the job stops on a bad file; --on-bad-file skip skips it instead)"
+                k, pos, f"{gone.message} (the job stops on a bad file; --on-bad-file skip skips it instead)", True
             )
         return skip_record(k, pos, "" if gone.said else gone.say_once(due(m, pos)))
+
+    dropped_said = False  # a dropped conversation's warning, once per group
 
     for turn in turns:
         for start in range(turn.start, turn.stop, _TRANSFORM_ROWS):
@@ -230,9 +235,26 @@ def _produce_group(
                             k,
                             pos,
                             f"{message} (the job stops on a bad file; --on-bad-file skip skips the sample instead)",
+                            bad_input=True,
                         )
                         return True
                     yield skip_record(k, pos, f"skipped a sample: {message}")
+                elif isinstance(sample, ChatSample):
+                    yield chat_record(
+                        k, pos, shards[m].first_ordinal + ordinals[pos], sample.tokens, sample.mask, sample.truncated
+                    )
+                elif isinstance(sample, _Dropped):
+                    why = (
+                        "longer than" if lane.chat is not None and lane.chat.drop_long else "whose first reply exceeds"
+                    )
+                    said = (
+                        ""
+                        if dropped_said
+                        else f"{shards[m].file}: dropping conversations {why} --seq-len (the first of "
+                        f"{sample.tokens} tokens); omniload status counts them"
+                    )
+                    dropped_said = True
+                    yield skip_record(k, pos, said, dropped=True)
                 else:
                     yield doc_record(k, pos, shards[m].first_ordinal + ordinals[pos], *sample)
     rows.clear()
@@ -247,7 +269,7 @@ def _open_shard(
     is known at once), or why it cannot be read."""
     shard = lane.shards[index]
     order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index, shard.slicing)
-    rows = _ShardRows(shard, lane.column, order, lane.image_column, files)
+    rows = _ShardRows(shard, lane.column, order, lane.image_column, files, lane.pretokenized)
     if first_due >= shard.rows:  # every row of it was delivered before a restart
         return rows
     try:
@@ -288,10 +310,16 @@ class _ShardRows:
     fatal = False  # (an _Unreadable's field: a shard read so far is never fatal)
 
     def __init__(
-        self, shard: Shard, column: str, order: np.ndarray, image_column: str | None = None, files: Files = LOCAL
+        self,
+        shard: Shard,
+        column: str,
+        order: np.ndarray,
+        image_column: str | None = None,
+        files: Files = LOCAL,
+        pretokenized: Pretokenized | None = None,
     ) -> None:
         self.order = order
-        self._files = files
+        self._files, self._pretokenized = files, pretokenized
         self._shard, self._column, self._image_column = shard, column, image_column
         self._slicing = shard.slicing
         self._slices: Iterator | None = None
@@ -316,7 +344,9 @@ class _ShardRows:
         try:
             if self._slices is None or (wanted > self._slice + 1 and self._shard.strided):
                 # the slices between are other lanes' turns: start reading at this one
-                self._slices = iter_slices(self._shard, self._column, wanted, self._image_column, self._files)
+                self._slices = iter_slices(
+                    self._shard, self._column, wanted, self._image_column, self._files, self._pretokenized
+                )
                 self._slice = wanted - 1
             while self._slice < wanted:  # iter_slices checks each slice's rows against the index
                 self._values = next(self._slices)
@@ -339,7 +369,34 @@ def _transform(transform: Callable[[list], list], values: list) -> list:
     samples = transform(values)
     if len(samples) != len(values):
         raise ValueError(f"returned {len(samples)} results for {len(values)} values")
-    return [s if isinstance(s, (tuple, _BadSample)) else (np.ascontiguousarray(s, dtype=np.int32),) for s in samples]
+    return [
+        s if isinstance(s, (tuple, _BadSample, ChatSample, _Dropped)) else (np.ascontiguousarray(s, dtype=np.int32),)
+        for s in samples
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class _Dropped:
+    """A conversation too long for seq_len, dropped (--long-chats)."""
+
+    tokens: int
+
+
+def _with_chats(transform: Callable[[list], list], config: ChatConfig) -> Callable[[list], list]:
+    """The text transform extended to conversations (workers/chat.py): each row's messages
+    rendered into pieces, every piece of the batch tokenized in one call."""
+    render = jinja_render(config) if config.template is not None else None
+
+    def tokenize(texts: list[str]) -> list[np.ndarray]:
+        return [ids for (ids,) in _transform(transform, texts)] if texts else []
+
+    def samples(values: list) -> list:
+        return [
+            _BadSample(str(s)) if isinstance(s, ChatError) else _Dropped(s) if isinstance(s, int) else s
+            for s in encode(values, config, tokenize, render)
+        ]
+
+    return samples
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,6 +130,9 @@ class Figures:
             "name": name,
             "docs": intake.docs,
             "tokens": intake.tokens,
+            # conversations longer than seq_len since the coordinator started (--long-chats)
+            "chats_truncated": intake.chats_truncated,
+            "chats_dropped": intake.chats_dropped,
             "docs_per_s": round(rate.get(("docs", name), 0.0), 1),
             "tokens_per_s": round(rate.get(("tokens", name), 0.0)),
             "ring_fill": round(sum(r.used() for r in rings) / sum(r.capacity for r in rings), 3),

@@ -28,6 +28,7 @@ class Segment:
     delay: int = 0  # steps this segment has waited in the carry-over
     origin: tuple[int, int] = (0, 0)  # (group, pos) of its document, to find it again on restore
     images: np.ndarray | None = field(default=None, compare=False, repr=False)  # uint8 [n, 3, H, W] it holds
+    mask: np.ndarray | None = field(default=None, compare=False, repr=False)  # a conversation's: 1 = trained target
 
     @property
     def image_count(self) -> int:
@@ -48,13 +49,16 @@ def chunk_bounds(length: int, seq_len: int) -> list[tuple[int, int]]:
 
 
 def compact_batch(
-    rows: Sequence[Sequence[Segment]], seq_len: int, image_hw: tuple[int, int] | None = None
+    rows: Sequence[Sequence[Segment]], seq_len: int, image_hw: tuple[int, int] | None = None, masked: bool = False
 ) -> dict[str, np.ndarray]:
     """A rank's batch as it travels (omniload.batch_arrays): token ids, segment bounds and ids; with
     `image_hw` (a job with image sources) also its images, in the order of their placeholder
-    tokens in input_ids read row by row, and the segment each belongs to."""
+    tokens in input_ids read row by row, and the segment each belongs to; with `masked` (a job
+    with conversations trained on their replies) the label mask, a bit per token: a segment
+    without a mask (text) is trained on every token."""
     input_ids = np.full((len(rows), seq_len), PAD_ID, dtype=np.int32)
     flat = input_ids.reshape(-1)
+    trained = np.zeros(len(rows) * seq_len, dtype=bool) if masked else None
     lengths: list[int] = []
     sources: list[int] = []
     sample_ids: list[int] = []
@@ -65,6 +69,8 @@ def compact_batch(
         offset = r * seq_len
         for segment in row:
             flat[offset : offset + segment.length] = segment.tokens
+            if trained is not None:
+                trained[offset : offset + segment.length] = True if segment.mask is None else segment.mask
             offset += segment.length
             if segment.images is not None:
                 images.append(segment.images)
@@ -89,6 +95,8 @@ def compact_batch(
     }
     if any(starts):
         wire["position_start"] = np.asarray(starts, dtype=np.int32)
+    if trained is not None:
+        wire["label_mask"] = np.packbits(trained)
     if image_hw is not None:
         wire["pixel_values"] = np.concatenate(images) if images else np.zeros((0, 3, *image_hw), np.uint8)
         wire["image_index"] = np.asarray(image_index, dtype=np.int64)
@@ -96,7 +104,7 @@ def compact_batch(
 
 
 def build_batch(
-    rows: Sequence[Sequence[Segment]], seq_len: int, image_hw: tuple[int, int] | None = None
+    rows: Sequence[Sequence[Segment]], seq_len: int, image_hw: tuple[int, int] | None = None, masked: bool = False
 ) -> dict[str, np.ndarray]:
     """The arrays a rank receives; see README 'Batch schema'."""
-    return expand(compact_batch(rows, seq_len, image_hw))
+    return expand(compact_batch(rows, seq_len, image_hw, masked))

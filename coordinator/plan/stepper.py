@@ -122,6 +122,7 @@ class Stepper:
         self._bucket_rows = spec.rows if spec.long_docs == "bucket" else 0
         self._rank_cap = int(spec.max_doc_share * spec.rows * spec.seq_len)  # one document's tokens on a rank
         self._image_hw = spec.image_hw if spec.has_images else None
+        self._masked = spec.masks_labels
         self.live_changes = live_changes if live_changes is not None else []
         self.passes = [0.0] * len(intakes)
         self.weights = [0.0] * len(intakes)  # those of the last step planned
@@ -276,13 +277,14 @@ class Stepper:
             yield from self._breathe()  # a step at dp=1024 draws thousands of units
         if not fresh and not self.carry:
             return None
-        carry, dp, image_hw = list(self.carry), self.dp, self._image_hw
+        carry, dp, image_hw, masked = list(self.carry), self.dp, self._image_hw, self._masked
 
         def balance_and_build() -> tuple[
             StepPlan, list[dict[str, NDArray[Any]]]
         ]:  # pure: the costly part of a step at a large dp
             plan = plan_step(carry, fresh, dp, spec.rows, spec.seq_len, self._cost, spec.balance_window, self._rank_cap)
-            return plan, [compact_batch(rows, spec.seq_len, image_hw) for rows in plan.rows] if build else []
+            batches = [compact_batch(rows, spec.seq_len, image_hw, masked) for rows in plan.rows] if build else []
+            return plan, batches
 
         plan, batches = yield Compute(balance_and_build)
         self.carry = plan.carry

@@ -133,6 +133,10 @@ def units_of(doc: Doc, seq_len: int, bucket_rows: int = 0, rows: int = 0) -> lis
     ids = [sample_id(doc.source, doc.ordinal, chunk) for chunk in range(len(bounds))]
     if doc.pixels is not None and doc.image_at is not None:  # the intake sets both or neither
         return [_with_images(doc, tokens, doc.image_at, doc.pixels, bounds, ids, seq_len, rows)]
+    if doc.mask is not None:  # a conversation: the worker made it fit one row (--long-chats)
+        if len(bounds) > 1:
+            raise ValueError(f"a conversation of {len(tokens)} tokens is longer than --seq-len {seq_len}")
+        return [(Segment(doc.source, ids[0], len(tokens), tokens, origin=origin, mask=doc.mask),)]
     if not bucket_rows or len(bounds) < 2:
         return [
             (Segment(doc.source, i, stop - start, tokens[start:stop], origin=origin),)

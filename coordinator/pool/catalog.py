@@ -25,13 +25,14 @@ import orjson
 
 from omniload.coordinator.pool.forkserver import forkserver_context
 from omniload.errors import ConfigError
-from omniload.formats.lane_config import ImageConfig
+from omniload.formats.lane_config import ChatConfig, ImageConfig, Pretokenized
 from omniload.formats.shards import BadFile, Shard, detect_format
 from omniload.order import MAX_ORDINAL
-from omniload.spec import IMAGE_FIELDS, RUNTIME_FIELDS, STORE_FIELDS, Source, Spec
+from omniload.spec import CHAT_FIELDS, IMAGE_FIELDS, LATER_SOURCE_FIELDS, RUNTIME_FIELDS, STORE_FIELDS, Source, Spec
 from omniload.storage.urls import StoreOptions, is_remote, redact
+from omniload.workers.chat import chat_config
 from omniload.workers.images import load_image_transform, require_pillow
-from omniload.workers.transforms import load_transform
+from omniload.workers.transforms import load_transform, vocab_size
 
 log = logging.getLogger("omniload")
 CATALOG_FILE = "catalog-{key}.json"
@@ -50,6 +51,27 @@ class SourceCatalog:
     image_column: str | None = None
     images: ImageConfig | None = None  # set when its samples carry images
     store: StoreOptions = StoreOptions()  # how to reach its store, if its files are URLs
+    pretokenized: Pretokenized | None = None  # set when its files hold token ids
+    chat: ChatConfig | None = None  # set when its rows are conversations
+
+
+def chat_config_of(source: Source, spec: Spec) -> ChatConfig | None:
+    """How a chat source's conversations are rendered (workers/chat.py); None for other sources."""
+    if source.kind != "chat":
+        return None
+    try:
+        return chat_config(source.tokenizer or spec.tokenizer, spec.seq_len, source.train_on, spec.long_chats == "drop")
+    except ConfigError as exc:
+        raise ConfigError(f"source '{source.name}': {exc}") from None
+
+
+def pretokenized_of(source: Source, tokenizer_vocab: int | None) -> Pretokenized | None:
+    """How a source of token ids is read and checked; None for a source of text. Its vocabulary
+    is vocab=, else its tokenizer's (check_tokenizers; the default `bytes` declares none)."""
+    if not source.holds_tokens:
+        return None
+    vocab = source.vocab if source.vocab is not None else tokenizer_vocab
+    return Pretokenized(source.dtype, source.eos, vocab)
 
 
 def image_config(spec: Spec) -> ImageConfig | None:
@@ -67,32 +89,35 @@ def build_catalog(spec: Spec) -> list[SourceCatalog]:
     (some 30 MB; workers/lane.py). The caller stops the forkserver (pool.stop_helpers)."""
     found = [_find_files(source, spec) for source in spec.sources]
     remote = any(is_remote(p) for source in spec.sources for p in source.path)
-    cached = _cached_catalog(spec) if remote else None
     tokenizers = {source.name: source.tokenizer or spec.tokenizer for source in spec.sources}
-    if cached is not None:
-        with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
-            child.submit(check_tokenizers, tokenizers).result()
-        path, indexed = cached
-        log.warning("read the sources' catalog from %s (remove it to list the store again)", path)
-    else:
-        requests = [
-            IndexRequest(
-                source.name,
-                tuple(files),
-                tuple(p for p in source.path if is_remote(p)),
-                source.format,
-                source.column,
-                source.image,
-                source.store_options(),
-            )
-            for source, files in zip(spec.sources, found)
-        ]
-        with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
-            child.submit(check_tokenizers, tokenizers).result()
+    with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
+        vocabs = child.submit(check_tokenizers, tokenizers).result()
+        cached = _cached_catalog(spec) if remote else None
+        if cached is not None:
+            path, indexed = cached
+            log.warning("read the sources' catalog from %s (remove it to list the store again)", path)
+        else:
+            requests = [
+                IndexRequest(
+                    source.name,
+                    tuple(files),
+                    tuple(p for p in source.path if is_remote(p)),
+                    source.format,
+                    source.read_column,
+                    source.image,
+                    source.store_options(),
+                    pretokenized_of(source, vocabs[source.name]),
+                    "tokens" if source.tokens is not None else source.kind,
+                )
+                for source, files in zip(spec.sources, found)
+            ]
             indexed = child.submit(index_files, requests, spec.on_bad_file == "stop").result()
-        if remote:
-            _keep_catalog(spec, indexed)
-    return [_catalog_of(i, source, spec, files) for i, (source, files) in enumerate(zip(spec.sources, indexed))]
+            if remote:
+                _keep_catalog(spec, indexed)
+    return [
+        _catalog_of(i, source, spec, files, vocabs[source.name])
+        for i, (source, files) in enumerate(zip(spec.sources, indexed))
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,17 +131,22 @@ class IndexRequest:
     column: str
     image: str | None
     store: StoreOptions
+    pretokenized: Pretokenized | None = None
+    values: str = "text"  # what the column holds: text (or token ids), tokens (tokens=), chat (kind=chat)
 
 
-def check_tokenizers(tokenizers: dict[str, str]) -> None:
+def check_tokenizers(tokenizers: dict[str, str]) -> dict[str, int | None]:
     """Runs in the indexing child: each source's tokenizer loaded once, so a bad one fails
-    before any worker runs, and its vocabulary (some 15 MB for a 32k BPE) never sits in the
-    coordinator."""
+    before any worker runs and its vocabulary (some 15 MB for a 32k BPE) never sits in the
+    coordinator; returns each source's vocabulary size (transforms.vocab_size)."""
+    vocabs = {}
     for name, tokenizer in tokenizers.items():
         try:
             load_transform(tokenizer)
         except ConfigError as exc:
             raise ConfigError(f"source '{name}': {exc}") from None
+        vocabs[name] = vocab_size(tokenizer)
+    return vocabs
 
 
 def index_files(sources: list[IndexRequest], stop_at_bad: bool) -> list[list[tuple[str, str, list[Shard] | str]]]:
@@ -161,7 +191,7 @@ def _index_one(request: IndexRequest, access: Any, item: tuple[str, str], rows: 
 
     path, fmt = item
     try:
-        return index_file(path, fmt, request.column, rows, request.image, access)
+        return index_file(path, fmt, request.column, rows, request.image, access, request.pretokenized, request.values)
     except BadFile as exc:
         return redact(str(exc))
     except OSError as exc:
@@ -178,20 +208,33 @@ def _listed(request: IndexRequest) -> list[tuple[str, str]]:
             urls = list_matching(pattern, request.store)
         except (ConfigError, OSError) as exc:  # OSError: the store failed past its retries
             raise ConfigError(f"source '{request.name}': {exc}") from None
-        for url in urls:
+        for url in _without_indexes(urls):
             fmt = request.format if request.format != "auto" else detect_format(url)
             if fmt is None:
                 raise ConfigError(
                     f"source '{request.name}': cannot tell the format of {redact(url)!r} from its "
-                    "name; add format=parquet|jsonl|arrow|tar to the source"
+                    "name; add format=parquet|jsonl|arrow|tar|megatron|tokens to the source"
                 )
             found.append((url, fmt))
     return found
 
 
+def _without_indexes(paths: list[str]) -> list[str]:
+    """The paths less each Megatron .idx whose .bin is among them (a glob such as `data/web_*`
+    names both; the .bin is the dataset, its .idx is read beside it)."""
+    present = set(paths)
+    return [p for p in paths if not (p.endswith(".idx") and p[: -len(".idx")] + ".bin" in present)]
+
+
 def _catalog_key(spec: Spec) -> str:
     sources = [
-        {k: v for k, v in s.items() if k not in ("weight", "epochs", "tokenizer")} for s in spec.to_dict()["sources"]
+        {
+            k: v
+            for k, v in s.items()
+            if k not in ("weight", "epochs", "tokenizer")
+            and (k not in LATER_SOURCE_FIELDS or v != LATER_SOURCE_FIELDS[k])
+        }
+        for s in spec.to_dict()["sources"]
     ]
     return hashlib.blake2b(
         orjson.dumps([sources, spec.on_bad_file], option=orjson.OPT_SORT_KEYS), digest_size=8
@@ -259,27 +302,28 @@ def _keep_catalog(spec: Spec, indexed: list[list[tuple[str, str, list[Shard] | s
 
 
 def _find_files(source: Source, spec: Spec) -> list[tuple[str, str]]:
-    """The source's files and their formats; its image transform loaded once here, so a bad
-    one fails before any worker runs (its tokenizer: check_tokenizers)."""
+    """The source's files and their formats; its chat template and image transform loaded once
+    here, so a bad one fails before any worker runs (its tokenizer: check_tokenizers)."""
+    chat_config_of(source, spec)  # a chat template that does not compile fails here
     if source.has_images:
         require_pillow(source.name)
         config = image_config(spec)
         assert config is not None  # the source has images
         load_image_transform(config)  # a bad --image-transform fails here, not in every worker
     files = []
-    for path in _match_files(source) if any(not is_remote(p) for p in source.path) else []:
+    for path in _without_indexes(_match_files(source) if any(not is_remote(p) for p in source.path) else []):
         fmt = source.format if source.format != "auto" else detect_format(path)
         if fmt is None:
             raise ConfigError(
                 f"source '{source.name}': cannot tell the format of {path!r} from its name; "
-                "add format=parquet|jsonl|arrow|tar to the source"
+                "add format=parquet|jsonl|arrow|tar|megatron|tokens to the source"
             )
         files.append((path, fmt))
     return files
 
 
 def _catalog_of(
-    index: int, source: Source, spec: Spec, files: list[tuple[str, str, list[Shard] | str]]
+    index: int, source: Source, spec: Spec, files: list[tuple[str, str, list[Shard] | str]], vocab: int | None
 ) -> SourceCatalog:
     images = image_config(spec) if source.has_images else None
     shards: list[Shard] = []
@@ -307,7 +351,7 @@ def _catalog_of(
     return SourceCatalog(
         index,
         source.name,
-        source.column,
+        source.read_column,
         source.tokenizer or spec.tokenizer,
         tuple(shards),
         rows,
@@ -315,6 +359,8 @@ def _catalog_of(
         source.image,
         images,
         source.store_options(),
+        pretokenized_of(source, vocab),
+        chat_config_of(source, spec),
     )
 
 
@@ -347,6 +393,12 @@ def job_identity(spec: Spec, catalog: list[SourceCatalog]) -> dict[str, Any]:
         data_spec = {k: v for k, v in data_spec.items() if k not in IMAGE_FIELDS}
         data_spec["cost_coeffs"] = data_spec["cost_coeffs"][:3]
         data_spec["sources"] = [{k: v for k, v in s.items() if k != "image"} for s in data_spec["sources"]]
+    if not spec.has_chat:  # a job without conversations keeps the identity it had before them
+        data_spec = {k: v for k, v in data_spec.items() if k not in CHAT_FIELDS}
+    data_spec["sources"] = [
+        {k: v for k, v in s.items() if k not in LATER_SOURCE_FIELDS or v != LATER_SOURCE_FIELDS[k]}
+        for s in data_spec["sources"]
+    ]
     # where a store is and how to reach it decides no batch (the objects' versions do)
     data_spec["sources"] = [{k: v for k, v in s.items() if k not in STORE_FIELDS} for s in data_spec["sources"]]
     return orjson.loads(orjson.dumps({"spec": data_spec, "files": files}))  # as it reads back from a file

@@ -15,7 +15,7 @@ import numpy as np
 
 from omniload.coordinator.pool.catalog import SourceCatalog
 from omniload.errors import SourceFailed
-from omniload.formats.records import RecordKind, decode, images_of, tokens_of
+from omniload.formats.records import RecordFlag, RecordKind, decode, images_of, mask_of, tokens_of
 from omniload.formats.ring import Ring
 from omniload.order import group_members, groups_per_epoch, lane_of, shard_permutation
 
@@ -32,6 +32,7 @@ class Doc:
     image_at: np.ndarray | None = None  # where each image's placeholder tokens start
     pixels: np.ndarray | None = None  # uint8 [images, 3, H, W]
     after: tuple[int, int] = (0, 0)  # the intake's cursor right after this document (before any SKIP past it)
+    mask: np.ndarray | None = None  # a conversation's label mask: uint8, 1 where a token is a trained target
 
     @property
     def origin(self) -> tuple[int, int]:
@@ -45,6 +46,7 @@ class SourceIntake:
         self._seed = seed
         self.interleave = interleave
         self.docs = self.tokens = self.images = 0  # taken so far (figures.py makes rates of them)
+        self.chats_truncated = self.chats_dropped = 0  # conversations longer than seq_len (--long-chats)
         self.empty_polls = 0  # polls that found the due ring empty: the planner waited on this source
         self._end = catalog.epochs * groups_per_epoch(len(catalog.shards), interleave) if catalog.epochs else None
         self._rows_by_epoch: tuple[int, np.ndarray] | None = None
@@ -82,7 +84,8 @@ class SourceIntake:
                 return None
             record = decode(data)
             if record.kind is RecordKind.ERROR:
-                raise SourceFailed(self.catalog.name, bytes(record.payload).decode(errors="replace"))
+                message = bytes(record.payload).decode(errors="replace")
+                raise SourceFailed(self.catalog.name, message, bad_input=bool(record.flags & RecordFlag.BAD_INPUT))
             if (record.group, record.pos) != self.cursor:
                 raise SourceFailed(
                     self.catalog.name,
@@ -91,12 +94,24 @@ class SourceIntake:
                 )
             self._advance(1)
             if record.kind is RecordKind.SKIP:
+                self.chats_dropped += bool(record.flags & RecordFlag.DROPPED)
                 if record.payload:  # said once per unreadable file
                     log.warning("source '%s': %s", self.catalog.name, bytes(record.payload).decode(errors="replace"))
                 continue
             tokens = tokens_of(record)
             self.docs += 1
             self.tokens += len(tokens)
+            if record.kind is RecordKind.CHAT:
+                self.chats_truncated += bool(record.flags & RecordFlag.TRUNCATED)
+                return Doc(
+                    self.catalog.index,
+                    record.ordinal,
+                    tokens,
+                    record.group,
+                    record.pos,
+                    after=self.cursor,
+                    mask=mask_of(record),
+                )
             if record.images:
                 config = self.catalog.images
                 assert config is not None  # only an image source's workers write records with images

@@ -156,6 +156,8 @@ class WorkerPool:
                     read_ahead=self._spec.read_ahead,
                     cache_dir=self._spec.cache_dir,
                     cache_limit=self._spec.cache_limit,
+                    pretokenized=src.pretokenized,
+                    chat=src.chat,
                 )
             )
         process = WorkerProcess(

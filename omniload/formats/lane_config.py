@@ -29,6 +29,28 @@ class ImageConfig:
         return 3 * self.height * self.width
 
 
+@dataclass(frozen=True, slots=True)
+class Pretokenized:
+    """How a source of token ids is read and checked: a flat token file's dtype and the id that
+    ends each of its documents, and the vocabulary every id must fall below (None: unchecked)."""
+
+    dtype: str = "uint16"
+    eos: int | None = None
+    vocab: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatConfig:
+    """How a source's conversations become tokens and a label mask (workers/chat.py)."""
+
+    seq_len: int  # a longer conversation is cut at a turn boundary, or dropped
+    train_on: str = "assistant"  # assistant | all
+    drop_long: bool = False  # --long-chats drop
+    template: str | None = None  # the tokenizer's Jinja chat template; None: ChatML
+    bos: str = ""  # the template's bos_token and eos_token
+    eos: str = ""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaneConfig:
     source_index: int
@@ -51,6 +73,8 @@ class LaneConfig:
     read_ahead: int = 64 << 20  # bytes of store objects the lane holds (omniload.storage.objects.Blocks)
     cache_dir: str | None = None  # --cache-dir
     cache_limit: int = 0
+    pretokenized: Pretokenized | None = None  # set when the source holds token ids, not text
+    chat: ChatConfig | None = None  # set when the source holds conversations
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,10 +1,14 @@
 """The record format on a worker's ring: a 32-byte header and a payload.
 
 DOC carries one document's tokens (int32) and, for a sample with images, where each image's
-placeholders start (int32 per image) and the images' pixels (uint8 [images, 3, H, W]). SKIP says the row at this
-position could not be
-read and is skipped (on_bad_file=skip; the message rides on a file's first skipped row only).
-ERROR carries a UTF-8 message: the source cannot go on. `group` and `pos` are the sample's
+placeholders start (int32 per image) and the images' pixels (uint8 [images, 3, H, W]). CHAT
+carries a conversation's tokens (int32) and its label mask (uint8 per token, 1 where the token
+is a trained target: part of an assistant reply), with flag TRUNCATED when it was cut at a turn
+boundary to fit seq_len. SKIP says the row at this position could not be read and is skipped
+(on_bad_file=skip; the message rides on a file's first skipped row only), or, with flag
+DROPPED, that it was a conversation too long to keep. ERROR carries a UTF-8 message: the source
+cannot go on; flag BAD_INPUT says the source's data is at fault (a bad file or sample: the job
+exits with code 2, as for a bad file found at startup). `group` and `pos` are the sample's
 place in the source's deterministic order (see omniload.order).
 """
 
@@ -16,13 +20,20 @@ from typing import NamedTuple
 
 import numpy as np
 
-_HEAD = struct.Struct("<QQIIII")  # group, ordinal, pos, count, kind, images
+_HEAD = struct.Struct("<QQIIHHI")  # group, ordinal, pos, count, kind, flags, images
 
 
 class RecordKind(enum.IntEnum):
     DOC = 0
     SKIP = 1
     ERROR = 2
+    CHAT = 3
+
+
+class RecordFlag(enum.IntFlag):
+    TRUNCATED = 1  # CHAT: cut at a turn boundary to fit seq_len
+    DROPPED = 2  # SKIP: a conversation longer than seq_len, dropped
+    BAD_INPUT = 4  # ERROR: the data is at fault, not omniload or the machine
 
 
 class Record(NamedTuple):
@@ -33,6 +44,7 @@ class Record(NamedTuple):
     token_count: int  # (not `count`: that would hide tuple.count)
     payload: memoryview
     images: int = 0
+    flags: RecordFlag = RecordFlag(0)
 
 
 def doc_record(
@@ -45,33 +57,50 @@ def doc_record(
 ) -> tuple[bytes | memoryview, ...]:
     """The record's parts; the first payload part is always the tokens (the worker counts them)."""
     if image_at is None or not len(image_at):
-        return _HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC, 0), tokens.data
+        return _HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC, 0, 0), tokens.data
     if pixels is None:
         raise TypeError("doc_record: image_at given without pixels")
     # ndarray.data is memoryview(array); numpy declares arrays buffers to type checkers only on Python 3.12+
     return (
-        _HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC, len(image_at)),
+        _HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC, 0, len(image_at)),
         tokens.data,
         image_at.data,
         pixels.data.cast("B"),
     )
 
 
-def skip_record(group: int, pos: int, message: str) -> tuple[bytes, bytes]:
-    return _HEAD.pack(group, 0, pos, 1, RecordKind.SKIP, 0), message.encode()
+def chat_record(
+    group: int, pos: int, ordinal: int, tokens: np.ndarray, mask: np.ndarray, truncated: bool
+) -> tuple[bytes | memoryview, ...]:
+    """A conversation's record: int32 tokens, then the uint8 label mask of as many entries."""
+    flags = RecordFlag.TRUNCATED if truncated else 0
+    return _HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.CHAT, flags, 0), tokens.data, mask.data
 
 
-def error_record(group: int, pos: int, message: str) -> tuple[bytes, bytes]:
-    return _HEAD.pack(group, 0, pos, 0, RecordKind.ERROR, 0), message.encode()
+def skip_record(group: int, pos: int, message: str, dropped: bool = False) -> tuple[bytes, bytes]:
+    flags = RecordFlag.DROPPED if dropped else 0
+    return _HEAD.pack(group, 0, pos, 1, RecordKind.SKIP, flags, 0), message.encode()
+
+
+def error_record(group: int, pos: int, message: str, bad_input: bool = False) -> tuple[bytes, bytes]:
+    flags = RecordFlag.BAD_INPUT if bad_input else 0
+    return _HEAD.pack(group, 0, pos, 0, RecordKind.ERROR, flags, 0), message.encode()
 
 
 def decode(data: bytes) -> Record:
-    group, ordinal, pos, count, kind, images = _HEAD.unpack_from(data)
-    return Record(RecordKind(kind), group, pos, ordinal, count, memoryview(data)[_HEAD.size :], images)
+    group, ordinal, pos, count, kind, flags, images = _HEAD.unpack_from(data)
+    return Record(
+        RecordKind(kind), group, pos, ordinal, count, memoryview(data)[_HEAD.size :], images, RecordFlag(flags)
+    )
 
 
 def tokens_of(record: Record) -> np.ndarray:
     return np.frombuffer(record.payload, dtype=np.int32, count=record.token_count)
+
+
+def mask_of(record: Record) -> np.ndarray:
+    """A CHAT record's label mask (uint8 per token)."""
+    return np.frombuffer(record.payload, dtype=np.uint8, count=record.token_count, offset=4 * record.token_count)
 
 
 def images_of(record: Record, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:

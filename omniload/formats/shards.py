@@ -24,7 +24,9 @@ _SUFFIXES = {
     ".tar": "tar",
     ".tar.gz": "tar",
     ".tgz": "tar",
+    ".bin": "megatron",  # a flat token file (nanoGPT's train.bin) says format=tokens
 }
+TOKEN_FILES = ("megatron", "tokens")  # formats of token ids, read without a tokenizer
 
 
 class BadFile(Exception):
@@ -34,12 +36,13 @@ class BadFile(Exception):
 @dataclass(frozen=True, slots=True)
 class Shard:
     file: str
-    format: str  # parquet | jsonl | arrow | arrow-stream | tar
-    start: int  # first row group / record batch / line
+    format: str  # parquet | jsonl | arrow | arrow-stream | tar | megatron | tokens
+    start: int  # first row group / record batch / line / document (megatron) / token (tokens)
     stop: int
     rows: int
     first_ordinal: int  # canonical index of the shard's first row within its source
-    byte_offset: int = 0  # plain JSON lines: where line `start` begins; plain tar: sample `start`'s first header
+    # plain JSON lines: where line `start` begins; plain tar: sample `start`'s first header; tokens: token `start`
+    byte_offset: int = 0
     slice_rows: int = 0  # rows read at once (0: the whole shard); decides the row order (order.row_permutation)
     size: int = 0  # an object in a store: its bytes and version (ETag) when indexed, checked when read
     version: str = ""
@@ -67,6 +70,10 @@ def part_name(fmt: str, start: int) -> str:
         return f"the samples from {start + 1}"
     if fmt == "parquet":
         return f"row group {start}"
+    if fmt == "megatron":
+        return f"the documents from {start}"
+    if fmt == "tokens":
+        return f"the tokens from offset {start}"
     return f"record batch {start}" if fmt == "arrow" else "the Arrow stream"
 
 

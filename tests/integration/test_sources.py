@@ -1,15 +1,20 @@
-"""Source formats and transforms end to end: pre-tokenized columns, Hugging Face tokenizers."""
+"""Source formats and transforms end to end: pre-tokenized columns and files (Megatron, flat
+token files), Hugging Face tokenizers; bad token files stop the job naming source, file and offset."""
 
 from __future__ import annotations
 
+import sys
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import omniload
+from omniload.order import split_sample_id
 from omniload.workers.transforms import load_transform
-from tests.corpus import write_arrow, write_jsonl, write_parquet
-from tests.jobs import collect, run_ranks, start_ranks
+from tests.corpus import write_arrow, write_jsonl, write_megatron, write_parquet, write_token_file
+from tests.jobs import PROBE, collect, omniload_cli, run_ranks, start_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -68,3 +73,79 @@ def test_the_vocabulary_is_the_workers_never_the_coordinators(tmp_path):
         coordinator_maps = Path(f"/proc/{job._process.pid}/maps").read_text()
     assert sum(rank["source_tokens"].values()) == 3 * 20 * 3
     assert "tokenizers" not in coordinator_maps
+
+
+def _token_docs(n: int, seed: int, high: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, high, int(rng.integers(1, 30))).tolist() for _ in range(n)]
+
+
+def test_megatron_flat_token_file_and_token_column_sources_deliver_every_document_as_written(tmp_path):
+    eos = 50256
+    docs = {
+        0: _token_docs(150, 1, 50000),  # Megatron .bin/.idx, found by its name
+        1: _token_docs(120, 2, eos),  # nanoGPT's train.bin: each document ends with eos
+        2: _token_docs(90, 3, 50000),  # a parquet column of token-id lists
+    }
+    write_megatron(tmp_path / "mega" / "web_text_document", [[d] for d in docs[0]])
+    write_token_file(tmp_path / "flat" / "train.bin", docs[1], eos)
+    docs[1] = [[*d, eos] for d in docs[1]]
+    write_parquet(tmp_path / "ids.parquet", docs[2], column="ids", row_group_size=20)
+    spec = {
+        "sources": [
+            # the glob matches the .bin and its .idx: the .idx is read beside the .bin, not as a file of its own
+            {"name": "mega", "path": str(tmp_path / "mega" / "*"), "format": "megatron", "vocab": 50304},
+            f"flat={tmp_path}/flat/train.bin,format=tokens,eos={eos},vocab=50304",
+            {"name": "col", "path": str(tmp_path / "ids.parquet"), "tokens": "ids"},
+        ],
+        "seq_len": 64,
+        "rows": 2,
+        "workers": 2,
+    }
+    (rank,) = run_ranks(spec, world=1, out_dir=tmp_path)
+    seen: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    for step in rank["step_segments"]:
+        for sid, length, crc in step:
+            if sid < 0:
+                continue
+            source, ordinal, chunk = split_sample_id(sid)
+            assert chunk == 0, "every document fits a row"
+            expected = np.asarray(docs[source][ordinal], dtype=np.int64)
+            assert (length, crc) == (len(expected), zlib.crc32(expected.tobytes())), (source, ordinal)
+            seen[source].append(ordinal)
+    assert {s: sorted(o) for s, o in seen.items()} == {s: list(range(len(d))) for s, d in docs.items()}
+
+
+def _launch_with(tmp_path, source: str, *flags: str):
+    return omniload_cli(
+        "launch", "--source", source, "--seq-len", "32", *flags, "--", sys.executable, str(PROBE), str(tmp_path / "o")
+    )
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda idx: idx[:-3], "is truncated: 439 bytes, its header (20 sequences, 20 documents) needs 442"),
+        (lambda idx: b"NOTANIDX\x00" + idx[9:], "does not start with Megatron's"),
+    ],
+)
+def test_a_damaged_megatron_index_stops_the_launch_with_exit_2_naming_source_and_file(tmp_path, damage, message):
+    bin_path = write_megatron(tmp_path / "d", [[d] for d in _token_docs(20, 4, 1000)])
+    idx = tmp_path / "d.idx"
+    idx.write_bytes(damage(idx.read_bytes()))
+    result = _launch_with(tmp_path, f"mega={bin_path}")
+    assert result.returncode == 2, result.stderr
+    assert f"source 'mega': {bin_path}: index {idx} {message}" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_an_id_beyond_the_vocabulary_stops_the_job_naming_source_file_and_offset(tmp_path):
+    docs = _token_docs(40, 5, 1000)
+    docs[17][3] = 4000
+    offset = sum(len(d) + 1 for d in docs[:17]) + 3
+    path = write_token_file(tmp_path / "train.bin", docs, eos=0)
+    result = _launch_with(tmp_path, f"flat={path},format=tokens,eos=0,vocab=1024")
+    assert result.returncode == 2, result.stderr
+    assert f"source 'flat': {path}: " in result.stderr, result.stderr
+    assert f"token id 4000 at token offset {offset}" in result.stderr, result.stderr
+    assert "is not below the vocabulary size 1024 (vocab=)" in result.stderr, result.stderr

@@ -14,11 +14,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
 import omniload
-from tests.corpus import documents, make_mixed_corpus, mixed_sources, write_parquet
+from tests.corpus import documents, make_mixed_corpus, mixed_sources, write_megatron, write_parquet, write_token_file
 from tests.jobs import TORCHRUN, collect, omniload_cli, run_ranks, start_ranks, wait_for_checkpoint
 from tests.s3_store import FaultyProxy
 
@@ -301,3 +302,26 @@ def test_a_gcs_bucket_gives_the_batches_its_local_copy_gives(gcs, tmp_path):
     on_disk = run_ranks({**SPEC, "sources": mixed_sources(local)}, 2, tmp_path, max_steps=60)
     in_bucket = run_ranks({**SPEC, "sources": mixed_sources(remote)}, 2, tmp_path, max_steps=60)
     assert [r["hashes"] for r in in_bucket] == [r["hashes"] for r in on_disk]
+
+
+def test_megatron_and_flat_token_files_in_a_bucket_give_the_batches_of_their_local_copies(s3, tmp_path):
+    rng = np.random.default_rng(9)
+    docs = [rng.integers(1, 50000, int(rng.integers(1, 60))).tolist() for _ in range(200)]
+    write_megatron(tmp_path / "data" / "mega" / "a_text_document", [[d] for d in docs])
+    write_token_file(tmp_path / "data" / "flat" / "train.bin", docs, eos=50256)
+    s3.upload("corpus", tmp_path / "data", "data/")
+
+    def spec(root: str) -> dict:
+        return {
+            **SPEC,
+            "sources": [
+                {"name": "mega", "path": f"{root}/mega/*.bin", "vocab": 50304},
+                {"name": "flat", "path": f"{root}/flat/train.bin", "format": "tokens", "eos": 50256},
+            ],
+        }
+
+    on_disk = run_ranks(spec(str(tmp_path / "data")), 2, tmp_path)
+    in_bucket = run_ranks(spec("s3://corpus/data"), 2, tmp_path)
+    assert sum(len(r["sample_ids"]) for r in on_disk) == 400
+    for rank in range(2):
+        assert in_bucket[rank]["hashes"] == on_disk[rank]["hashes"], f"rank {rank} differs"

@@ -37,19 +37,20 @@ def _token_ids_source(root: Path) -> dict:
     return {"name": "ids", "path": str(root / "ids" / "*.jsonl"), "column": "ids"}
 
 
-def _run_one_rank_to_its_error(job: omniload.Job, out_dir: Path) -> tuple[str, str]:
+def _run_one_rank_to_its_error(job: omniload.Job, out_dir: Path, code: int = 1) -> tuple[str, str]:
     """The rank's stderr and the coordinator's log once the job has failed."""
     ((rank, _),) = start_ranks(job, 1, out_dir)
     _, stderr = rank.communicate(timeout=60)
     assert rank.returncode != 0, "the rank should have got the job's error"
-    assert job.wait(30) == 1
+    assert job.wait(30) == code
     return stderr, "\n".join(job.log_tail())
 
 
 def test_unreadable_rows_stop_the_job_naming_source_file_and_cause(tmp_path):
     spec = {"sources": [_token_ids_source(tmp_path)], "seq_len": 32, "rows": 2}
     with omniload.Job(spec) as job:
-        stderr, log = _run_one_rank_to_its_error(job, tmp_path)
+        # a bad file is bad input (exit code 2), whether found at startup or part-way
+        stderr, log = _run_one_rank_to_its_error(job, tmp_path, code=2)
     for seen in (stderr, log):
         assert "source 'ids'" in seen and f"{tmp_path}/ids/bad.jsonl" in seen, seen
         assert "ValueError: invalid literal for int() with base 10: 'a'" in seen, seen

@@ -106,3 +106,74 @@ def test_the_shuffle_window_is_the_jobs_split_by_weight():
     assert fixed.window_segments(dp=8, share=0.01) == 1
     with pytest.raises(ConfigError, match="max-doc-share must be in"):
         Spec.from_dict({"sources": [{"name": "a", "path": "x"}], "max_doc_share": 0})
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("a=x.bin,format=tokens", "format=tokens needs eos=ID"),
+        ("a=x.bin,format=tokens,eos=5,dtype=float32", "dtype must be one of"),
+        ("a=x.parquet,eos=5", "eos= and dtype= describe a flat token file: give format=tokens"),
+        ("a=x.parquet,vocab=100", "vocab= checks the ids of a source of token ids"),
+        ("a=x.bin,format=tokens,eos=100,vocab=100", "eos=100 is not below vocab=100"),
+        ("a=x.bin,format=megatron,tokens=ids", "tokens= names a column of token-id lists"),
+        ("a=x.parquet,tokens=ids,vocab=0", "vocab must be the vocabulary size"),
+    ],
+)
+def test_bad_token_source_options_name_the_source_and_the_fix(source, message):
+    with pytest.raises(ConfigError, match=f"source 'a': .*{message}"):
+        Spec.from_dict({"sources": [source]})
+
+
+def test_token_sources_from_flags_yaml_and_python_alike(tmp_path):
+    flag = parse_source("web=data/*.bin,format=tokens,eos=50256,vocab=50304,dtype=uint16")
+    config = tmp_path / "job.yaml"
+    config.write_text("sources:\n  - {name: web, path: data/*.bin, format: tokens, eos: 50256, vocab: 50304}\n")
+    from_yaml = build_spec(str(config), (), {}).sources[0]
+    python = parse_source({"name": "web", "path": "data/*.bin", "format": "tokens", "eos": 50256, "vocab": 50304})
+    assert flag == from_yaml == python and flag.holds_tokens
+    column = parse_source("ids=x/*.parquet,tokens=input_ids")
+    assert column.holds_tokens and column.read_column == "input_ids"
+    assert parse_source("m=x/*.bin").holds_tokens and not parse_source("t=x/*.parquet").holds_tokens
+
+
+def test_a_text_source_keeps_the_fingerprint_it_had_before_token_sources():
+    from omniload.coordinator.pool.catalog import fingerprint, job_identity
+
+    spec = Spec.from_dict({"sources": ["a=x"], "seq_len": 64})
+    identity = job_identity(spec, [])
+    assert "tokens" not in identity["spec"]["sources"][0] and "vocab" not in identity["spec"]["sources"][0]
+    tokens = Spec.from_dict({"sources": ["a=x,tokens=ids"], "seq_len": 64})
+    assert fingerprint(identity) != fingerprint(job_identity(tokens, []))
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"sources": ["a=x.jsonl,kind=dialog"]}, "source 'a': kind must be one of"),
+        ({"sources": ["a=x.jsonl,train_on=all"]}, "source 'a': train_on= says which turns .* give kind=chat"),
+        ({"sources": ["a=x.jsonl,kind=chat,train_on=user"]}, "source 'a': train_on must be one of"),
+        ({"sources": ["a=x.bin,kind=chat"]}, "source 'a': kind=chat reads conversations from JSON lines"),
+        ({"sources": ["a=x.parquet,kind=chat,tokens=ids"]}, "source 'a': kind=chat reads conversations"),
+        ({"sources": ["a=x.jsonl,kind=chat"], "long_chats": "split"}, "long-chats must be one of"),
+    ],
+)
+def test_bad_chat_options_name_the_field(data, message):
+    with pytest.raises(ConfigError, match=message):
+        Spec.from_dict(data)
+
+
+def test_chat_sources_read_messages_or_conversations_and_only_they_change_the_fingerprint():
+    from omniload.coordinator.pool.catalog import fingerprint, job_identity
+
+    chat = parse_source("sft=x/*.jsonl,kind=chat")
+    assert chat.read_column == "messages|conversations"
+    assert parse_source("sft=x/*.jsonl,kind=chat,column=dialog").read_column == "dialog"
+    text = Spec.from_dict({"sources": ["a=x"], "seq_len": 64})
+    assert "long_chats" not in job_identity(text, [])["spec"]
+    assert fingerprint(job_identity(text, [])) == fingerprint(
+        job_identity(Spec.from_dict({"sources": ["a=x"], "seq_len": 64, "long_chats": "drop"}), [])
+    ), "--long-chats decides nothing in a job without conversations"
+    with_chat = Spec.from_dict({"sources": ["a=x,kind=chat"], "seq_len": 64})
+    assert with_chat.masks_labels and not Spec.from_dict({"sources": ["a=x,kind=chat,train_on=all"]}).masks_labels
+    assert job_identity(with_chat, [])["spec"]["long_chats"] == "truncate"

@@ -1,0 +1,287 @@
+"""Conversations: a row's messages rendered with a chat template into tokens and a label mask.
+
+A row holds `messages` ([{role, content}], roles system, user, assistant, tool) or ShareGPT's
+`conversations` ([{from, value}], from human, gpt, system, tool). The conversation is rendered
+into pieces of text, each either trained (the loss counts the tokens) or not:
+
+- ChatML (the default, and a tokenizer without a chat template): each message is
+  `<|im_start|>{role}\\n{content}<|im_end|>\\n`; an assistant message's content and its
+  `<|im_end|>` are trained, the header and the newline after the end marker are not.
+- A tokenizer's own Jinja chat template (tokenizer_config.json's `chat_template`): the template
+  is rendered for the first k messages, for k = 1..n; what message k adds is the text after the
+  rendering of the k - 1 before it (a template must render a conversation as its messages one
+  after another: one that rewrites earlier turns, e.g. dropping old reasoning, is refused). In
+  an assistant message's text its content is found as written (or stripped, as `| trim`
+  templates show it): the content and what follows it up to trailing whitespace (the end
+  marker, such as `<|eot_id|>` or `<|im_end|>`) are trained; the header before it is not.
+
+Each piece is tokenized on its own and the pieces' tokens put end to end, so no token straddles
+a trained and an untrained part (a tokenizer may merge across a boundary when given the whole
+text; here it cannot). With train_on=all every token is trained.
+
+The mask marks targets: the batch's labels[i] is input_ids[i + 1] where token i + 1 is trained,
+else -100 (omniload.batch_arrays.expand). A conversation longer than seq_len is cut after the
+last whole message that fits and has trained tokens (--long-chats truncate), or dropped (drop,
+and when no such message fits): it is never split between rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from omniload.errors import ConfigError
+from omniload.formats.lane_config import ChatConfig
+
+CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
+ROLES = ("system", "user", "assistant", "tool")
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "tool": "tool"}
+
+
+class ChatError(ValueError):
+    """A conversation that cannot be rendered; the message says which message and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    text: str
+    trained: bool
+    message: int  # the message it belongs to
+
+
+@dataclass(frozen=True, slots=True)
+class ChatSample:
+    tokens: np.ndarray  # int32
+    mask: np.ndarray  # uint8, 1 where the token is trained
+    truncated: bool = False
+
+
+def parse_messages(value: object) -> list[Message]:
+    """The messages of a row's `messages` or `conversations` value; ChatError naming what is wrong."""
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ChatError(f"has no messages (expected a list of {{role, content}}, got {_shown(value)})")
+    messages = []
+    for i, raw in enumerate(value):
+        if not isinstance(raw, dict):
+            raise ChatError(f"message {i} is {_shown(raw)}, not a mapping with role and content")
+        if "role" in raw:
+            role, content = raw["role"], raw.get("content")
+            if role not in ROLES:
+                raise ChatError(f"message {i} has role {role!r}; expected one of {', '.join(ROLES)}")
+        elif "from" in raw:
+            role, content = SHAREGPT_ROLES.get(raw["from"]), raw.get("value")
+            if role is None:
+                raise ChatError(f"message {i} is from {raw['from']!r}; expected one of {', '.join(SHAREGPT_ROLES)}")
+        else:
+            raise ChatError(f"message {i} has neither 'role' nor 'from' (keys: {', '.join(map(str, raw))})")
+        messages.append(Message(role, _text(content, i)))
+    return messages
+
+
+def _text(content: object, i: int) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        return "".join(str(p.get("text", "")) for p in content)  # OpenAI-style text parts
+    raise ChatError(f"message {i} has content {_shown(content)}; expected text")
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+Render = Callable[[Sequence[Message]], str]
+
+
+def chatml_pieces(messages: Sequence[Message], train_all: bool = False) -> list[Piece]:
+    pieces = []
+    for i, m in enumerate(messages):
+        trained = train_all or m.role == "assistant"
+        pieces += [
+            Piece(f"{CHATML_START}{m.role}\n", train_all, i),
+            Piece(m.content, trained, i),
+            Piece(CHATML_END, trained, i),
+            Piece("\n", train_all, i),
+        ]
+    return pieces
+
+
+def template_pieces(messages: Sequence[Message], render: Render, train_all: bool = False) -> list[Piece]:
+    """The pieces of a conversation under a chat template, by rendering growing prefixes (see above)."""
+    pieces, before = [], ""
+    for i, m in enumerate(messages):
+        text = render(messages[: i + 1])
+        if not text.startswith(before):
+            raise ChatError(
+                f"the chat template renders message {i} by changing what it rendered for the messages "
+                "before it; omniload needs a template that renders a conversation message after message"
+            )
+        added, before = text[len(before) :], text
+        if train_all or m.role != "assistant":
+            pieces.append(Piece(added, train_all, i))
+            continue
+        content = m.content if m.content in added else m.content.strip()
+        at = added.rfind(content) if content else -1
+        if at < 0:
+            raise ChatError(f"the chat template does not show the content of message {i} (assistant) as written")
+        tail = added[at + len(content) :]
+        marker = tail.rstrip()
+        pieces += [
+            Piece(added[:at], False, i),
+            Piece(content, True, i),
+            Piece(marker, True, i),
+            Piece(tail[len(marker) :], False, i),
+        ]
+    return pieces
+
+
+def jinja_render(config: ChatConfig) -> Render:
+    """The tokenizer's template as a function of the messages, rendered as Hugging Face renders it
+    (a sandbox, trim_blocks and lstrip_blocks, bos_token/eos_token, no generation prompt)."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise ChatError(f"the chat template refused the conversation: {message}")
+
+    def strftime_now(fmt: str) -> str:  # templates that print today's date get a fixed one: batches are reproducible
+        import datetime
+
+        return datetime.date(2024, 1, 1).strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
+    template = env.from_string(config.template or "")
+
+    def render(messages: Sequence[Message]) -> str:
+        try:
+            return template.render(
+                messages=[{"role": m.role, "content": m.content} for m in messages],
+                bos_token=config.bos,
+                eos_token=config.eos,
+                add_generation_prompt=False,
+            )
+        except jinja2.TemplateError as exc:
+            raise ChatError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
+
+    return render
+
+
+def conversation_pieces(value: object, config: ChatConfig, render: Render | None) -> list[Piece]:
+    messages = parse_messages(value)
+    train_all = config.train_on == "all"
+    return chatml_pieces(messages, train_all) if render is None else template_pieces(messages, render, train_all)
+
+
+def assemble(pieces: Sequence[Piece], tokens: Sequence[np.ndarray]) -> tuple[ChatSample, np.ndarray, np.ndarray]:
+    """The conversation's tokens and mask from its pieces' tokens; also where each message's
+    tokens end, and which messages have trained tokens (messages are numbered from 0, in order)."""
+    count = pieces[-1].message + 1 if pieces else 0
+    ends, trains = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=bool)
+    total = 0
+    for piece, ids in zip(pieces, tokens):
+        total += len(ids)
+        ends[piece.message] = total
+        trains[piece.message] |= piece.trained and len(ids) > 0
+    lengths = [len(t) for t in tokens]
+    ids = np.concatenate([np.asarray(t, dtype=np.int32) for t in tokens]) if tokens else np.zeros(0, np.int32)
+    mask = np.repeat(np.array([p.trained for p in pieces], dtype=np.uint8), lengths)
+    return ChatSample(ids, mask), ends, trains
+
+
+def fit(
+    sample: ChatSample, message_ends: np.ndarray, trains: np.ndarray, seq_len: int, drop: bool
+) -> ChatSample | None:
+    """The conversation within seq_len tokens: whole, cut after the last whole message that fits
+    and has trained tokens, or None (dropped)."""
+    if len(sample.tokens) <= seq_len:
+        return sample
+    if drop:
+        return None
+    fitting = np.flatnonzero((message_ends <= seq_len) & trains)
+    if not len(fitting):
+        return None
+    stop = int(message_ends[fitting[-1]])
+    return ChatSample(sample.tokens[:stop], sample.mask[:stop], truncated=True)
+
+
+def encode(
+    values: Sequence[Any], config: ChatConfig, tokenize: Callable[[list[str]], list[np.ndarray]], render: Render | None
+) -> list[ChatSample | ChatError | int]:
+    """Each conversation as a ChatSample, the ChatError that it is, or (dropped) its token count.
+    The pieces of all conversations are tokenized in one call."""
+    rendered: list[list[Piece] | ChatError] = []
+    for value in values:
+        try:
+            rendered.append(conversation_pieces(value, config, render))
+        except ChatError as exc:
+            rendered.append(exc)
+    texts = [p.text for pieces in rendered if isinstance(pieces, list) for p in pieces if p.text]
+    flat = iter(tokenize(texts))
+    out: list[ChatSample | ChatError | int] = []
+    for pieces in rendered:
+        if isinstance(pieces, ChatError):
+            out.append(pieces)
+            continue
+        tokens = [next(flat) if p.text else np.zeros(0, np.int32) for p in pieces]
+        sample, ends, trains = assemble(pieces, tokens)
+        fitted = fit(sample, ends, trains, config.seq_len, config.drop_long)
+        out.append(len(sample.tokens) if fitted is None else fitted)
+    return out
+
+
+def chat_config(tokenizer: str, seq_len: int, train_on: str, drop_long: bool) -> ChatConfig:
+    """A chat source's config: the chat template of a tokenizer.json's tokenizer_config.json
+    beside it (with its bos and eos tokens), else ChatML. Raises ConfigError naming the file
+    when the template cannot be read or compiled."""
+    template, bos, eos = _template_of(tokenizer)
+    config = ChatConfig(seq_len, train_on, drop_long, template, bos, eos)
+    if template is not None:
+        try:
+            jinja_render(config)
+        except ImportError:
+            raise ConfigError(
+                f"tokenizer {tokenizer!r} has a chat template, which needs Jinja2: pip install 'omniload[tokenizers]'"
+            ) from None
+        except Exception as exc:  # jinja2.TemplateSyntaxError and kin: the file is at fault
+            raise ConfigError(f"the chat template of {tokenizer!r} does not compile: {exc}") from None
+    return config
+
+
+def _template_of(tokenizer: str) -> tuple[str | None, str, str]:
+    if not tokenizer.endswith(".json"):
+        return None, "", ""
+    path = os.path.join(os.path.dirname(os.path.abspath(tokenizer)), "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return None, "", ""
+    try:
+        with open(path, "rb") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"tokenizer config {path!r} cannot be read: {exc}") from None
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    if isinstance(template, list):  # named templates: the default one
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default", next(iter(named.values()), None))
+    if template is not None and not isinstance(template, str):
+        raise ConfigError(f"tokenizer config {path!r}: chat_template is {type(template).__name__}, not text")
+    return template, _token(config.get("bos_token")), _token(config.get("eos_token"))
+
+
+def _token(value: object) -> str:
+    """A special token as tokenizer_config.json gives it: text, or {"content": text, ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
