@@ -76,3 +76,22 @@ def test_the_shuffle_window_is_the_jobs_split_by_weight():
     assert fixed.window_segments(dp=8, share=0.01) == 1
     with pytest.raises(ConfigError, match="max-doc-share must be in"):
         Spec.from_dict({"sources": [{"name": "a", "path": "x"}], "max_doc_share": 0})
+
+
+def test_variable_rank_tokens_are_checked_and_keep_old_identities():
+    from omniload.coordinator.pool.catalog import fingerprint, job_identity
+
+    base = {"sources": ["a=x"], "seq_len": 64, "rows": 2}
+    spec = Spec.from_dict({**base, "rank_tokens": "variable"})
+    assert spec.rank_token_cap == 256  # 2 x rows x seq_len
+    assert Spec.from_dict({**base, "rank_tokens": "variable", "max_rank_tokens": "200"}).rank_token_cap == 200
+    with pytest.raises(ConfigError, match="max-rank-tokens 100 must be at least rows x seq-len = 128"):
+        Spec.from_dict({**base, "max_rank_tokens": 100})
+    with pytest.raises(ConfigError, match="rank-tokens must be one of"):
+        Spec.from_dict({**base, "rank_tokens": "elastic"})
+    with pytest.raises(ConfigError, match="cp > 1 needs the per-sequence context-parallel split"):
+        Spec.from_dict({**base, "rank_tokens": "variable", "cp": 2})
+    # a fixed job's checkpoints stay valid (the new fields decide nothing there); variable is another job
+    plain = fingerprint(job_identity(Spec.from_dict(base), []))
+    assert fingerprint(job_identity(Spec.from_dict({**base, "pad_to": 64}), [])) == plain
+    assert fingerprint(job_identity(spec, [])) != plain
