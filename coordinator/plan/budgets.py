@@ -14,8 +14,11 @@ this only decides where each goes.
    item for each rank still below the lower bound (a rank holding the step's largest document
    takes nothing more while others are below it). An item that would take its rank past `cap`
    goes to the cheapest rank with room; one with room nowhere is carried to the next step.
-3. Refinement: while the most expensive rank is above the lower bound by more than
-   _GOOD_ENOUGH, the move or swap between it and the cheapest rank that best halves their gap.
+3. Refinement, while the most expensive rank is above the lower bound by more than
+   _GOOD_ENOUGH: first in vectorized passes, every rank above it paired with one of the
+   cheapest, each pair moving the item that best halves their gap; then, one at a time, the
+   move or swap of an item of the most expensive rank with another rank (any rank where the
+   step has few items, else the cheapest) that leaves the higher of the two lowest.
 
 The lower bound on the most expensive rank is max(mean rank cost, largest item).
 """
@@ -28,7 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-_MAX_REFINE = 256  # moves or swaps at most per step (it stops long before, see _GOOD_ENOUGH)
+_MOVE_PASSES = 8  # vectorized passes of moves between many pairs of ranks at once
+_MAX_REFINE = 64  # then single moves or swaps at most per step (it stops before, see _GOOD_ENOUGH)
+_WIDE_CANDIDATES = 1 << 16  # (item, item or rank) pairs a single move or swap may weigh
 _GOOD_ENOUGH = 1e-3  # refinement stops once the most expensive rank is within this of the bound
 
 Ints = NDArray[np.int64]
@@ -74,6 +79,9 @@ def assign_budgets(
     rank_tokens = np.zeros(dp, dtype=np.int64)
     _greedy(order, item_len, item_cost, item_rank, rank_cost, rank_tokens, cap)
     bound = max(rank_cost.sum() / dp, item_cost[item_rank >= 0].max(initial=0.0))
+    for _ in range(_MOVE_PASSES):
+        if not _move_in_pairs(item_len, item_cost, item_rank, rank_cost, rank_tokens, cap, bound):
+            break
     _refine(item_len, item_cost, item_rank, rank_cost, rank_tokens, cap, bound)
     rank = np.full(len(lengths), -1, dtype=np.int64)
     singles = len(item_len) - len(members)
@@ -128,6 +136,41 @@ def _greedy(
                 rank_tokens[r] += item_len[i]
 
 
+def _move_in_pairs(
+    item_len: Ints, item_cost: Floats, item_rank: Ints, rank_cost: Floats, rank_tokens: Ints, cap: int, bound: float
+) -> bool:
+    """One vectorized pass over many ranks at once: the k-th most expensive rank above the
+    bound is paired with the k-th cheapest, and each pair makes the one move of an item that
+    best halves its gap (a pair of ranks at a time, as _improve does, costs ~50 us each: at
+    dp=1024 hundreds of ranks sit just above the bound). False if nothing moved."""
+    by_cost = np.argsort(rank_cost, kind="stable")
+    over = by_cost[::-1][: np.count_nonzero(rank_cost > bound * (1 + _GOOD_ENOUGH))]
+    over = over[: len(rank_cost) // 2]
+    if not len(over):
+        return False
+    under = by_cost[: len(over)]
+    pair_of = np.full(len(rank_cost), -1, dtype=np.int64)
+    pair_of[over] = np.arange(len(over))
+    placed = np.flatnonzero(item_rank >= 0)
+    mine = placed[pair_of[item_rank[placed]] >= 0]
+    pair = pair_of[item_rank[mine]]
+    gap = rank_cost[over] - rank_cost[under]
+    c = item_cost[mine]
+    ok = (c > 0) & (c < gap[pair]) & (rank_tokens[under[pair]] + item_len[mine] <= cap)
+    mine, pair, score = mine[ok], pair[ok], np.abs(c[ok] - gap[pair[ok]] / 2)
+    if not len(mine):
+        return False
+    order = np.lexsort((score, pair))
+    first = order[np.r_[True, pair[order][1:] != pair[order][:-1]]]  # the best item of each pair
+    items, to, frm = mine[first], under[pair[first]], over[pair[first]]
+    item_rank[items] = to
+    np.subtract.at(rank_cost, frm, item_cost[items])
+    np.add.at(rank_cost, to, item_cost[items])
+    np.subtract.at(rank_tokens, frm, item_len[items])
+    np.add.at(rank_tokens, to, item_len[items])
+    return True
+
+
 def _refine(
     item_len: Ints, item_cost: Floats, item_rank: Ints, rank_cost: Floats, rank_tokens: Ints, cap: int, bound: float
 ) -> None:
@@ -144,28 +187,41 @@ def _refine(
 def _improve(
     hi: int, lo: int, item_len: Ints, item_cost: Floats, item_rank: Ints, rank_cost: Floats, rank_tokens: Ints, cap: int
 ) -> bool:
-    """The move of one of hi's items to lo, or swap of one of each, that brings their costs
-    closest to equal within the cap; False if none lowers hi without lifting lo to hi's cost."""
-    gap = rank_cost[hi] - rank_cost[lo]
-    xs, ys = np.flatnonzero(item_rank == hi), np.flatnonzero(item_rank == lo)
-    # candidates: (x, y) swaps and (x, nothing) moves; delta is the cost that goes from hi to lo
-    y_cost = np.concatenate([item_cost[ys], [0.0]])
-    y_len = np.concatenate([item_len[ys], [0]])
-    delta = item_cost[xs][:, None] - y_cost[None, :]
-    moved = item_len[xs][:, None] - y_len[None, :]
-    ok = (delta > 0) & (delta < gap) & (rank_tokens[lo] + moved <= cap) & (rank_tokens[hi] - moved <= cap)
+    """The move of one of hi's items to another rank, or its swap with an item there, that
+    leaves the higher of the two ranks cheapest, within the cap; False if none lowers hi
+    without lifting the other rank to hi's cost. The other rank is any rank where that is
+    at most _WIDE_CANDIDATES pairs to weigh (a few ranks of few items), else the cheapest."""
+    xs = np.flatnonzero(item_rank == hi)
+    others = np.flatnonzero((item_rank >= 0) & (item_rank != hi))
+    if len(xs) * (len(others) + len(rank_cost)) <= _WIDE_CANDIDATES:
+        ys, partners = others, np.flatnonzero(np.arange(len(rank_cost)) != hi)
+    else:
+        ys, partners = np.flatnonzero(item_rank == lo), np.array([lo])
+    # columns: a swap with each y (on its rank), then a move to each partner rank
+    col_rank = np.concatenate([item_rank[ys], partners])
+    col_cost = np.concatenate([item_cost[ys], np.zeros(len(partners))])
+    col_len = np.concatenate([item_len[ys], np.zeros(len(partners), dtype=np.int64)])
+    delta = item_cost[xs][:, None] - col_cost[None, :]  # the cost that goes from hi to the other rank
+    moved = item_len[xs][:, None] - col_len[None, :]
+    other = rank_cost[col_rank][None, :] + delta
+    ok = (
+        (delta > 0)
+        & (other < rank_cost[hi])
+        & (rank_tokens[col_rank][None, :] + moved <= cap)
+        & (rank_tokens[hi] - moved <= cap)
+    )
     if not ok.any():
         return False
-    k = int(np.argmin(np.where(ok, np.abs(delta - gap / 2), np.inf)))
-    i, j = divmod(k, len(y_cost))
-    x = int(xs[i])
-    item_rank[x] = lo
+    k = int(np.argmin(np.where(ok, np.maximum(rank_cost[hi] - delta, other), np.inf)))
+    i, j = divmod(k, len(col_rank))
+    x, to = int(xs[i]), int(col_rank[j])
+    item_rank[x] = to
     if j < len(ys):
         item_rank[ys[j]] = hi
     rank_cost[hi] -= delta[i, j]
-    rank_cost[lo] += delta[i, j]
+    rank_cost[to] += delta[i, j]
     rank_tokens[hi] -= moved[i, j]
-    rank_tokens[lo] += moved[i, j]
+    rank_tokens[to] += moved[i, j]
     return True
 
 
