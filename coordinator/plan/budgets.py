@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-_MOVE_PASSES = 8  # vectorized passes of moves between many pairs of ranks at once
+_MOVE_PASSES = 2  # vectorized passes of moves between many pairs of ranks (more moved nothing useful in the bench)
 _MAX_REFINE = 64  # then single moves or swaps at most per step (it stops before, see _GOOD_ENOUGH)
 _WIDE_CANDIDATES = 1 << 16  # (item, item or rank) pairs a single move or swap may weigh
 _GOOD_ENOUGH = 1e-3  # refinement stops once the most expensive rank is within this of the bound
@@ -192,9 +192,9 @@ def _improve(
     without lifting the other rank to hi's cost. The other rank is any rank where that is
     at most _WIDE_CANDIDATES pairs to weigh (a few ranks of few items), else the cheapest."""
     xs = np.flatnonzero(item_rank == hi)
-    others = np.flatnonzero((item_rank >= 0) & (item_rank != hi))
-    if len(xs) * (len(others) + len(rank_cost)) <= _WIDE_CANDIDATES:
-        ys, partners = others, np.flatnonzero(np.arange(len(rank_cost)) != hi)
+    if len(xs) * (len(item_rank) + len(rank_cost)) <= _WIDE_CANDIDATES:
+        ys = np.flatnonzero((item_rank >= 0) & (item_rank != hi))
+        partners = np.flatnonzero(np.arange(len(rank_cost)) != hi)
     else:
         ys, partners = np.flatnonzero(item_rank == lo), np.array([lo])
     # columns: a swap with each y (on its rank), then a move to each partner rank

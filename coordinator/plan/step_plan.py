@@ -72,14 +72,15 @@ def plan_budgets(
 
 def _measure(segments: Sequence[Segment], cost_fn: CostFn) -> tuple[Ints, Floats, list[Ints]]:
     """Lengths, costs, and the groups of chunks that must share a rank (long_docs=bucket)."""
-    lengths = np.array([s.length for s in segments], dtype=np.int64)
-    sources = np.array([s.source for s in segments], dtype=np.int64)
-    images = np.fromiter((s.image_count for s in segments), np.int64, len(segments))
+    n = len(segments)
+    lengths = np.fromiter((s.length for s in segments), np.int64, n)
+    sources = np.fromiter((s.source for s in segments), np.int64, n)
+    images = np.fromiter((s.image_count for s in segments), np.int64, n)
+    group_of = np.fromiter((s.group for s in segments), np.int64, n)
     costs = cost_fn(lengths, sources, images) if segments else np.zeros(0)
     groups: dict[int, list[int]] = {}
-    for i, segment in enumerate(segments):
-        if segment.group >= 0:
-            groups.setdefault(segment.group, []).append(i)
+    for i in np.flatnonzero(group_of >= 0).tolist():
+        groups.setdefault(int(group_of[i]), []).append(i)
     return lengths, costs, [np.array(g) for g in groups.values()]
 
 
@@ -93,26 +94,50 @@ def _distribute(
     window: int,
     doc_cap: int,
 ) -> tuple[list[list[list[Segment]]], list[Segment]]:
-    """Each rank's rows of segments, in the step's order, and what is carried; a chunk that
-    would take its document past `doc_cap` tokens of its rank is carried (and its rank's cost
-    lowered), unless it has waited `window` steps."""
-    bins: list[list[list[Segment]]] = [[[] for _ in range(rows)] for _ in range(len(rank_cost))]
-    left = []
+    """Each rank's rows of segments, in the step's order, and what is carried (_hold_back)."""
+    if doc_cap:
+        _hold_back(segments, costs, rank_of, rank_cost, window, doc_cap)
+    dp = len(rank_cost)
+    slot = rank_of * rows + row_of  # (rank, row) as one number
+    placed = np.flatnonzero(rank_of >= 0)
+    order = placed[np.argsort(slot[placed], kind="stable")]  # by rank and row, in the step's order within
+    bounds = np.searchsorted(slot[order], np.arange(dp * rows + 1)).tolist()
+    in_order = [segments[i] for i in order.tolist()]
+    bins = [[in_order[bounds[r * rows + w] : bounds[r * rows + w + 1]] for w in range(rows)] for r in range(dp)]
+    left = [segments[i] for i in np.flatnonzero(rank_of < 0).tolist()]
+    return bins, [dataclasses.replace(s, delay=s.delay + 1) for s in left]
+
+
+def _hold_back(
+    segments: Sequence[Segment], costs: Floats, rank_of: Ints, rank_cost: Floats, window: int, doc_cap: int
+) -> None:
+    """A chunk that would take its document past `doc_cap` tokens of its rank is carried (and
+    its rank's cost lowered), in the step's order, unless it has waited `window` steps or is
+    part of a document kept whole. Only a document with two chunks or more in the step can be
+    over the cap, so only those are looked at one by one (a step at dp=1024 holds 20,000+)."""
+    n = len(segments)
+    group_of = np.fromiter((s.group for s in segments), np.int64, n)
+    subject = (rank_of >= 0) & (group_of < 0)
+    if window:
+        subject &= np.fromiter((s.delay for s in segments), np.int64, n) < window
+    index = np.flatnonzero(subject)
+    chosen = [segments[i] for i in index.tolist()]
+    source = np.fromiter((s.source for s in chosen), np.int64, len(chosen))
+    doc_group = np.fromiter((s.origin[0] for s in chosen), np.int64, len(chosen))
+    doc_pos = np.fromiter((s.origin[1] for s in chosen), np.int64, len(chosen))
+    by_doc = np.lexsort((doc_pos, doc_group, source))
+    same = (np.diff(source[by_doc]) == 0) & (np.diff(doc_group[by_doc]) == 0) & (np.diff(doc_pos[by_doc]) == 0)
+    shared = np.zeros(len(chosen), dtype=bool)
+    shared[by_doc[1:][same]] = shared[by_doc[:-1][same]] = True  # documents with two chunks or more
     held: dict[tuple[int, DocKey], int] = {}  # (rank, document) -> its tokens on that rank
-    for i, (segment, rank, row) in enumerate(zip(segments, rank_of.tolist(), row_of.tolist())):
-        if rank >= 0 and doc_cap and segment.group < 0 and not (window and segment.delay >= window):
-            key = (rank, doc_key(segment))
-            tokens = held.get(key, 0)
-            if tokens and tokens + segment.length > doc_cap:
-                rank_of[i], rank_cost[rank] = -1, rank_cost[rank] - costs[i]
-                rank = -1
-            else:
-                held[key] = tokens + segment.length
-        if rank >= 0:
-            bins[rank][row].append(segment)
+    for i in index[shared].tolist():  # in the step's order
+        segment, rank = segments[i], int(rank_of[i])
+        key = (rank, doc_key(segment))
+        tokens = held.get(key, 0)
+        if tokens and tokens + segment.length > doc_cap:
+            rank_of[i], rank_cost[rank] = -1, rank_cost[rank] - costs[i]
         else:
-            left.append(dataclasses.replace(segment, delay=segment.delay + 1))
-    return bins, left
+            held[key] = tokens + segment.length
 
 
 def _figures(
