@@ -25,8 +25,10 @@ def test_bench_balance_runs():
     out = _run(
         "bench_balance.py",
         *("--steps", "2", "--seqs", "4096,131072", "--dps", "4", "--large-dp", "16", "--large-steps", "1"),
+        *("--stepper-steps", "5"),
     )
     assert "least share of the possible improvement" in out and "planner at dp=16" in out
+    assert "real Stepper" in out and "--rank-tokens variable" in out
     assert out.count("llama-70b") == 4  # two length mixes x two seq_lens
 
 
