@@ -95,3 +95,18 @@ def test_variable_rank_tokens_are_checked_and_keep_old_identities():
     plain = fingerprint(job_identity(Spec.from_dict(base), []))
     assert fingerprint(job_identity(Spec.from_dict({**base, "pad_to": 64}), [])) == plain
     assert fingerprint(job_identity(spec, [])) != plain
+
+
+def test_budget_and_cost_model_options_from_a_config_file(tmp_path):
+    from omniload.model_shape import PRESETS
+
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        "seq-len: 1024\nrows: 2\nrank-tokens: variable\nmax-rank-tokens: 4096\npad-to: 64\n"
+        "cost-model: layers=16,hidden=2048,heads=32,ffn=8192,vocab=128256,kv_heads=8\n"
+        "sources:\n  - web=w/*.parquet\n"
+    )
+    spec = build_spec(str(config), (), {"pad_to": None})
+    assert (spec.rank_tokens, spec.rank_token_cap, spec.pad_to) == ("variable", 4096, 64)
+    assert spec.cost_coeffs == PRESETS["llama-1b"].cost_coeffs()
+    assert build_spec(str(config), (), {"rank_tokens": "fixed"}).rank_tokens == "fixed"  # flags win
