@@ -77,6 +77,7 @@ class _Measured(NamedTuple):
 
     lengths: Ints
     costs: Floats
+    source: Ints
     group_of: Ints  # the group of a document kept whole (long_docs=bucket), or -1
     delay: Ints
     groups: list[Ints]  # the segments of each such group
@@ -88,12 +89,12 @@ def _measure(segments: Sequence[Segment], cost_fn: CostFn) -> _Measured:
     def column(name: str) -> Ints:
         return np.fromiter(map(attrgetter(name), segments), np.int64, n)
 
-    lengths, group_of = column("length"), column("group")
-    costs = cost_fn(lengths, column("source"), column("image_count")) if segments else np.zeros(0)
+    lengths, source, group_of = column("length"), column("source"), column("group")
+    costs = cost_fn(lengths, source, column("image_count")) if segments else np.zeros(0)
     groups: dict[int, list[int]] = {}
     for i in np.flatnonzero(group_of >= 0).tolist():
         groups.setdefault(int(group_of[i]), []).append(i)
-    return _Measured(lengths, costs, group_of, column("delay"), [np.array(g) for g in groups.values()])
+    return _Measured(lengths, costs, source, group_of, column("delay"), [np.array(g) for g in groups.values()])
 
 
 def _distribute(
@@ -134,7 +135,7 @@ def _hold_back(
     origins = [segments[i].origin for i in index.tolist()]
     doc_group = np.fromiter(map(itemgetter(0), origins), np.int64, len(origins))
     doc_pos = np.fromiter(map(itemgetter(1), origins), np.int64, len(origins))
-    source = np.fromiter((segments[i].source for i in index.tolist()), np.int64, len(origins))
+    source = m.source[index]
     by_doc = np.lexsort((doc_pos, doc_group, source))
     same = (np.diff(source[by_doc]) == 0) & (np.diff(doc_group[by_doc]) == 0) & (np.diff(doc_pos[by_doc]) == 0)
     shared = np.zeros(len(origins), dtype=bool)
