@@ -95,6 +95,29 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [  # (flag, click's kwargs); -
     ),
     ("--balance", dict(help="Cost model for balancing ranks: tokens, attention, or module:function.")),
     ("--cost-coeffs", dict(help="a,b,c[,d] of the attention cost a*len^2 + b*len + c + d*images.")),
+    (
+        "--cost-model",
+        dict(
+            help="The model's shape, layers=L,hidden=H,heads=N,ffn=F,vocab=V[,kv_heads=K], or a preset "
+            "(llama-1b, llama-8b, llama-70b): sets the attention cost from its training FLOPs."
+        ),
+    ),
+    (
+        "--rank-tokens",
+        dict(
+            type=click.Choice(["fixed", "variable"]),
+            help="fixed: every rank gets rows x seq-len tokens; variable: each rank its own number of "
+            "tokens as one packed sequence, so that rank costs are equal.",
+        ),
+    ),
+    (
+        "--max-rank-tokens",
+        dict(type=int, help="With --rank-tokens variable: most tokens of a rank's sequence (0: 2 x rows x seq-len)."),
+    ),
+    (
+        "--pad-to",
+        dict(type=int, help="With --rank-tokens variable: pad a rank's sequence to a multiple of this."),
+    ),
     ("--image-size", dict(help="HxW every image is resized and center-cropped to (sources with images).")),
     (
         "--image-transform",

@@ -18,6 +18,7 @@ from typing import Any
 
 from omniload.errors import ConfigError
 from omniload.formats.shards import TOKEN_FILES
+from omniload.model_shape import parse_model_shape
 from omniload.storage.urls import StoreOptions, is_remote, parse
 
 FORMATS = ("auto", "parquet", "jsonl", "arrow", "tar", "megatron", "tokens")
@@ -33,6 +34,7 @@ BROADCAST_AT = ("none", "tp")
 CP_SPLITS = ("sequence", "row")  # coordinator/plan/parallel.py
 RAMPS = ("constant", "linear")
 AXES = ("tp", "cp", "dp", "pp")
+RANK_TOKENS = ("fixed", "variable")
 # cost = a*len^2 + b*len + c + d*images; see omniload.coordinator.cost for where these come from
 DEFAULT_COST_COEFFS = (1.0, 24576.0, 0.0, 256 * 24576.0)
 _FROZEN = dict(frozen=True, slots=True, kw_only=True)
@@ -227,6 +229,10 @@ class Spec:
     mixture: tuple[Phase, ...] = ()
     balance: str = "attention"  # tokens | attention | module:function
     cost_coeffs: tuple[float, ...] = DEFAULT_COST_COEFFS
+    cost_model: str | None = None  # a preset (llama-8b) or the model's shape; sets cost_coeffs (model_shape.py)
+    rank_tokens: str = "fixed"  # fixed: rows x seq_len a rank; variable: each rank its own length, equal cost
+    max_rank_tokens: int = 0  # rank_tokens=variable: the most tokens a rank's sequence holds; 0: 2 x rows x seq_len
+    pad_to: int = 128  # rank_tokens=variable: a rank's sequence is padded to a multiple of this (at most the max)
     image_size: str = "224x224"  # HxW every image is resized and center-cropped to
     image_transform: str | None = None  # module:function from a PIL image to uint8 [3, H, W]; instead of resizing
     image_token: int | None = None  # the placeholder token id of an image; needed once a source has images
@@ -324,13 +330,48 @@ class Spec:
             raise ConfigError(
                 f"cost-coeffs must be numbers a,b,c[,d] (cost a*len^2 + b*len + c + d*images), got {self.cost_coeffs!r}"
             )
+        self._check_cost_model()
         self._check_images()
+        self._check_rank_tokens()
         if self.cp > 1 and self.seq_len % (2 * self.cp):
             raise ConfigError(
                 f"seq-len {self.seq_len} must be divisible by 2*cp = {2 * self.cp} "
                 "for the load-balanced context-parallel split"
             )
         self._check_mixture(names)
+
+    def _check_cost_model(self) -> None:
+        if self.cost_model is None:
+            return
+        coeffs = parse_model_shape(self.cost_model).cost_coeffs()
+        if self.cost_coeffs not in (DEFAULT_COST_COEFFS, coeffs):
+            raise ConfigError(
+                f"cost-model {self.cost_model!r} and cost-coeffs {self.cost_coeffs!r} both set the cost: give one"
+            )
+        if self.balance != "attention":
+            raise ConfigError(f"cost-model sets the attention cost: it needs --balance attention, got {self.balance!r}")
+        object.__setattr__(self, "cost_coeffs", coeffs)
+
+    def _check_rank_tokens(self) -> None:
+        if self.rank_tokens not in RANK_TOKENS:
+            raise ConfigError(f"rank-tokens must be one of {RANK_TOKENS}, got {self.rank_tokens!r}")
+        _at_least("pad_to", self.pad_to, 1)
+        _at_least("max_rank_tokens", self.max_rank_tokens, 0)
+        if self.max_rank_tokens and self.max_rank_tokens < self.rows * self.seq_len:
+            raise ConfigError(
+                f"max-rank-tokens {self.max_rank_tokens} must be at least rows x seq-len = "
+                f"{self.rows * self.seq_len}, the mean a rank takes (0: twice that)"
+            )
+        if self.rank_tokens == "variable" and self.cp > 1:
+            raise ConfigError(
+                "rank-tokens variable with cp > 1 needs the per-sequence context-parallel split, which "
+                "this version does not have: use --rank-tokens fixed with --cp"
+            )
+
+    @property
+    def rank_token_cap(self) -> int:
+        """rank_tokens=variable: the most tokens (real and padding) a rank's sequence holds."""
+        return self.max_rank_tokens or 2 * self.rows * self.seq_len
 
     def _check_images(self) -> None:
         self.image_hw  # noqa: B018  (raises ConfigError on a bad --image-size)
@@ -432,8 +473,27 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "image_token",
         "tokens_per_image",
     ),
-    "batching": ("seq_len", "rows", "steps", "long_docs", "long_chats", "max_doc_share"),
-    "plan": ("seed", "mixture", "balance", "cost_coeffs", "balance_window", "shuffle_window", "plan_ahead"),
+    "batching": (
+        "seq_len",
+        "rows",
+        "steps",
+        "long_docs",
+        "long_chats",
+        "max_doc_share",
+        "rank_tokens",
+        "max_rank_tokens",
+        "pad_to",
+    ),
+    "plan": (
+        "seed",
+        "mixture",
+        "balance",
+        "cost_coeffs",
+        "cost_model",
+        "balance_window",
+        "shuffle_window",
+        "plan_ahead",
+    ),
     "parallel": ("tp", "pp", "cp", "cp_split", "rank_order", "pp_data", "broadcast_at"),
     "workers": ("workers", "reserve_cpus", "autoscale_every", "ring_mb", "max_restarts", "worker_timeout"),
     "checkpoint": ("checkpoint_dir", "snapshot_every", "keep_snapshots", "resume", "allow_changed_data"),

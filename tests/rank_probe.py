@@ -6,7 +6,8 @@ after N batches and sleep, like a rank stuck in a collective; PROBE_NO_CLOSE=1: 
 close(), as many trainers do). Under torchrun, OUT may contain {rank}; the probe joins the
 gloo process group (needed for broadcast_at=tp). Each step's segments are recorded as
 [sample_id, tokens, crc32 of their input_ids as int64] ("step_segments", padding included;
-empty where the rank holds slices of the rows, with context parallelism). With images, each
+empty where the rank holds slices of the rows, with context parallelism), and the shape of its
+input_ids ("shapes"). With images, each
 image is recorded as [sample_id of its segment, its top-left pixel's r, g, b] ("images"), and
 each step's count of PROBE_IMAGE_TOKEN tokens and of images ("image_tokens"). With PROBE_LABELS=1,
 each step's segments are recorded with their labels too: [sample_id, tokens, crc32 of their
@@ -35,7 +36,7 @@ def main() -> None:
     loader = omniload.connect()
     step_seconds = float(os.environ.get("PROBE_STEP_S", 0))
     hang_after = int(os.environ.get("PROBE_HANG_AFTER", 0))
-    hashes, sample_ids, source_tokens, steps, waits, step_segments = [], [], {}, [], [], []
+    hashes, sample_ids, source_tokens, steps, waits, step_segments, shapes = [], [], {}, [], [], [], []
     images, image_tokens, step_labels = [], [], []
     with_labels = os.environ.get("PROBE_LABELS") == "1"
     image_token = int(os.environ.get("PROBE_IMAGE_TOKEN", -1))
@@ -49,6 +50,7 @@ def main() -> None:
             digest.update(name.encode() + batch[name].numpy().tobytes())
         hashes.append(digest.hexdigest())
         steps.append(loader.step)
+        shapes.append(list(batch["input_ids"].shape) if "input_ids" in batch else [])
         lengths = (batch["cu_seqlens"][1:] - batch["cu_seqlens"][:-1]).tolist()
         step_segments.append(_segments(batch, lengths))
         if with_labels:
@@ -82,6 +84,7 @@ def main() -> None:
                 "wait_seconds": loader.wait_seconds,
                 "waits": waits,
                 "step_segments": step_segments,
+                "shapes": shapes,
                 "images": images,
                 "image_tokens": image_tokens,
                 "step_labels": step_labels,

@@ -306,13 +306,14 @@ class _Shards:
 
 def _rank_trace(dp_rank: int, batch: dict, shards: _Shards, layout: Layout, spec: Spec) -> RankTrace:
     cu = batch["cu_seqlens"].tolist()
+    width = batch["input_ids"].shape[1]  # seq_len, or the rank's own length with --rank-tokens variable
     segments, padding = [], 0
     for k, (source, sid) in enumerate(zip(batch["source"].tolist(), batch["sample_id"].tolist())):
         length = cu[k + 1] - cu[k]
         if source < 0:
             padding += length
             continue
-        segments.append(shards.locate(sid, length, *divmod(cu[k], spec.seq_len)))
+        segments.append(shards.locate(sid, length, *divmod(cu[k], width)))
     return RankTrace(dp_rank=dp_rank, ranks=_replica(layout, dp_rank, spec.pp_data), segments=segments, padding=padding)
 
 

@@ -3,7 +3,8 @@
 `attention`: a*len^2 + b*len + c + d*images per segment, since each segment is its own causal
 document. The default coefficients are a transformer layer's FLOPs divided by 2*d_model, for
 d_model = 2048: attention 2*d*len^2 -> a = 1, the linear layers 24*d^2*len -> b = 12*d = 24576.
-So attention dominates from about 24k tokens up, as in a ~1B-parameter model. An image costs
+So attention dominates from about 24k tokens up, as in a ~1B-parameter model. --cost-model
+derives a, b and d from a model's shape instead (omniload/model_shape.py: training FLOPs). An image costs
 the vision encoder: by default d = 256*b, what 256 tokens cost the linear layers (a ViT-L/14 at
 224 px runs 256 patches through layers about as wide). `tokens`: len. A user `module:function`
 receives a SampleMeta (its `extra` holds `images`) and returns a float (measured costs).

@@ -24,11 +24,12 @@ from typing import Any, NamedTuple
 
 from numpy.typing import NDArray
 
+from omniload.coordinator.plan.budgets import padded_length
 from omniload.coordinator.plan.cost import cost_function
 from omniload.coordinator.plan.mixture import advance, join, next_source
 from omniload.coordinator.plan.packer import DocKey, Segment, compact_batch, doc_key
 from omniload.coordinator.plan.schedule import in_force, weights_at
-from omniload.coordinator.plan.step_plan import StepPlan, plan_step
+from omniload.coordinator.plan.step_plan import StepPlan, plan_budgets, plan_step
 from omniload.coordinator.plan.window import Block, Unit, block_tokens_for, make_block, restore_block, units_of
 from omniload.coordinator.pool.intake import Doc, SourceIntake
 from omniload.errors import SourceFailed
@@ -282,9 +283,18 @@ class Stepper:
         def balance_and_build() -> tuple[
             StepPlan, list[dict[str, NDArray[Any]]]
         ]:  # pure: the costly part of a step at a large dp
-            plan = plan_step(carry, fresh, dp, spec.rows, spec.seq_len, self._cost, spec.balance_window, self._rank_cap)
-            batches = [compact_batch(rows, spec.seq_len, image_hw, masked) for rows in plan.rows] if build else []
-            return plan, batches
+            if spec.rank_tokens == "variable":
+                cap = spec.rank_token_cap
+                plan = plan_budgets(carry, fresh, dp, cap, self._cost, spec.balance_window, self._rank_cap)
+                widths = [padded_length(sum(s.length for s in row), spec.pad_to, cap) for (row,) in plan.rows]
+            else:
+                plan = plan_step(
+                    carry, fresh, dp, spec.rows, spec.seq_len, self._cost, spec.balance_window, self._rank_cap
+                )
+                widths = [spec.seq_len] * dp
+            return plan, [
+                compact_batch(rows, w, image_hw, masked) for rows, w in zip(plan.rows, widths)
+            ] if build else []
 
         plan, batches = yield Compute(balance_and_build)
         self.carry = plan.carry

@@ -399,6 +399,11 @@ def job_identity(spec: Spec, catalog: list[SourceCatalog]) -> dict[str, Any]:
         {k: v for k, v in s.items() if k not in LATER_SOURCE_FIELDS or v != LATER_SOURCE_FIELDS[k]}
         for s in data_spec["sources"]
     ]
+    if spec.cost_model is None:  # its coefficients are cost_coeffs: a job without one keeps its identity
+        data_spec.pop("cost_model")
+    if spec.rank_tokens == "fixed":  # the cap and padding of variable budgets decide nothing here
+        for name in ("rank_tokens", "max_rank_tokens", "pad_to"):
+            data_spec.pop(name)
     # where a store is and how to reach it decides no batch (the objects' versions do)
     data_spec["sources"] = [{k: v for k, v in s.items() if k not in STORE_FIELDS} for s in data_spec["sources"]]
     return orjson.loads(orjson.dumps({"spec": data_spec, "files": files}))  # as it reads back from a file

@@ -22,8 +22,14 @@ def _run(script: str, *args: str) -> str:
 
 
 def test_bench_balance_runs():
-    out = _run("bench_balance.py", "--steps", "3", "--dp", "4", "--large-dp", "16", "--large-steps", "1")
-    assert "simulated step-time speedup" in out and "planner time per step at DP=16" in out
+    out = _run(
+        "bench_balance.py",
+        *("--steps", "2", "--seqs", "4096,131072", "--dps", "4", "--large-dp", "16", "--large-steps", "1"),
+        *("--stepper-steps", "5"),
+    )
+    assert "least share of the possible improvement" in out and "planner at dp=16" in out
+    assert "real Stepper" in out and "--rank-tokens variable" in out
+    assert out.count("llama-70b") == 4  # two length mixes x two seq_lens
 
 
 def test_bench_throughput_runs():

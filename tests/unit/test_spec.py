@@ -177,3 +177,37 @@ def test_chat_sources_read_messages_or_conversations_and_only_they_change_the_fi
     with_chat = Spec.from_dict({"sources": ["a=x,kind=chat"], "seq_len": 64})
     assert with_chat.masks_labels and not Spec.from_dict({"sources": ["a=x,kind=chat,train_on=all"]}).masks_labels
     assert job_identity(with_chat, [])["spec"]["long_chats"] == "truncate"
+
+
+def test_variable_rank_tokens_are_checked_and_keep_old_identities():
+    from omniload.coordinator.pool.catalog import fingerprint, job_identity
+
+    base = {"sources": ["a=x"], "seq_len": 64, "rows": 2}
+    spec = Spec.from_dict({**base, "rank_tokens": "variable"})
+    assert spec.rank_token_cap == 256  # 2 x rows x seq_len
+    assert Spec.from_dict({**base, "rank_tokens": "variable", "max_rank_tokens": "200"}).rank_token_cap == 200
+    with pytest.raises(ConfigError, match="max-rank-tokens 100 must be at least rows x seq-len = 128"):
+        Spec.from_dict({**base, "max_rank_tokens": 100})
+    with pytest.raises(ConfigError, match="rank-tokens must be one of"):
+        Spec.from_dict({**base, "rank_tokens": "elastic"})
+    with pytest.raises(ConfigError, match="cp > 1 needs the per-sequence context-parallel split"):
+        Spec.from_dict({**base, "rank_tokens": "variable", "cp": 2})
+    # a fixed job's checkpoints stay valid (the new fields decide nothing there); variable is another job
+    plain = fingerprint(job_identity(Spec.from_dict(base), []))
+    assert fingerprint(job_identity(Spec.from_dict({**base, "pad_to": 64}), [])) == plain
+    assert fingerprint(job_identity(spec, [])) != plain
+
+
+def test_budget_and_cost_model_options_from_a_config_file(tmp_path):
+    from omniload.model_shape import PRESETS
+
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        "seq-len: 1024\nrows: 2\nrank-tokens: variable\nmax-rank-tokens: 4096\npad-to: 64\n"
+        "cost-model: layers=16,hidden=2048,heads=32,ffn=8192,vocab=128256,kv_heads=8\n"
+        "sources:\n  - web=w/*.parquet\n"
+    )
+    spec = build_spec(str(config), (), {"pad_to": None})
+    assert (spec.rank_tokens, spec.rank_token_cap, spec.pad_to) == ("variable", 4096, 64)
+    assert spec.cost_coeffs == PRESETS["llama-1b"].cost_coeffs()
+    assert build_spec(str(config), (), {"rank_tokens": "fixed"}).rank_tokens == "fixed"  # flags win

@@ -1,0 +1,231 @@
+"""Variable token budgets: a step's segments to data-parallel ranks by cost alone; pure.
+
+With --rank-tokens variable a rank has no rows: it receives one packed sequence of the segments
+it is given, as long as they add up to (padded by the caller), at most `cap` tokens. So a rank
+with a few long, attention-heavy documents takes fewer tokens and one with many short ones
+more, and the ranks' costs come out equal. The mixture decides which segments a step holds;
+this only decides where each goes.
+
+1. Items: a segment, or all the chunks of a document kept whole (long_docs=bucket), which go to
+   one rank together.
+2. Longest processing time first, in rounds so that it vectorizes: items by cost, highest
+   first (carried ones before fresh ones, so nothing waits more than it must); in each round
+   the most expensive goes to the cheapest rank, the next to the next cheapest, and so on, one
+   item for each rank still below the lower bound (a rank holding the step's largest document
+   takes nothing more while others are below it). An item that would take its rank past `cap`
+   goes to the cheapest rank with room; one with room nowhere is carried to the next step.
+3. Refinement, while the most expensive rank is above the lower bound by more than
+   _GOOD_ENOUGH: first in vectorized passes, every rank above it paired with one of the
+   cheapest, each pair moving the item that best halves their gap; then, one at a time, the
+   move or swap of an item of the most expensive rank with another rank (any rank where the
+   step has few items, else the cheapest) that leaves the higher of the two lowest.
+
+The lower bound on the most expensive rank is max(mean rank cost, largest item).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+_MOVE_PASSES = 2  # vectorized passes of moves between many pairs of ranks (more moved nothing useful in the bench)
+_MAX_REFINE = 64  # then single moves or swaps at most per step (it stops before, see _GOOD_ENOUGH)
+_WIDE_CANDIDATES = 1 << 16  # (item, item or rank) pairs a single move or swap may weigh
+_GOOD_ENOUGH = 1e-3  # refinement stops once the most expensive rank is within this of the bound
+
+Ints = NDArray[np.int64]
+Floats = NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    rank: Ints  # per segment: data-parallel rank, or -1 (carried)
+    cost: Floats  # per rank: total cost
+    tokens: Ints  # per rank: real tokens
+
+    def figures(self, costs: Floats, groups: Sequence[Ints] = ()) -> dict[str, float]:
+        """max/mean rank cost and the max over the lower bound; a group counts as one item."""
+        item_cost = costs.copy()
+        for group in groups:
+            item_cost[group] = 0.0
+            item_cost[group[0]] = costs[group].sum()
+        placed = item_cost[self.rank >= 0]
+        mean = float(self.cost.mean()) if len(self.cost) else 0.0
+        bound = max(mean, float(placed.max()) if len(placed) else 0.0)
+        worst = float(self.cost.max()) if len(self.cost) else 0.0
+        return {
+            "max_cost": worst,
+            "mean_cost": mean,
+            "lower_bound": bound,
+            "imbalance": worst / mean if mean else 1.0,
+            "to_bound": worst / bound if bound else 1.0,
+        }
+
+
+def assign_budgets(
+    lengths: Ints, costs: Floats, carried: int, dp: int, cap: int, groups: Sequence[Ints] = ()
+) -> Budgets:
+    """Each segment to a rank, at most `cap` tokens a rank; the first `carried` go first.
+    `groups`: segments that must share one rank (a long document kept whole)."""
+    item_len, item_cost, first, members = _items(lengths, costs, groups)
+    was_carried = first < carried
+    old, fresh = np.flatnonzero(was_carried), np.flatnonzero(~was_carried)
+    order = np.concatenate([old[_by_cost(item_cost[old])], fresh[_by_cost(item_cost[fresh])]])
+    item_rank = np.full(len(item_len), -1, dtype=np.int64)
+    rank_cost = np.zeros(dp, dtype=np.float64)
+    rank_tokens = np.zeros(dp, dtype=np.int64)
+    _greedy(order, item_len, item_cost, item_rank, rank_cost, rank_tokens, cap)
+    bound = max(rank_cost.sum() / dp, item_cost[item_rank >= 0].max(initial=0.0))
+    for _ in range(_MOVE_PASSES):
+        if not _move_in_pairs(item_len, item_cost, item_rank, rank_cost, rank_tokens, cap, bound):
+            break
+    _refine(item_len, item_cost, item_rank, rank_cost, rank_tokens, cap, bound)
+    rank = np.full(len(lengths), -1, dtype=np.int64)
+    singles = len(item_len) - len(members)
+    rank[first[:singles]] = item_rank[:singles]
+    for group, r in zip(members, item_rank[singles:].tolist()):
+        rank[group] = r
+    return Budgets(rank, rank_cost, rank_tokens)
+
+
+def _items(lengths: Ints, costs: Floats, groups: Sequence[Ints]) -> tuple[Ints, Floats, Ints, list[Ints]]:
+    """(length, cost, first segment) per item: the segments outside groups, then one per group."""
+    grouped = np.zeros(len(lengths), dtype=bool)
+    for group in groups:
+        grouped[group] = True
+    singles = np.flatnonzero(~grouped)
+    members = [np.asarray(g, dtype=np.int64) for g in groups]
+    item_len = np.concatenate([lengths[singles], [lengths[g].sum() for g in members]]).astype(np.int64)
+    item_cost = np.concatenate([costs[singles], [costs[g].sum() for g in members]]).astype(np.float64)
+    first = np.concatenate([singles, [int(g.min()) for g in members]]).astype(np.int64)
+    return item_len, item_cost, first, members
+
+
+def _by_cost(costs: Floats) -> Ints:
+    return np.argsort(-costs, kind="stable")
+
+
+def _greedy(
+    order: Ints, item_len: Ints, item_cost: Floats, item_rank: Ints, rank_cost: Floats, rank_tokens: Ints, cap: int
+) -> None:
+    """LPT in rounds: the k-th item of a round to the k-th cheapest rank, where it has room.
+    A round has as many items as there are ranks below the target (the lower bound): a rank
+    that holds the step's largest document takes nothing more while others are below it."""
+    dp = len(rank_cost)
+    target = max(item_cost.sum() / dp, item_cost.max(initial=0.0))
+    start = 0
+    while start < len(order):
+        below = int(np.count_nonzero(rank_cost < target)) or dp  # none below: plain rounds
+        items = order[start : start + below]
+        start += len(items)
+        ranks = np.argsort(rank_cost, kind="stable")[: len(items)]
+        fits = rank_tokens[ranks] + item_len[items] <= cap
+        placed, at = items[fits], ranks[fits]
+        item_rank[placed] = at
+        rank_cost[at] += item_cost[placed]
+        rank_tokens[at] += item_len[placed]
+        for i in items[~fits].tolist():  # its rank is full: the cheapest with room, if any
+            room = rank_tokens + item_len[i] <= cap
+            if room.any():
+                r = int(np.argmin(np.where(room, rank_cost, np.inf)))
+                item_rank[i] = r
+                rank_cost[r] += item_cost[i]
+                rank_tokens[r] += item_len[i]
+
+
+def _move_in_pairs(
+    item_len: Ints, item_cost: Floats, item_rank: Ints, rank_cost: Floats, rank_tokens: Ints, cap: int, bound: float
+) -> bool:
+    """One vectorized pass over many ranks at once: the k-th most expensive rank above the
+    bound is paired with the k-th cheapest, and each pair makes the one move of an item that
+    best halves its gap (a pair of ranks at a time, as _improve does, costs ~50 us each: at
+    dp=1024 hundreds of ranks sit just above the bound). False if nothing moved."""
+    by_cost = np.argsort(rank_cost, kind="stable")
+    over = by_cost[::-1][: np.count_nonzero(rank_cost > bound * (1 + _GOOD_ENOUGH))]
+    over = over[: len(rank_cost) // 2]
+    if not len(over):
+        return False
+    under = by_cost[: len(over)]
+    pair_of = np.full(len(rank_cost), -1, dtype=np.int64)
+    pair_of[over] = np.arange(len(over))
+    placed = np.flatnonzero(item_rank >= 0)
+    mine = placed[pair_of[item_rank[placed]] >= 0]
+    pair = pair_of[item_rank[mine]]
+    gap = rank_cost[over] - rank_cost[under]
+    c = item_cost[mine]
+    ok = (c > 0) & (c < gap[pair]) & (rank_tokens[under[pair]] + item_len[mine] <= cap)
+    mine, pair, score = mine[ok], pair[ok], np.abs(c[ok] - gap[pair[ok]] / 2)
+    if not len(mine):
+        return False
+    order = np.lexsort((score, pair))
+    first = order[np.r_[True, pair[order][1:] != pair[order][:-1]]]  # the best item of each pair
+    items, to, frm = mine[first], under[pair[first]], over[pair[first]]
+    item_rank[items] = to
+    np.subtract.at(rank_cost, frm, item_cost[items])
+    np.add.at(rank_cost, to, item_cost[items])
+    np.subtract.at(rank_tokens, frm, item_len[items])
+    np.add.at(rank_tokens, to, item_len[items])
+    return True
+
+
+def _refine(
+    item_len: Ints, item_cost: Floats, item_rank: Ints, rank_cost: Floats, rank_tokens: Ints, cap: int, bound: float
+) -> None:
+    if len(rank_cost) < 2:
+        return
+    for _ in range(_MAX_REFINE):
+        hi, lo = int(np.argmax(rank_cost)), int(np.argmin(rank_cost))
+        if rank_cost[hi] <= bound * (1 + _GOOD_ENOUGH) or not _improve(
+            hi, lo, item_len, item_cost, item_rank, rank_cost, rank_tokens, cap
+        ):
+            return
+
+
+def _improve(
+    hi: int, lo: int, item_len: Ints, item_cost: Floats, item_rank: Ints, rank_cost: Floats, rank_tokens: Ints, cap: int
+) -> bool:
+    """The move of one of hi's items to another rank, or its swap with an item there, that
+    leaves the higher of the two ranks cheapest, within the cap; False if none lowers hi
+    without lifting the other rank to hi's cost. The other rank is any rank where that is
+    at most _WIDE_CANDIDATES pairs to weigh (a few ranks of few items), else the cheapest."""
+    xs = np.flatnonzero(item_rank == hi)
+    if len(xs) * (len(item_rank) + len(rank_cost)) <= _WIDE_CANDIDATES:
+        ys = np.flatnonzero((item_rank >= 0) & (item_rank != hi))
+        partners = np.flatnonzero(np.arange(len(rank_cost)) != hi)
+    else:
+        ys, partners = np.flatnonzero(item_rank == lo), np.array([lo])
+    # columns: a swap with each y (on its rank), then a move to each partner rank
+    col_rank = np.concatenate([item_rank[ys], partners])
+    col_cost = np.concatenate([item_cost[ys], np.zeros(len(partners))])
+    col_len = np.concatenate([item_len[ys], np.zeros(len(partners), dtype=np.int64)])
+    delta = item_cost[xs][:, None] - col_cost[None, :]  # the cost that goes from hi to the other rank
+    moved = item_len[xs][:, None] - col_len[None, :]
+    other = rank_cost[col_rank][None, :] + delta
+    ok = (
+        (delta > 0)
+        & (other < rank_cost[hi])
+        & (rank_tokens[col_rank][None, :] + moved <= cap)
+        & (rank_tokens[hi] - moved <= cap)
+    )
+    if not ok.any():
+        return False
+    k = int(np.argmin(np.where(ok, np.maximum(rank_cost[hi] - delta, other), np.inf)))
+    i, j = divmod(k, len(col_rank))
+    x, to = int(xs[i]), int(col_rank[j])
+    item_rank[x] = to
+    if j < len(ys):
+        item_rank[ys[j]] = hi
+    rank_cost[hi] -= delta[i, j]
+    rank_cost[to] += delta[i, j]
+    rank_tokens[hi] -= moved[i, j]
+    rank_tokens[to] += moved[i, j]
+    return True
+
+
+def padded_length(tokens: int, pad_to: int, cap: int) -> int:
+    """A rank's sequence length: its tokens rounded up to a multiple of `pad_to` (one multiple
+    when it has none, so every rank gets a batch), never past `cap`."""
+    return min(max(1, -(-tokens // pad_to)) * pad_to, cap)
