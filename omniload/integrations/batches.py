@@ -28,16 +28,24 @@ class LoaderDataset(IterableDataset):
     by the integration, from the step the trainer trained on.
 
     `transform` maps each batch (to rename keys, drop some, convert labels) before it is yielded.
+    `on_end` is called when the loader has no more batches (the job's last step was handed
+    out): a trainer that would start another, empty, epoch can be told to stop there.
     """
 
-    def __init__(self, loader: Iterable[Batch], transform: Callable[[Batch], Batch] | None = None) -> None:
+    def __init__(
+        self,
+        loader: Iterable[Batch],
+        transform: Callable[[Batch], Batch] | None = None,
+        on_end: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__()
-        self.loader = loader
-        self.transform = transform
+        self.loader, self.transform, self.on_end = loader, transform, on_end
 
     def __iter__(self) -> Iterator[Batch]:
         for batch in self.loader:
             yield batch if self.transform is None else self.transform(batch)
+        if self.on_end is not None:
+            self.on_end()
 
 
 def trained_step(optimizer_steps: int, batches_per_step: int = 1) -> int:

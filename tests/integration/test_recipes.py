@@ -1,7 +1,8 @@
 """The trainer recipes under examples/ (docs/recipes.md), each run as a user runs it:
 `omniload launch -- torchrun --nproc_per_node=2 examples/<x>/train.py` on CPU (gloo). Each
 trains a few steps, checkpoints with its framework's own mechanism, stops, resumes from that
-checkpoint, and must train on exactly the batches an uninterrupted job hands each rank.
+checkpoint, and must train on exactly the batches an uninterrupted job hands each rank, then
+end with the job.
 
 A framework that is not installed (the `recipes` extra) skips its test, saying so.
 """
@@ -83,13 +84,14 @@ def test_recipe_resumes_from_its_checkpoint_on_the_batches_of_an_uninterrupted_r
             "--record",
             str(record),
             *args,
-            timeout=150,
+            timeout=100,
         )
         assert result.returncode == 0, f"{name} run failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
         return [_recorded(Path(str(record).format(rank=rank))) for rank in range(WORLD)]
 
     stopped = train("stopped", "--steps", str(SAVED_AT))
-    resumed = train("resumed", "--steps", str(STEPS), "--resume")
+    # asked for more steps than the job has, the trainer must end with the job, not wait or spin
+    resumed = train("resumed", "--steps", str(STEPS + 2), "--resume")
     for rank in range(WORLD):
         expected = uninterrupted[rank]
         assert stopped[rank] == {s: expected[s] for s in range(SAVED_AT)}, f"rank {rank} before the stop"

@@ -53,6 +53,12 @@ def test_loader_dataset_hands_out_the_loaders_batches_transformed_and_keeps_no_s
     assert not hasattr(dataset, "state_dict")
 
 
+def test_loader_dataset_says_when_the_loader_has_no_more_batches():
+    ended = []
+    dataset = LoaderDataset([_packed_row()], on_end=lambda: ended.append(True))
+    assert len(list(dataset)) == 1 and ended == [True]
+
+
 class _FakeLoader:
     """What TitanBatches uses of omniload's Loader: batches, and a position after each."""
 
