@@ -10,12 +10,22 @@ by its step count, not the loader: `trained_step` turns the one into the other, 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import IterableDataset
 
 Batch = dict[str, torch.Tensor]
 IGNORE = -100  # the label of a token that is not trained on (torch's cross_entropy default)
+
+
+class RankLoader(Protocol):
+    """What the integrations use of `omniload.connect()`'s result (a Loader, or a
+    BroadcastLoader with --broadcast-at tp)."""
+
+    def __iter__(self) -> Iterator[Batch]: ...
+    def state_dict(self, *, step: int | None = None) -> dict[str, str]: ...
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
 class LoaderDataset(IterableDataset):

@@ -27,9 +27,8 @@ from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-from omniload.client import Loader
 from omniload.errors import ConfigError
-from omniload.integrations.batches import Batch, LoaderDataset, trained_step, unshifted_labels
+from omniload.integrations.batches import Batch, LoaderDataset, RankLoader, trained_step, unshifted_labels
 
 STATE_FILE = "omniload-loader-rank{rank}.json"
 MODEL_INPUTS = ("input_ids", "position_ids")  # what a causal LM's forward takes from a batch
@@ -45,7 +44,7 @@ class LoaderCheckpoint(TrainerCallback):
     """Writes the loader position of the step just trained into the checkpoint folder the
     Trainer has just written, one file per rank."""
 
-    def __init__(self, loader: Loader, rank: int) -> None:
+    def __init__(self, loader: RankLoader, rank: int) -> None:
         self.loader, self.rank = loader, rank
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -60,7 +59,7 @@ class OmniloadTrainer(Trainer):
     Pass `train_dataset=None`; the arguments must say `ignore_data_skip=True` and
     `max_steps` (the loader has no length). Every loader batch is one micro-batch."""
 
-    def __init__(self, *args: Any, loader: Loader, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, loader: RankLoader, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if not self.args.ignore_data_skip:
             raise ConfigError(

@@ -20,8 +20,7 @@ from typing import Any
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader
 
-from omniload.client import Loader
-from omniload.integrations.batches import Batch, LoaderDataset, trained_step
+from omniload.integrations.batches import Batch, LoaderDataset, RankLoader, trained_step
 
 STATE_KEY = "loader"
 
@@ -30,7 +29,7 @@ class OmniloadDataModule(pl.LightningDataModule):
     """Training batches from `loader` (as `omniload.connect()` returns it), each batch mapped
     by `transform` if given. Every loader batch is one micro-batch."""
 
-    def __init__(self, loader: Loader, transform: Callable[[Batch], Batch] | None = None) -> None:
+    def __init__(self, loader: RankLoader, transform: Callable[[Batch], Batch] | None = None) -> None:
         super().__init__()
         self.loader, self.transform = loader, transform
 
