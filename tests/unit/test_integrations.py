@@ -85,6 +85,7 @@ def test_titan_batches_yield_torchtitans_input_dict_and_labels():
     assert torch.equal(labels, row["labels"])  # torchtitan's labels are already the next token
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process: DCP says so, rightly
 def test_titan_batches_save_the_position_after_the_last_batch_and_load_it_through_dcp(tmp_path):
     saving = TitanBatches(_FakeLoader([_packed_row()] * 3))
     assert isinstance(saving, Stateful)
