@@ -10,6 +10,7 @@ A framework that is not installed (the `recipes` extra) skips its test, saying s
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from tests.jobs import ROOT, TORCHRUN, omniload_cli
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 STEPS, SAVED_AT, WORLD = 8, 4, 2
+_TORCHTITAN = importlib.util.find_spec("torchtitan") is not None  # checked before the job fixtures run
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +68,10 @@ def test_recipe_resumes_from_its_checkpoint_on_the_batches_of_an_uninterrupted_r
     _stop_and_resume(ROOT / "examples" / recipe / "train.py", job, uninterrupted, tmp_path)
 
 
+@pytest.mark.skipif(not _TORCHTITAN, reason="torchtitan is not installed (the torchtitan extra)")
 def test_torchtitan_data_loader_resumes_from_dcp_on_the_batches_of_an_uninterrupted_run(job, uninterrupted, tmp_path):
     """examples/torchtitan itself needs an accelerator (torchtitan's Trainer falls back to
     device "cuda", its model registry imports triton); this runs its data loader side on CPU."""
-    pytest.importorskip("torchtitan.components.dataloader", reason="torchtitan is not installed (the torchtitan extra)")
     _stop_and_resume(ROOT / "tests" / "titan_train.py", job, uninterrupted, tmp_path)
 
 
