@@ -58,6 +58,8 @@ def main() -> None:
     if args.record:
         model.register_forward_pre_hook(recorder(args.record, trainer), with_kwargs=True)
     trainer.train(resume_from_checkpoint=args.resume or None)
+    if torch.distributed.is_initialized():  # gloo's threads must not outlive the interpreter (SIGABRT at exit)
+        torch.distributed.destroy_process_group()
 
 
 def recorder(pattern: str, trainer: OmniloadTrainer):

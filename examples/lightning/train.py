@@ -74,6 +74,8 @@ def main() -> None:
     )
     data = OmniloadDataModule(omniload.connect())
     trainer.fit(TinyLM(args.record), datamodule=data, ckpt_path="last" if args.resume else None)
+    if torch.distributed.is_initialized():  # gloo's threads must not outlive the interpreter (SIGABRT at exit)
+        torch.distributed.destroy_process_group()
 
 
 def parse_args() -> argparse.Namespace:
