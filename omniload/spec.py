@@ -362,10 +362,10 @@ class Spec:
                 f"max-rank-tokens {self.max_rank_tokens} must be at least rows x seq-len = "
                 f"{self.rows * self.seq_len}, the mean a rank takes (0: twice that)"
             )
-        if self.rank_tokens == "variable" and self.cp > 1:
+        if self.rank_tokens == "variable" and self.cp > 1 and self.cp_split == "row":
             raise ConfigError(
-                "rank-tokens variable with cp > 1 needs the per-sequence context-parallel split, which "
-                "this version does not have: use --rank-tokens fixed with --cp"
+                "rank-tokens variable with cp > 1 needs the per-sequence context-parallel split: a "
+                "rank's one packed sequence has no rows to cut; use --cp-split sequence"
             )
 
     @property

@@ -47,9 +47,11 @@ def _launch(corpus: dict[str, str], out: Path, nproc: int, *flags: str) -> list[
     return ranks
 
 
-def test_each_cp_group_reassembles_the_sequences_the_job_without_cp_delivers(corpus, tmp_path):
-    whole = _launch(corpus, tmp_path / "cp1", 2)  # dp = 2
-    split = _launch(corpus, tmp_path / "cp2", 4, "--cp", "2")  # dp = 2, cp ranks 2d and 2d+1 (tp-cp-dp-pp)
+@pytest.mark.parametrize("rank_tokens", ["fixed", "variable"])
+def test_each_cp_group_reassembles_the_sequences_the_job_without_cp_delivers(corpus, tmp_path, rank_tokens):
+    budgets = ("--rank-tokens", rank_tokens)
+    whole = _launch(corpus, tmp_path / "cp1", 2, *budgets)  # dp = 2
+    split = _launch(corpus, tmp_path / "cp2", 4, "--cp", "2", *budgets)  # dp = 2, cp ranks 2d and 2d+1 (tp-cp-dp-pp)
     for step in range(STEPS):
         counts = {meta[step]["global_trained_tokens"] for _, meta in whole + split}
         want_count = sum(int((arrays[f"{step}/labels"] != -100).sum()) for arrays, _ in whole)

@@ -191,7 +191,8 @@ def test_variable_rank_tokens_are_checked_and_keep_old_identities():
     with pytest.raises(ConfigError, match="rank-tokens must be one of"):
         Spec.from_dict({**base, "rank_tokens": "elastic"})
     with pytest.raises(ConfigError, match="cp > 1 needs the per-sequence context-parallel split"):
-        Spec.from_dict({**base, "rank_tokens": "variable", "cp": 2})
+        Spec.from_dict({**base, "rank_tokens": "variable", "cp": 2, "cp_split": "row"})
+    assert Spec.from_dict({**base, "rank_tokens": "variable", "cp": 2}).cp_split == "sequence"
     # a fixed job's checkpoints stay valid (the new fields decide nothing there); variable is another job
     plain = fingerprint(job_identity(Spec.from_dict(base), []))
     assert fingerprint(job_identity(Spec.from_dict({**base, "pad_to": 64}), [])) == plain
