@@ -74,8 +74,13 @@ def expand(wire: dict[str, np.ndarray], empty: Allocate = np.empty) -> dict[str,
 
 def trained_tokens(batches: Sequence[dict[str, np.ndarray]]) -> int:
     """The tokens of a step's batches that have a label (labels != IGNORE_INDEX once expanded):
-    every real segment's tokens but its last, as `expand` labels them. One vectorized pass over
-    all batches, not one per batch: a step at dp=1024 has 1024 of them."""
+    every real segment's tokens but its last, as `expand` labels them, and in a batch with a
+    label mask only those whose next token is trained. One vectorized pass over the unmasked
+    batches, not one per batch: a step at dp=1024 has 1024 of them."""
+    masked = [b for b in batches if "label_mask" in b]
+    if masked:
+        plain = [b for b in batches if "label_mask" not in b]
+        return trained_tokens(plain) + sum(_masked_trained_tokens(b) for b in masked)
     if not batches:
         return 0
     bounds = np.concatenate([b["cu_seqlens"] for b in batches]).astype(np.int64)
@@ -83,6 +88,17 @@ def trained_tokens(batches: Sequence[dict[str, np.ndarray]]) -> int:
     sources = np.concatenate([part for b in batches for part in (b["source"], _BETWEEN)])[:-1]
     lengths = np.diff(bounds)[sources >= 0]
     return int(np.maximum(lengths - 1, 0).sum())
+
+
+def _masked_trained_tokens(wire: dict[str, np.ndarray]) -> int:
+    """trained_tokens of one batch with a label mask: the positions `expand` gives a label."""
+    size = wire["input_ids"].size
+    cu = wire["cu_seqlens"].astype(np.int64)
+    labelled = np.repeat(wire["source"] >= 0, np.diff(cu))  # real tokens ...
+    labelled[cu[1:] - 1] = False  # ... but each segment's last ...
+    trained = np.unpackbits(wire["label_mask"], count=size).view(bool)
+    labelled[:-1] &= trained[1:]  # ... whose next token is a trained one
+    return int(labelled.sum())
 
 
 def narrow(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

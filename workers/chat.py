@@ -118,6 +118,9 @@ def chatml_pieces(messages: Sequence[Message], train_all: bool = False) -> list[
     return pieces
 
 
+_STAND_IN = "\ue000omniload-reply\ue000"  # private-use characters: in no template and no tokenizer's specials
+
+
 def template_pieces(messages: Sequence[Message], render: Render, train_all: bool = False) -> list[Piece]:
     """The pieces of a conversation under a chat template, by rendering growing prefixes (see above)."""
     pieces, before = [], ""
@@ -132,10 +135,14 @@ def template_pieces(messages: Sequence[Message], render: Render, train_all: bool
         if train_all or m.role != "assistant":
             pieces.append(Piece(added, train_all, i))
             continue
-        content = m.content if m.content in added else m.content.strip()
-        at = added.rfind(content) if content else -1
-        if at < 0:
+        # where the content sits: render the same turn with a stand-in content, so a reply that
+        # also occurs in the template's own text (say "end" inside "<|im_end|>") is never mistaken for it
+        earlier = len(text) - len(added)
+        with_stand_in = render([*messages[:i], Message(m.role, _STAND_IN)])
+        head, found, rest = with_stand_in[earlier:].partition(_STAND_IN)
+        if not found or not added.startswith(head) or not added.endswith(rest) or len(head) + len(rest) > len(added):
             raise ChatError(f"the chat template does not show the content of message {i} (assistant) as written")
+        at, content = len(head), added[len(head) : len(added) - len(rest)]
         tail = added[at + len(content) :]
         marker = tail.rstrip()
         pieces += [
@@ -236,6 +243,9 @@ def encode(
             out.append(pieces)
             continue
         tokens = [next(flat) if p.text else np.zeros(0, np.int32) for p in pieces]
+        if not any(len(t) for t in tokens):  # a document of no tokens has no place in a batch
+            out.append(ChatError("the conversation renders to no tokens"))
+            continue
         sample, ends, trains = assemble(pieces, tokens)
         fitted = fit(sample, ends, trains, config.seq_len, config.drop_long)
         out.append(len(sample.tokens) if fitted is None else fitted)

@@ -15,6 +15,8 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import IterableDataset
 
+from omniload.errors import ConfigError
+
 Batch = dict[str, torch.Tensor]
 IGNORE = -100  # the label of a token that is not trained on (torch's cross_entropy default)
 
@@ -26,6 +28,17 @@ class RankLoader(Protocol):
     def __iter__(self) -> Iterator[Batch]: ...
     def state_dict(self, *, step: int | None = None) -> dict[str, str]: ...
     def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+def require_whole_rows(loader: Any, who: str) -> None:
+    """Refuse a job with context parallelism once `loader` is connected: `who` shifts labels
+    or shards sequences itself, which assumes whole rows, while a cp rank holds pieces of them."""
+    cp = getattr(loader, "info", {}).get("layout", {}).get("cp", 1)
+    if cp > 1:
+        raise ConfigError(
+            f"{who} takes whole rows, but the job has --cp {cp}: each rank holds pieces of its "
+            "sequences. Run it with --cp 1, or feed a model built for context parallelism from a plain loop"
+        )
 
 
 class LoaderDataset(IterableDataset):
@@ -40,6 +53,7 @@ class LoaderDataset(IterableDataset):
     `transform` maps each batch (to rename keys, drop some, convert labels) before it is yielded.
     `on_end` is called when the loader has no more batches (the job's last step was handed
     out): a trainer that would start another, empty, epoch can be told to stop there.
+    `whole_rows_for`, when given, names a framework that needs whole rows (require_whole_rows).
     """
 
     def __init__(
@@ -47,12 +61,16 @@ class LoaderDataset(IterableDataset):
         loader: Iterable[Batch],
         transform: Callable[[Batch], Batch] | None = None,
         on_end: Callable[[], None] | None = None,
+        whole_rows_for: str | None = None,
     ) -> None:
         super().__init__()
         self.loader, self.transform, self.on_end = loader, transform, on_end
+        self.whole_rows_for = whole_rows_for
 
     def __iter__(self) -> Iterator[Batch]:
-        for batch in self.loader:
+        for i, batch in enumerate(self.loader):
+            if i == 0 and self.whole_rows_for:  # connected now: the job's layout is known
+                require_whole_rows(self.loader, self.whole_rows_for)
             yield batch if self.transform is None else self.transform(batch)
         if self.on_end is not None:
             self.on_end()

@@ -71,7 +71,10 @@ class OmniloadTrainer(Trainer):
 
     def get_train_dataloader(self) -> DataLoader:
         """This rank's batches, not passed through accelerator.prepare (which would re-shard them)."""
-        return DataLoader(LoaderDataset(self.loader, causal_lm_inputs), batch_size=None)
+        dataset = LoaderDataset(
+            self.loader, causal_lm_inputs, whole_rows_for="OmniloadTrainer (its labels are shifted)"
+        )
+        return DataLoader(dataset, batch_size=None)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         """As Trainer.train; resuming also restores the loader position from that checkpoint

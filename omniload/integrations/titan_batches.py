@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import torch
 
-from omniload.integrations.batches import Batch
+from omniload.integrations.batches import Batch, require_whole_rows
 
 
 class _Loader(Protocol):  # what TitanBatches needs of omniload's Loader (a test can fake it)
@@ -31,7 +31,9 @@ class TitanBatches:
         self.loader = loader
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-        for batch in self.loader:
+        for i, batch in enumerate(self.loader):
+            if i == 0:  # torchtitan shards sequences for its own context parallelism
+                require_whole_rows(self.loader, "torchtitan's data loader")
             yield {"input": batch["input_ids"], "positions": batch["position_ids"]}, batch["labels"]
 
     def state_dict(self) -> dict[str, Any]:

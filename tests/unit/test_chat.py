@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from omniload.batch_arrays import IGNORE_INDEX
+from omniload.batch_arrays import IGNORE_INDEX, trained_tokens
 from omniload.coordinator.plan.packer import Segment, build_batch, compact_batch
 from omniload.errors import ConfigError
 from omniload.formats.lane_config import ChatConfig
@@ -72,6 +72,10 @@ def test_labels_are_ignored_everywhere_but_where_the_next_token_is_a_reply():
     targets = bytes(t for t in labels.tolist() if t != IGNORE_INDEX).decode()
     assert targets == "hi there<|im_end|>hello<|im_end|>"
     assert batch["labels"][1].tolist()[:5] == [1, 2, 3, 4, IGNORE_INDEX], "a text segment trains on every token"
+    wire = compact_batch([[segment], [text]], n + 3, masked=True)
+    plain = compact_batch([[text]], n + 3)
+    want = int((batch["labels"] != IGNORE_INDEX).sum()) + 4
+    assert trained_tokens([wire, plain]) == want, "the loss's global count is the labels' count, mask included"
 
 
 def test_a_job_without_conversations_sends_the_batch_it_always_sent():
@@ -216,6 +220,22 @@ def test_a_qwen2_template_trains_the_replies_not_its_default_system_prompt():
     (sample,) = encode([CONVERSATION[1:]], config, _bytes, jinja_render(config))
     assert bytes(sample.tokens.tolist()).decode().startswith("<|im_start|>system\nYou are a helpful assistant.")
     assert _trained_text(sample) == ["hi there<|im_end|>", "hello<|im_end|>"]
+
+
+@pytest.mark.parametrize("reply", ["end", "im", "|>", "assistant"])
+def test_a_reply_that_also_occurs_in_the_template_text_is_found_where_the_reply_is(reply):
+    """With a Qwen2 (ChatML) template, a reply "end" also occurs inside "<|im_end|>"."""
+    config = ChatConfig(seq_len=4096, template=QWEN2)
+    conversation = [{"role": "user", "content": "say it"}, {"role": "assistant", "content": reply}]
+    (sample,) = encode([conversation], config, _bytes, jinja_render(config))
+    assert bytes(sample.tokens.tolist()).decode().endswith(f"<|im_start|>assistant\n{reply}<|im_end|>\n")
+    assert _trained_text(sample) == [f"{reply}<|im_end|>"]
+
+
+def test_a_conversation_that_renders_to_nothing_is_a_bad_sample():
+    config = ChatConfig(seq_len=64, template="{% for message in messages %}{% endfor %}")
+    (result,) = encode([CONVERSATION[1:2]], config, _bytes, jinja_render(config))
+    assert isinstance(result, ChatError) and "renders to no tokens" in str(result)
 
 
 def test_status_shows_the_long_conversations_of_each_source():

@@ -11,6 +11,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import DataLoader
 
+from omniload.errors import ConfigError
 from omniload.integrations.batches import LoaderDataset, trained_step, unshifted_labels
 from omniload.integrations.titan_batches import TitanBatches
 
@@ -101,3 +102,15 @@ def test_titan_batches_leave_the_loader_at_the_start_for_an_empty_state():
     loader = _FakeLoader([])
     TitanBatches(loader).load_state_dict({})  # a checkpoint saved without a data loader
     assert loader.loaded is None
+
+
+def test_frameworks_that_need_whole_rows_refuse_a_context_parallel_job_at_the_first_batch():
+    cp_job = _FakeLoader([_packed_row()])
+    cp_job.info = {"layout": {"tp": 1, "cp": 2, "dp": 1, "pp": 1}}
+    with pytest.raises(ConfigError, match="torchtitan's data loader takes whole rows, but the job has --cp 2"):
+        next(iter(TitanBatches(cp_job)))
+    with pytest.raises(ConfigError, match="OmniloadTrainer .* --cp 2"):
+        next(iter(LoaderDataset(cp_job, whole_rows_for="OmniloadTrainer (it shifts labels)")))
+    plain = _FakeLoader([_packed_row()])
+    plain.info = {"layout": {"tp": 1, "cp": 1, "dp": 1, "pp": 1}}
+    assert len(list(TitanBatches(plain))) == 1
