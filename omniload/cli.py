@@ -18,7 +18,20 @@ from typing import Any
 import click
 
 from omniload.errors import ConfigError, OmniloadError
-from omniload.spec import CP_SPLITS, GROUP_OF, GROUPS, Spec, load_config, parse_source
+from omniload.spec import (
+    BROADCAST_AT,
+    CP_SPLITS,
+    GROUP_OF,
+    GROUPS,
+    LONG_CHATS,
+    LONG_DOCS,
+    ON_BAD_FILE,
+    PP_DATA,
+    RANK_TOKENS,
+    Spec,
+    load_config,
+    parse_source,
+)
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Spec) if f.name != "sources"}
 _CHILD_STOP_S = 10.0
@@ -61,7 +74,7 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [  # (flag, click's kwargs); -
     ),
     (
         "--on-bad-file",
-        dict(type=click.Choice(["stop", "skip"]), help="Stop the job at an unreadable file, or skip it."),
+        dict(type=click.Choice(ON_BAD_FILE), help="Stop the job at an unreadable file, or skip it."),
     ),
     ("--ring-mb", dict(type=int, help="Shared-memory ring size per worker lane, in MB.")),
     ("--plan-ahead", dict(type=int, help="Steps planned ahead of the slowest rank.")),
@@ -105,7 +118,7 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [  # (flag, click's kwargs); -
     (
         "--rank-tokens",
         dict(
-            type=click.Choice(["fixed", "variable"]),
+            type=click.Choice(RANK_TOKENS),
             help="fixed: every rank gets rows x seq-len tokens; variable: each rank its own number of "
             "tokens as one packed sequence, so that rank costs are equal.",
         ),
@@ -132,14 +145,14 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [  # (flag, click's kwargs); -
     (
         "--long-docs",
         dict(
-            type=click.Choice(["split", "drop", "bucket"]),
+            type=click.Choice(LONG_DOCS),
             help="Documents longer than seq-len: split into chunks, drop, or keep whole rows together.",
         ),
     ),
     (
         "--long-chats",
         dict(
-            type=click.Choice(["truncate", "drop"]),
+            type=click.Choice(LONG_CHATS),
             help="Conversations (kind=chat) longer than seq-len: cut after the last whole turn that fits, or drop.",
         ),
     ),
@@ -163,12 +176,12 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [  # (flag, click's kwargs); -
     ("--rank-order", dict(help="Order of the parallel axes in the rank number, fastest first.")),
     (
         "--pp-data",
-        dict(type=click.Choice(["first-last", "all"]), help="Pipeline stages that receive data."),
+        dict(type=click.Choice(PP_DATA), help="Pipeline stages that receive data."),
     ),
     (
         "--broadcast-at",
         dict(
-            type=click.Choice(["none", "tp"]),
+            type=click.Choice(BROADCAST_AT),
             help="tp: one rank per tensor-parallel group connects and broadcasts to the others.",
         ),
     ),
@@ -255,8 +268,9 @@ def spec_options(command: Callable) -> Callable:
         cls=_GroupedOption,
         group="data",
         help="A data source; repeat for several. GLOB is a local glob or a URL (s3://, gs://, "
-        "az://, hf://). Options: weight, column, format, tokenizer, image (the column of "
-        "encoded images), endpoint, region, anonymous (for a store).",
+        "az://, hf://). Options: weight, column, format, tokenizer, epochs; image (the column of "
+        "encoded images); tokens, dtype, eos, vocab (token ids, docs/sources.md); kind=chat, "
+        "train_on (conversations); endpoint, region, anonymous (for a store).",
     )(command)
     return click.option(
         "--config",

@@ -597,6 +597,13 @@ LATER_SOURCE_FIELDS = {
     "kind": "text",
     "train_on": "assistant",
 }
+
+
+def without_later_defaults(source: dict[str, Any]) -> dict[str, Any]:
+    """A source's dict less the LATER_SOURCE_FIELDS it leaves at their defaults."""
+    return {k: v for k, v in source.items() if k not in LATER_SOURCE_FIELDS or v != LATER_SOURCE_FIELDS[k]}
+
+
 # Fields that matter only when a source holds conversations.
 CHAT_FIELDS = ("long_chats",)
 # Fields that matter only when a source has images.

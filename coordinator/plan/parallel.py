@@ -133,4 +133,4 @@ class Split(NamedTuple):
     take: Callable[[Arrays, int, int], Arrays]
 
 
-CP_SPLITS = {"sequence": Split(thd_pad, thd_take), "row": Split(_whole, cp_slice)}
+CP_SPLITTERS = {"sequence": Split(thd_pad, thd_take), "row": Split(_whole, cp_slice)}

@@ -28,7 +28,15 @@ from omniload.errors import ConfigError
 from omniload.formats.lane_config import ChatConfig, ImageConfig, Pretokenized
 from omniload.formats.shards import BadFile, Shard, detect_format
 from omniload.order import MAX_ORDINAL
-from omniload.spec import CHAT_FIELDS, IMAGE_FIELDS, LATER_SOURCE_FIELDS, RUNTIME_FIELDS, STORE_FIELDS, Source, Spec
+from omniload.spec import (
+    CHAT_FIELDS,
+    IMAGE_FIELDS,
+    RUNTIME_FIELDS,
+    STORE_FIELDS,
+    Source,
+    Spec,
+    without_later_defaults,
+)
 from omniload.storage.urls import StoreOptions, is_remote, redact
 from omniload.workers.chat import chat_config
 from omniload.workers.images import load_image_transform, require_pillow
@@ -228,12 +236,7 @@ def _without_indexes(paths: list[str]) -> list[str]:
 
 def _catalog_key(spec: Spec) -> str:
     sources = [
-        {
-            k: v
-            for k, v in s.items()
-            if k not in ("weight", "epochs", "tokenizer")
-            and (k not in LATER_SOURCE_FIELDS or v != LATER_SOURCE_FIELDS[k])
-        }
+        {k: v for k, v in without_later_defaults(s).items() if k not in ("weight", "epochs", "tokenizer")}
         for s in spec.to_dict()["sources"]
     ]
     return hashlib.blake2b(
@@ -395,10 +398,7 @@ def job_identity(spec: Spec, catalog: list[SourceCatalog]) -> dict[str, Any]:
         data_spec["sources"] = [{k: v for k, v in s.items() if k != "image"} for s in data_spec["sources"]]
     if not spec.has_chat:  # a job without conversations keeps the identity it had before them
         data_spec = {k: v for k, v in data_spec.items() if k not in CHAT_FIELDS}
-    data_spec["sources"] = [
-        {k: v for k, v in s.items() if k not in LATER_SOURCE_FIELDS or v != LATER_SOURCE_FIELDS[k]}
-        for s in data_spec["sources"]
-    ]
+    data_spec["sources"] = [without_later_defaults(s) for s in data_spec["sources"]]
     if spec.cost_model is None:  # its coefficients are cost_coeffs: a job without one keeps its identity
         data_spec.pop("cost_model")
     if spec.rank_tokens == "fixed":  # the cap and padding of variable budgets decide nothing here

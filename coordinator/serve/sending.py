@@ -18,7 +18,7 @@ import socket
 from collections.abc import Callable, Sequence
 
 from omniload.batch_arrays import expand, narrow, trained_tokens
-from omniload.coordinator.plan.parallel import CP_SPLITS
+from omniload.coordinator.plan.parallel import CP_SPLITTERS
 from omniload.coordinator.plan.stepper import Step
 from omniload.coordinator.pool.worker_pool import available_cpus
 from omniload.coordinator.serve.arena import StepArena
@@ -79,7 +79,7 @@ class Sending:
                 "state": position,
             }
         )
-        frames, full_rows, split = {}, {}, CP_SPLITS[self._spec.cp_split]
+        frames, full_rows, split = {}, {}, CP_SPLITTERS[self._spec.cp_split]
         for variant in frame_kinds:
             dp_rank, cp_rank, has_data = variant
             fields = {"tokens": step.tokens[dp_rank], "compact": has_data and self._spec.cp == 1}

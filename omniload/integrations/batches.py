@@ -15,10 +15,10 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import IterableDataset
 
+from omniload.batch_arrays import IGNORE_INDEX
 from omniload.errors import ConfigError
 
 Batch = dict[str, torch.Tensor]
-IGNORE = -100  # the label of a token that is not trained on (torch's cross_entropy default)
 
 
 class RankLoader(Protocol):
@@ -97,5 +97,5 @@ def unshifted_labels(labels: torch.Tensor) -> torch.Tensor:
     Exact: a row's last label is always -100 (a segment ends there), so the shift the model
     does drops nothing, and the -100 at a segment's first token keeps a document from being
     trained to continue the one packed before it."""
-    first = torch.full_like(labels[..., :1], IGNORE)
+    first = torch.full_like(labels[..., :1], IGNORE_INDEX)
     return torch.cat([first, labels[..., :-1]], dim=-1)
