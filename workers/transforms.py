@@ -44,6 +44,7 @@ def load_transform(name: str) -> Transform:
     return _per_value(fn)
 
 
+@functools.cache  # sources often share one tokenizer: parse its file once
 def vocab_size(name: str) -> int | None:
     """The vocabulary of a tokenizer.json (added tokens included); None for the others: `bytes`
     is the default, not a declaration, and a function's vocabulary is not known."""
