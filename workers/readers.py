@@ -35,7 +35,14 @@ from omniload.formats.shards import TOKEN_FILES, BadFile, Shard, gzipped, part_n
 from omniload.storage.files import Files
 from omniload.storage.objects import BLOCK, StoreError
 from omniload.storage.urls import is_remote
-from omniload.workers.token_files import check_tokens, flat_rows, index_flat, index_megatron, megatron_rows
+from omniload.workers.token_files import (
+    VOCAB_FROM,
+    check_tokens,
+    flat_rows,
+    index_flat,
+    index_megatron,
+    megatron_rows,
+)
 
 LOCAL = Files()  # local paths need no state: one for every caller that reads local files only
 JSONL_SHARD_ROWS = 4096
@@ -436,7 +443,7 @@ def _check_vocab(shard: Shard, values: list, rows: range, vocab: int) -> None:
         if bad is not None:
             raise BadFile(
                 f"{part_name(shard.format, shard.start)}, row {row}: token id {int(value[bad])} at position "
-                f"{bad} is not below the vocabulary size {vocab} (vocab=)"
+                f"{bad} is not below the vocabulary size {vocab} ({VOCAB_FROM})"
             )
 
 

@@ -126,11 +126,15 @@ def check_tokens(tokens: np.ndarray, vocab: int | None) -> int | None:
     return int(np.argmax(bad)) if bad.any() else None
 
 
+# where a source's vocabulary comes from, and how to change it (catalog.pretokenized_of)
+VOCAB_FROM = "vocab=, else the source's tokenizer's; set vocab= to the vocabulary the ids were made with"
+
+
 def _checked(tokens: np.ndarray, vocab: int | None, where: str, offset: int) -> np.ndarray:
     """The ids as int32; BadFile naming the first bad one's offset (`offset`: the document's first token's)."""
     bad = check_tokens(tokens, vocab)
     if bad is not None:
-        limit = f"the vocabulary size {vocab} (vocab=)" if vocab is not None else "2**31"
+        limit = f"the vocabulary size {vocab} ({VOCAB_FROM})" if vocab is not None else "2**31"
         raise BadFile(f"token id {int(tokens[bad])} at token offset {offset + bad} ({where}) is not below {limit}")
     return tokens.astype(np.int32)
 

@@ -148,4 +148,4 @@ def test_an_id_beyond_the_vocabulary_stops_the_job_naming_source_file_and_offset
     assert result.returncode == 2, result.stderr
     assert f"source 'flat': {path}: " in result.stderr, result.stderr
     assert f"token id 4000 at token offset {offset}" in result.stderr, result.stderr
-    assert "is not below the vocabulary size 1024 (vocab=)" in result.stderr, result.stderr
+    assert "is not below the vocabulary size 1024 (vocab=, else the source" in result.stderr, result.stderr
