@@ -10,8 +10,10 @@ With `--workers auto` the supervisor also runs the autoscaler: every `--autoscal
 seconds it reads each source's counters (its lanes' CPU time and tokens written, the tokens
 the planner took, how often the planner found its rings empty), and when a packing of the
 lanes by measured cost promises enough more throughput (coordinator/pool/autoscale.py) it stops
-the workers whose lanes change and starts them at the cursors, as for a crash: the data
-cannot tell.
+the workers whose lanes change and starts them with their new lanes. A moved lane keeps its
+ring: the planner reads on from it while the workers restart, and the lane's new worker goes
+on after the ring's newest record. The lanes' turns fix every position's producer, so the
+data cannot tell.
 """
 
 from __future__ import annotations
@@ -125,12 +127,21 @@ class Supervisor:
         )
         await self._start(worker_id)
 
-    async def _start(self, worker_id: int) -> None:
-        """A fresh worker at its sources' cursors; the dead one's unread records are dropped.
-        Its rings stay empty until it starts, so the cursors cannot move meanwhile."""
-        self._pool.reset_rings(worker_id)
-        cursors = {source: self._intakes[source].cursor for source in self._pool.source_indexes_of(worker_id)}
-        await asyncio.get_running_loop().run_in_executor(None, self._pool.start, worker_id, cursors.__getitem__)
+    async def _start(self, worker_id: int, keep_rings: bool = False) -> None:
+        """A fresh worker for worker_id's lanes. After a crash (or to move the cursors) its rings
+        are emptied and it starts at its sources' cursors, which cannot move until it writes.
+        A re-split keeps them (`keep_rings`): the planner reads on from the records the old
+        worker wrote, and each lane goes on after its ring's newest record, so a move neither
+        stalls delivery nor redoes work. The positions are read here, on the loop, where the
+        planner reads the rings, after the old worker has stopped."""
+        if keep_rings:
+            starts = {(s, lane): self._intakes[s].resume_at(lane) for s, lane in self._pool.plan[worker_id]}
+        else:
+            self._pool.reset_rings(worker_id)
+            starts = {(s, lane): self._intakes[s].cursor for s, lane in self._pool.plan[worker_id]}
+        await asyncio.get_running_loop().run_in_executor(
+            None, self._pool.start, worker_id, lambda source, lane: starts[(source, lane)]
+        )
         self._watch(worker_id)
 
     async def close(self) -> None:
@@ -146,7 +157,8 @@ class Supervisor:
     # -- the autoscaler ----------------------------------------------------------------------
     async def replan(self, plan: list[list[tuple[int, int]]]) -> None:
         """Serve the lanes with packing `plan`: stop the workers whose lanes change, then start
-        each at its sources' cursors (its rings emptied, as after a crash)."""
+        them with their new lanes, each lane going on after the records its ring holds (the
+        planner drains them meanwhile)."""
         async with self._moving:
             if self._tasks:  # a replacement under way finishes first
                 await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -158,8 +170,7 @@ class Supervisor:
                     loop.remove_reader(worker.sentinel)
             await loop.run_in_executor(None, self._pool.stop_workers, moved)
             self._pool.set_plan(plan)
-            for worker_id in moved:
-                await self._start(worker_id)
+            await asyncio.gather(*(self._start(worker_id, keep_rings=True) for worker_id in moved))
 
     def _counters(self) -> list[tuple[float, int, int, int]]:
         """Per source: (CPU s, tokens written) of its lanes, tokens taken, empty polls; all only grow."""

@@ -3,7 +3,7 @@
 Workers come from a forkserver started before the event loop, so no fork ever happens from
 the running loop and a replacement starts as clean as the first worker.
 Lifecycle of a worker: STARTED -> (EXITED 0: done | EXITED != 0: restarted or job fails |
-STOPPED by a re-split, its lanes started again by other workers at the cursors).
+STOPPED by a re-split, its lanes going on in other workers after their rings' newest records).
 
 The lanes (one ring each) are fixed for the job; the plan, which worker produces which
 lanes, may change (`set_plan`, for the autoscaler), and never changes the data.
@@ -127,12 +127,14 @@ class WorkerPool:
     def source_rings(self, source: int) -> list[Ring]:
         return [self.rings[(source, lane)] for lane in range(self.lane_counts[source])]
 
-    def start(self, worker_id: int, cursor_of: Callable[[int], tuple[int, int]]) -> WorkerProcess:
-        """Start (or restart) a worker at the cursors of its sources; its rings must be empty."""
+    def start(self, worker_id: int, start_of: Callable[[int, int], tuple[int, int]]) -> WorkerProcess:
+        """Start (or restart) a worker; each of its lanes (source, lane) produces from position
+        `start_of(source, lane)` on: the source's cursor when its ring is empty, right after the
+        ring's newest record when the ring keeps its records (SourceIntake.resume_at)."""
         lanes = []
         for source, lane in self._plan[worker_id]:
             src = self._catalog[source]
-            k, pos = cursor_of(source)
+            k, pos = start_of(source, lane)
             num_lanes = self.lane_counts[source]
             lanes.append(
                 LaneConfig(

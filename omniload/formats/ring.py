@@ -188,6 +188,29 @@ class Ring:
         _U64.pack_into(self._mm, _READ, read + 8 + _pad8(size))
         return data
 
+    def newest(self, head: int) -> bytes | None:
+        """The first `head` bytes of the newest unread record (what its producer wrote last),
+        without taking anything; None if the ring is empty. A walk over the unread records:
+        call it once a producer has stopped (a move), not per record."""
+        read = _U64.unpack_from(self._mm, _READ)[0]
+        write = _U64.unpack_from(self._mm, _WRITE)[0]
+        newest = None
+        while read < write:
+            offset = read % self.capacity
+            size = _U64.unpack_from(self._mm, _HEADER + offset)[0]
+            if size == _PAD:
+                read += self.capacity - offset
+                continue
+            newest = (offset + 8) % self.capacity, size
+            read += 8 + _pad8(size)
+        if newest is None:
+            return None
+        start, size = newest
+        end = start + min(size, head)
+        if end <= self.capacity:
+            return self._mm[_HEADER + start : _HEADER + end]
+        return self._mm[_HEADER + start : _HEADER + self.capacity] + self._mm[_HEADER : _HEADER + end - self.capacity]
+
     def used(self) -> int:
         write: int = _U64.unpack_from(self._mm, _WRITE)[0]
         read: int = _U64.unpack_from(self._mm, _READ)[0]
