@@ -49,6 +49,7 @@ sys.path.insert(0, str(HERE))
 
 _ROUNDS_ENV = "OMNILOAD_BENCH_ROUNDS"
 _ROUNDS = int(os.environ.get(_ROUNDS_ENV, "40"))  # a cheap source's per-token work; the costly one does 10x
+_SLEEP_ENV = "OMNILOAD_BENCH_SLEEP_NS"  # --sleep-ns: a round's wall time per token, on top of its CPU work
 
 
 def _work(text: str, rounds: int) -> np.ndarray:
@@ -56,6 +57,9 @@ def _work(text: str, rounds: int) -> np.ndarray:
     mixed = tokens.copy()
     for _ in range(rounds):  # per-token CPU work that cannot be skipped
         mixed = (mixed * 1103515245 + 12345) & 0x7FFFFFFF
+    sleep_ns = int(os.environ.get(_SLEEP_ENV, "0"))
+    if sleep_ns:  # a worker busy without taking one of this machine's few cores (see --sleep-ns)
+        time.sleep(rounds * len(tokens) * sleep_ns * 1e-9)
     return tokens if mixed.sum() >= 0 else mixed
 
 
@@ -222,10 +226,10 @@ def main_shift(args: argparse.Namespace, cpus: int) -> None:
     }
     phases = [("", args.warmup), ("s0", args.seconds), ("s1", args.seconds)]
     print(
-        f"machine: {cpus} cores; {args.sources} sources of equal weight, all cheap ({args.rounds} rounds per "
-        f"token) for {args.warmup:.0f}s, then s0 ten times costlier for {args.seconds:.0f}s, then s1 instead "
-        f"for {args.seconds:.0f}s; {args.budget} worker processes on each side (auto: --autoscale-every "
-        f"{args.every:g}); one rank as fast as it can; {args.trials} trials alternating"
+        f"machine: {_cores(cpus)}; {args.sources} sources of equal weight, all cheap ({args.rounds} rounds per "
+        f"token{_sleeping(args)}) for {args.warmup:.0f}s, then s0 ten times costlier for {args.seconds:.0f}s, "
+        f"then s1 instead for {args.seconds:.0f}s; {args.budget} worker processes on each side "
+        f"(auto: --autoscale-every {args.every:g}); one rank as fast as it can; {args.trials} trials alternating"
     )
     print(f"{'trial':<6}{'side':<8}{'s0 costly':>11}{'s1 costly':>11}  first move after shift; moves; split over time")
     results: dict[str, list[list[float]]] = {"static": [], "auto": []}
@@ -250,6 +254,15 @@ def main_shift(args: argparse.Namespace, cpus: int) -> None:
         )
 
 
+def _cores(cpus: int) -> str:
+    here = len(os.sched_getaffinity(0))
+    return f"{cpus} cores" if cpus == here else f"{cpus} cores by OMNILOAD_CPUS ({here} here, time-shared)"
+
+
+def _sleeping(args: argparse.Namespace) -> str:
+    return f", each also waiting {args.sleep_ns} ns per token: a core per worker simulated" if args.sleep_ns else ""
+
+
 def main() -> None:
     from bench_data import make_sources
 
@@ -270,6 +283,15 @@ def main() -> None:
     )
     parser.add_argument("--docs", type=int, default=20000, help="documents per source")
     parser.add_argument("--shift", action="store_true", help="the costly source changes during the run (see above)")
+    parser.add_argument(
+        "--sleep-ns",
+        type=int,
+        default=0,
+        help="each round of a transform also waits this many ns per token (0: off): with most of "
+        "the cost a wait, every worker runs as if on a core of its own, which shows what the split does "
+        "for a machine with a core per worker when this one has fewer; the CPU rounds stay, in the same "
+        "ratio, for the autoscaler to measure",
+    )
     parser.add_argument(
         "--ring-mb",
         type=int,
@@ -299,7 +321,8 @@ def main() -> None:
             f"--budget must be 1..{cpus} (the cores here, or OMNILOAD_CPUS): auto's budget is the cores less "
             "--reserve-cpus"
         )
-    os.environ[_ROUNDS_ENV] = str(args.rounds)  # the workers' transforms read it
+    os.environ[_ROUNDS_ENV] = str(args.rounds)  # the workers' transforms read them
+    os.environ[_SLEEP_ENV] = str(args.sleep_ns)
     if args.shift:
         main_shift(args, cpus)
         return
