@@ -1,9 +1,11 @@
 """The source-worker process: read shards, transform, write records into its rings.
 
 A worker serves one or more lanes; a lane is one source's share of positions (its turns, see
-omniload.order) with its own ring. The worker never blocks on one full ring while another
-has room, so a worker serving several sources cannot stall the coordinator. It exits when
-its lanes are done, when the coordinator is gone, or (killed) when the coordinator stops it.
+omniload.order) with its own ring. A re-split may take lanes from a running worker: it lets
+go of a lane when its ring asks (omniload/formats/ring.py, handover) and serves the rest.
+The worker never blocks on one full ring while another has room, so a worker serving several
+sources cannot stall the coordinator. It exits when its lanes are done (or all let go), when
+the coordinator is gone, or (killed) when the coordinator stops it.
 """
 
 from __future__ import annotations
@@ -74,6 +76,12 @@ def _serve(config: WorkerConfig) -> None:
     while live:
         progressed = False
         for i in list(live):
+            if rings[i].release_asked():  # a re-split gives the lane to another worker
+                live.remove(i)
+                producers[i].close()  # its unwritten record is the next worker's first
+                pending[i] = None
+                rings[i].confirm_release()
+                continue
             started, tokens = time.thread_time_ns(), 0
             for _ in range(_BURST):
                 if pending[i] is None:
@@ -125,7 +133,7 @@ def _write(ring: Ring, record: tuple, lane: LaneConfig) -> bool:
         return ring.try_write(*error_record(0, 0, f"{exc}: raise --ring-mb (now {ring.capacity >> 20} MB)"))
 
 
-def _produce(lane: LaneConfig, files: Files = LOCAL) -> Iterator[tuple]:
+def _produce(lane: LaneConfig, files: Files = LOCAL) -> Generator[tuple, None, None]:
     """Records of this lane in the source's deterministic order, from (start_group, start_pos).
     An ERROR record is the lane's last: the source cannot go on."""
     transform: Callable[[list], list]

@@ -119,8 +119,8 @@ def demands(costs: Sequence[float | None], taken: Sequence[float], windows: Sequ
 
 
 def resplit(plan: Plan, lanes: Sequence[int], demand: Sequence[float], budget: int, margin: float) -> Plan | None:
-    """A better packing for `demand`, laid out so that workers whose lanes do not change keep
-    their place (they are not restarted); None when it would not gain `margin`."""
+    """A better packing for `demand`, laid out so that as many workers as can keep running
+    (keep_in_place); None when it would not gain `margin`."""
     proposal = pack(lanes, demand, budget)
     if busiest(plan, lanes, demand) <= (1 + margin) * busiest(proposal, lanes, demand):
         return None
@@ -128,25 +128,45 @@ def resplit(plan: Plan, lanes: Sequence[int], demand: Sequence[float], budget: i
 
 
 def keep_in_place(old: Plan, new: Plan) -> Plan:
-    """`new`'s workers ordered so that one identical to a worker of `old` sits at its index."""
+    """`new`'s workers ordered so that one whose lanes a worker of `old` already serves (all
+    of them, maybe with others) sits at that worker's index: that worker runs on and lets the
+    others go, and only the workers that gain a lane restart. A costly source's lanes, spread
+    out to workers of their own, thus keep their producers: its rings are the ones that run
+    low. Where two fit one old worker, the one keeping more of its lanes takes its place."""
+    owner = {lane: i for i, worker in enumerate(old) for lane in worker}
     placed: list[list[tuple[int, int]] | None] = [None] * len(new)
     rest = []
-    old_index = {tuple(sorted(w)): i for i, w in enumerate(old) if i < len(new)}
-    for worker in new:
-        i = old_index.pop(tuple(sorted(worker)), None)
-        if i is None:
-            rest.append(worker)
-        else:
+    for worker in sorted(new, key=len, reverse=True):  # (stable: ties keep new's order)
+        homes = {owner.get(lane) for lane in worker}
+        i = homes.pop() if len(homes) == 1 else None
+        if i is not None and i < len(new) and placed[i] is None:
             placed[i] = worker
+        else:
+            rest.append(worker)
     free = iter(rest)
     return [w if w is not None else next(free) for w in placed]
 
 
-def changed_workers(old: Plan, new: Plan) -> list[int]:
-    """Indexes whose lanes differ: the workers a move must stop and start."""
-    return [
-        i for i in range(max(len(old), len(new))) if i >= len(old) or i >= len(new) or sorted(old[i]) != sorted(new[i])
-    ]
+@dataclass(frozen=True, slots=True)
+class Moves:
+    """How a re-split from one plan to the next is carried out."""
+
+    released: dict[int, list[tuple[int, int]]]  # workers that run on: the lanes each lets go
+    restarted: list[int]  # workers stopped and started with their new lanes (they gain a lane)
+
+
+def moves(old: Plan, new: Plan) -> Moves:
+    """The workers of `new` that only lose lanes run on and release them; those that gain a
+    lane restart (a process's lanes are fixed when it starts)."""
+    released: dict[int, list[tuple[int, int]]] = {}
+    restarted = []
+    for i in range(max(len(old), len(new))):
+        before, after = set(old[i]) if i < len(old) else set(), set(new[i]) if i < len(new) else set()
+        if after - before:
+            restarted.append(i)
+        elif before - after:
+            released[i] = sorted(before - after)
+    return Moves(released=released, restarted=restarted)
 
 
 def workers_per_source(plan: Plan, num_sources: int) -> list[int]:

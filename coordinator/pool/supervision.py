@@ -25,8 +25,8 @@ from collections.abc import Callable
 from omniload.coordinator.pool.autoscale import (
     MARGIN,
     Window,
-    changed_workers,
     demands,
+    moves,
     resplit,
     update_costs,
     update_taken,
@@ -38,6 +38,8 @@ from omniload.errors import SourceFailed
 
 log = logging.getLogger("omniload")
 _JOIN_DEAD_S = 1.0  # a worker whose sentinel fired has exited: its join only reaps it
+_RELEASE_S = 5.0  # a worker lets a lane go between two bursts of records
+_RELEASE_POLL_S = 0.005
 _STARVED_POLLS = 20  # empty polls in a window (about 0.2 s of the planner waiting) that make a source starved
 
 
@@ -135,6 +137,8 @@ class Supervisor:
         stalls delivery nor redoes work. The positions are read here, on the loop, where the
         planner reads the rings, after the old worker has stopped."""
         if keep_rings:
+            for key in self._pool.plan[worker_id]:
+                self._pool.rings[key].clear_release()
             starts = {(s, lane): self._intakes[s].resume_at(lane) for s, lane in self._pool.plan[worker_id]}
         else:
             self._pool.reset_rings(worker_id)
@@ -155,22 +159,59 @@ class Supervisor:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # -- the autoscaler ----------------------------------------------------------------------
-    async def replan(self, plan: list[list[tuple[int, int]]]) -> None:
-        """Serve the lanes with packing `plan`: stop the workers whose lanes change, then start
-        them with their new lanes, each lane going on after the records its ring holds (the
-        planner drains them meanwhile)."""
+    async def replan(self, plan: list[list[tuple[int, int]]]) -> tuple[int, int]:
+        """Serve the lanes with packing `plan` (laid out by autoscale.keep_in_place). A worker
+        that only loses lanes runs on: it is asked to let them go (ring handover) and goes on
+        with the rest. The workers that gain a lane stop, and start again with their new lanes
+        once every lane they take has let go. Each moved lane goes on after its ring's newest
+        record; the planner reads the rings meanwhile. A worker that does not let go within
+        _RELEASE_S (a transform busy for that long) is stopped and started too. Returns the
+        number of workers that ran on and of those restarted."""
         async with self._moving:
-            if self._tasks:  # a replacement under way finishes first
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-            moved = changed_workers(self._pool.plan, plan)
-            loop = asyncio.get_running_loop()
-            for worker_id in moved:  # not a crash: its exit must not restart it
-                worker = self._pool.workers[worker_id]
-                if worker is not None:
-                    loop.remove_reader(worker.sentinel)
-            await loop.run_in_executor(None, self._pool.stop_workers, moved)
+            await self._settle()
+            carried = moves(self._pool.plan, plan)
+            before = list(self._pool.workers)
+            for lanes in carried.released.values():
+                for key in lanes:
+                    self._pool.rings[key].ask_release()
+            stopping = asyncio.ensure_future(self._stop(carried.restarted))
+            late = await self._await_release(carried.released)
+            await stopping
+            await self._settle()  # a worker that died meanwhile was restarted with its old lanes
+            late += [w for w in carried.released if self._pool.workers[w] is not before[w] and w not in late]
+            if late:
+                await self._stop(late)
             self._pool.set_plan(plan)
-            await asyncio.gather(*(self._start(worker_id, keep_rings=True) for worker_id in moved))
+            restarted = sorted({*carried.restarted, *late})
+            await asyncio.gather(*(self._start(worker_id, keep_rings=True) for worker_id in restarted))
+            return len(carried.released) - len(late), len(restarted)
+
+    async def _settle(self) -> None:
+        if self._tasks:  # a replacement under way finishes first
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _stop(self, worker_ids: list[int]) -> None:
+        """Stop these workers on purpose: their exits must not restart them."""
+        loop = asyncio.get_running_loop()
+        for worker_id in worker_ids:
+            worker = self._pool.workers[worker_id]
+            if worker is not None:
+                loop.remove_reader(worker.sentinel)
+        await loop.run_in_executor(None, self._pool.stop_workers, worker_ids)
+
+    async def _await_release(self, released: dict[int, list[tuple[int, int]]]) -> list[int]:
+        """Wait until every worker asked to let lanes go has; those that have not by
+        _RELEASE_S."""
+        deadline = asyncio.get_running_loop().time() + _RELEASE_S
+        waiting = dict(released)
+        while waiting:
+            waiting = {w: keys for w, keys in waiting.items() if not all(self._pool.rings[k].released for k in keys)}
+            if not waiting or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(_RELEASE_POLL_S)
+        if waiting:
+            log.warning("workers %s did not let their lanes go in %.0fs; restarting them", sorted(waiting), _RELEASE_S)
+        return sorted(waiting)
 
     def _counters(self) -> list[tuple[float, int, int, int]]:
         """Per source: (CPU s, tokens written) of its lanes, tokens taken, empty polls; all only grow."""
@@ -204,7 +245,8 @@ class Supervisor:
                 ", ".join(f"{n} {b}->{a}" for n, b, a in zip(names, before, after)),
                 ", ".join(f"{n} {c * 1e9:.0f}" for n, c in zip(names, costs) if c is not None),
             )
-            await self.replan(plan)
+            ran_on, restarted = await self.replan(plan)
+            log.info("autoscale: %d workers let lanes go and ran on, %d restarted", ran_on, restarted)
             pool.scaling["moves"] += 1
             last = self._counters()  # the restart's refill is not the sources' steady cost
 

@@ -17,10 +17,12 @@ from tests.corpus import mixed_sources
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
-# two lanes per source; the move regroups them: each worker then serves one source's lanes
-_BY_LANE = [[(0, 0), (1, 0), (2, 0)], [(0, 1), (1, 1), (2, 1)]]
-_BY_SOURCE = [[(0, 0), (0, 1), (2, 0)], [(1, 0), (1, 1), (2, 1)]]
-_DOCS = 400  # per source, about half of them read before the move
+# two lanes per source on three workers; the move to _SPREAD takes source 1's lanes from
+# workers 0 and 1, which run on (they only lose lanes), to worker 2, which restarts (it gains
+# them); the move back does the opposite
+_PAIRED = [[(0, 0), (1, 0)], [(0, 1), (1, 1)], [(2, 0), (2, 1)]]
+_SPREAD = [[(0, 0)], [(0, 1)], [(1, 0), (1, 1), (2, 0), (2, 1)]]
+_DOCS = 600  # per source: a third read before the first move, a third before the second
 _WAIT_S = 30.0
 
 
@@ -37,11 +39,13 @@ def _read(intake: SourceIntake, count: int) -> list[tuple[int, int, int, bytes]]
     return docs
 
 
-def _run(spec: Spec, move: bool) -> tuple[list[list[tuple]], list[int]]:
-    """Every source's first _DOCS documents, and (with `move`) how many bytes each ring still
-    held the moment the re-split's new workers had started."""
-    workforce = Workforce(spec, build_catalog(spec), _BY_LANE, "resplit")
+def _run(spec: Spec, move: bool) -> tuple[list[list[tuple]], list[int], list[bool]]:
+    """Every source's first _DOCS documents; with `move`, how many bytes each ring still held
+    the moment each move had its workers started, and whether the workers that only lost
+    lanes ran on (their processes the same)."""
+    workforce = Workforce(spec, build_catalog(spec), _PAIRED, "resplit")
     held: list[int] = []
+    ran_on: list[bool] = []
     try:
         intakes = workforce.read_rings()
         workforce.start()
@@ -53,27 +57,32 @@ def _run(spec: Spec, move: bool) -> tuple[list[list[tuple]], list[int]]:
             supervisor = Supervisor(workforce.pool, intakes, 0, fail)
             supervisor.watch_all()
             try:
-                docs = [_read(intake, _DOCS // 2) for intake in intakes]
-                if move:
-                    await supervisor.replan(_BY_SOURCE)
-                    held.extend(ring.used() for ring in workforce.pool.rings.values())
-                for got, intake in zip(docs, intakes):
-                    got += _read(intake, _DOCS - len(got))
+                docs: list[list[tuple]] = [[] for _ in intakes]
+                for plan in (_SPREAD, _PAIRED, None):
+                    for got, intake in zip(docs, intakes):
+                        got += _read(intake, _DOCS // 3)
+                    if move and plan is not None:
+                        shrinking = [w for w, lanes in enumerate(plan) if set(lanes) < set(workforce.pool.plan[w])]
+                        pids = [workforce.pool.started(w).pid for w in shrinking]
+                        assert await supervisor.replan(plan) == (len(shrinking), len(plan) - len(shrinking))
+                        held.extend(ring.used() for ring in workforce.pool.rings.values())
+                        ran_on.append(pids == [workforce.pool.started(w).pid for w in shrinking])
                 return docs
             finally:
                 await supervisor.close()
 
-        return asyncio.run(read()), held
+        return asyncio.run(read()), held, ran_on
     finally:
         workforce.stop()
 
 
 def test_a_resplit_keeps_the_read_ahead_and_changes_no_document(corpus):
     spec = Spec.from_dict({"sources": mixed_sources(corpus), "seq_len": 64, "seed": 7, "epochs": 0, "ring_mb": 1})
-    static, _ = _run(spec, move=False)
-    moved, held = _run(spec, move=True)
+    static, _, _ = _run(spec, move=False)
+    moved, held, ran_on = _run(spec, move=True)
 
     for name, a, b in zip(("web", "code", "books"), static, moved):
-        assert [d[:3] for d in b] == [d[:3] for d in a], f"source '{name}': the move changed the order"
-        assert b == a, f"source '{name}': the move changed a document's tokens"
+        assert [d[:3] for d in b] == [d[:3] for d in a], f"source '{name}': a move changed the order"
+        assert b == a, f"source '{name}': a move changed a document's tokens"
     assert all(held), f"a moved lane's ring was emptied (bytes held per ring: {held}): the planner would wait"
+    assert ran_on == [True, True], "a worker that only lost lanes was restarted"

@@ -6,14 +6,15 @@ from omniload.coordinator.pool.autoscale import (
     MARGIN,
     STARVED_BOOST,
     TAKEN_MEMORY,
+    Moves,
     Window,
     auto_budget,
     auto_lanes,
     busiest,
-    changed_workers,
     demands,
     initial_plan,
     keep_in_place,
+    moves,
     pack,
     resplit,
     update_costs,
@@ -113,13 +114,29 @@ def test_resplit_from_a_bad_split_gains_and_settles():
     assert resplit(better, lanes, demand, 2, MARGIN) is None  # hysteresis: it stays put
 
 
-def test_unchanged_workers_keep_their_place_and_are_not_restarted():
+def test_a_move_restarts_only_the_workers_that_gain_a_lane():
     old = [[(0, 0)], [(1, 0)], [(2, 0), (3, 0)]]
     new = [[(2, 0)], [(3, 0), (0, 0)], [(1, 0)]]
     placed = keep_in_place(old, new)
-    assert placed[1] == [(1, 0)]
-    assert changed_workers(old, placed) == [0, 2]
+    assert placed == [[(3, 0), (0, 0)], [(1, 0)], [(2, 0)]]  # unchanged, and shrunk, in place
+    assert moves(old, placed) == Moves(released={2: [(3, 0)]}, restarted=[0])
     assert _lanes_of(placed) == _lanes_of(new)
+
+
+def test_a_source_turning_costly_keeps_its_producers_while_its_lanes_spread_out():
+    """8 sources x 4 lanes on 8 workers, packed by weight: each worker serves one lane of four
+    sources. s0 becomes ten times costlier: its lanes get a worker each, and those are the
+    workers that run on (its rings are the ones running low); the cheap lanes restart."""
+    lanes, budget = [4] * 8, 8
+    start = initial_plan([1.0] * 8, 0, 0, budget)
+    assert start == pack(lanes, [1.0] * 8, budget)
+    demand = [10.0] + [1.0] * 7
+    plan = resplit(start, lanes, demand, budget, MARGIN)
+    assert plan is not None and _lanes_of(plan) == _lanes_of(start)
+    assert sorted(w for w in plan if any(s == 0 for s, _ in w)) == [[(0, j)] for j in range(4)]
+    carried = moves(start, plan)
+    s0_workers = [i for i, w in enumerate(plan) if w[0][0] == 0]
+    assert sorted(carried.released) == s0_workers and not set(carried.restarted) & set(s0_workers)
 
 
 def test_pack_is_deterministic():
