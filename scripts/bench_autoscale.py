@@ -175,6 +175,7 @@ def run_shifting(spec_dict: dict, phases: list[tuple[str, float]], phase_file: P
     splits: list[str] = []
     moves: list[tuple[float, int]] = []
     delivered: list[tuple[float, int]] = []  # (seconds since start, tokens) at each phase's end
+    series: list[tuple[float, int]] = []  # (seconds since start, tokens) each second
     try:
         started = time.monotonic()
         for costly_source, seconds in phases:
@@ -184,6 +185,7 @@ def run_shifting(spec_dict: dict, phases: list[tuple[str, float]], phase_file: P
                 time.sleep(min(1.0, max(0.0, end - now)))
                 status = job.status()
                 at = time.monotonic() - started
+                series.append((at, status["delivered"]["tokens"]))
                 split = "/".join(str(s["workers"]) for s in status["sources"])
                 if not splits or splits[-1].split(" ", 1)[1] != split:
                     splits.append(f"{at:.0f}s {split}")
@@ -197,7 +199,17 @@ def run_shifting(spec_dict: dict, phases: list[tuple[str, float]], phase_file: P
     rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(delivered, delivered[1:])]
     shifts = [end for end, _ in delivered[:-1]]  # when each timed phase began
     first_move = [next((round(t - shift, 1) for t, _ in moves if t >= shift), None) for shift in shifts]
-    return {"rates": rates, "splits": splits, "moves": moves, "first_move": first_move}
+    # a move happened within the second before the sample that saw it: delivery over the 3 s
+    # before that second against the 3 s from it on shows whether the move stalled delivery
+    around = [(_rate(series, t - 4, t - 1), _rate(series, t - 1, t + 2)) for t, _ in moves]
+    return {"rates": rates, "splits": splits, "moves": moves, "first_move": first_move, "around": around}
+
+
+def _rate(series: list[tuple[float, int]], start: float, end: float) -> float:
+    """Tokens/s between the samples nearest `start` and `end`."""
+    a = min(series, key=lambda sample: abs(sample[0] - start))
+    b = min(series, key=lambda sample: abs(sample[0] - end))
+    return (b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else 0.0
 
 
 def main_shift(args: argparse.Namespace, cpus: int) -> None:
@@ -231,13 +243,17 @@ def main_shift(args: argparse.Namespace, cpus: int) -> None:
         f"then s1 instead for {args.seconds:.0f}s; {args.budget} worker processes on each side "
         f"(auto: --autoscale-every {args.every:g}); one rank as fast as it can; {args.trials} trials alternating"
     )
-    print(f"{'trial':<6}{'side':<8}{'s0 costly':>11}{'s1 costly':>11}  first move after shift; moves; split over time")
+    print(
+        f"{'trial':<6}{'side':<8}{'s0 costly':>11}{'s1 costly':>11}  first move after shift; moves at (tokens/s "
+        "in the 3 s before -> the 3 s from it); split over time"
+    )
     results: dict[str, list[list[float]]] = {"static": [], "auto": []}
     for trial in range(1, args.trials + 1):
         for side in ("static", "auto") if trial % 2 else ("auto", "static"):
             r = run_shifting(sides[side], phases, phase_file)
             results[side].append(r["rates"])
-            moves = ", ".join(f"{t:.0f}s" for t, _ in r["moves"]) or "none"
+            around = zip(r["moves"], r["around"])
+            moves = ", ".join(f"{t:.0f}s ({a / 1e3:,.0f}k -> {b / 1e3:,.0f}k)" for (t, _), (a, b) in around) or "none"
             first = "/".join("-" if m is None else f"{m:.0f}s" for m in r["first_move"])
             print(
                 f"{trial:<6}{side:<8}{r['rates'][0]:>11,.0f}{r['rates'][1]:>11,.0f}  {first}; moves at {moves}; "

@@ -71,6 +71,7 @@ def _serve(config: WorkerConfig) -> None:
     published = [(0, 0)] * len(access)  # store counters already added to each ring
     producers = [_produce(lane, files) for lane, files in zip(config.lanes, access)]
     pending: list[tuple | None] = [None] * len(producers)
+    set_up = [False] * len(producers)  # the lane's first record is out: its transform loaded, shards opened
     live = list(range(len(producers)))
     idle = _IDLE_MIN_S
     while live:
@@ -89,6 +90,9 @@ def _serve(config: WorkerConfig) -> None:
                     if pending[i] is None:
                         live.remove(i)
                         break
+                    if not set_up[i]:  # setting the lane up is not what its tokens cost (a moved
+                        set_up[i] = True  # lane's new worker would look costly and move it again)
+                        started = time.thread_time_ns()
                 record = pending[i]
                 assert record is not None  # taken just above; None ended the lane
                 if not _write(rings[i], record, config.lanes[i]):

@@ -248,7 +248,10 @@ class Supervisor:
             ran_on, restarted = await self.replan(plan)
             log.info("autoscale: %d workers let lanes go and ran on, %d restarted", ran_on, restarted)
             pool.scaling["moves"] += 1
-            last = self._counters()  # the restart's refill is not the sources' steady cost
+            # the window after a move measures the moved lanes' new workers starting and their
+            # rings refilling, not the sources' steady cost: it is left out
+            await asyncio.sleep(every)
+            last = self._counters()
 
     def _scaler_done(self, task: asyncio.Task) -> None:
         exc = None if task.cancelled() else task.exception()
