@@ -23,10 +23,20 @@ With --shift, the cost moves during the run instead: every source starts cheap, 
 becomes ten times costlier after --warmup seconds, and cheap again --seconds later while s1
 takes its place for another --seconds. The tokens are the same in every phase (the transform
 only works harder), so both sides deliver the same batches. Each run reports tokens/s per
-phase, the autoscaler's moves with the time of each, and how long after a shift the split
-first moved.
+phase, the autoscaler's moves with the time of each and delivery in the 3 s before and after
+it, and how long after a shift the split first moved.
 
     python scripts/bench_autoscale.py --shift [--budget 2] [--seconds 30] [--trials 3]
+
+What a machine with few cores can show: a split decides how many cores a source's work may
+use, so it shows only where workers are not time-shared. With OMNILOAD_CPUS=8 on 2 cores the
+8 workers share 2 cores, whatever the split, and the figure measures CPU per token (auto's
+extra lanes cost some); at 40 rounds both sides are bound by the coordinator as well.
+--sleep-ns makes most of each transform's cost a wait, so every worker runs as if on a core
+of its own: then the split is what bounds delivery, as on a machine with a core per worker
+(what it still does not show: the coordinator and rank competing with busy workers).
+
+    OMNILOAD_CPUS=8 python scripts/bench_autoscale.py --shift --sources 8 --budget 8 --sleep-ns 100 --ring-mb 1
 """
 
 from __future__ import annotations
