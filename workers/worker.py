@@ -1,10 +1,11 @@
 """The source-worker process: read shards, transform, write records into its rings.
 
 A worker serves one or more lanes; a lane is one source's share of positions (its turns, see
-omniload.order) with its own ring. A re-split may take lanes from a running worker: it lets
-go of a lane when its ring asks (omniload/formats/ring.py, handover) and serves the rest.
+omniload.order) with its own ring. A re-split moves lanes between running workers: a worker
+lets go of a lane when its ring asks (omniload/formats/ring.py, handover) and takes on the
+lanes its inbox brings.
 The worker never blocks on one full ring while another has room, so a worker serving several
-sources cannot stall the coordinator. It exits when its lanes are done (or all let go), when
+sources cannot stall the coordinator. It exits when its lanes are done, when
 the coordinator is gone, or (killed) when the coordinator stops it.
 """
 
@@ -20,6 +21,7 @@ import time
 import traceback
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +46,9 @@ _TRANSFORM_ROWS = 64  # positions transformed at once: their int32 tokens are 4x
 _IDLE_MIN_S, _IDLE_MAX_S = 50e-6, 5e-3
 
 
-def run_worker(config: WorkerConfig) -> None:
-    """Process entry point (forked by the coordinator's pool).
+def run_worker(config: WorkerConfig, inbox: Connection | None = None) -> None:
+    """Process entry point (forked by the coordinator's pool). `inbox` brings lanes to take on
+    during a re-split.
 
     A shard's errors travel as ERROR records; an error outside any shard (a bug) ends the
     worker with code 1, after its traceback and one line naming the worker and its sources
@@ -56,7 +59,7 @@ def run_worker(config: WorkerConfig) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _exit_with(config.coordinator_pid)
     try:
-        _serve(config)
+        _serve(config, inbox)
     except Exception as exc:
         traceback.print_exc()
         sources = ", ".join(sorted({f"'{lane.source_name}'" for lane in config.lanes}))
@@ -64,17 +67,39 @@ def run_worker(config: WorkerConfig) -> None:
         sys.exit(1)
 
 
-def _serve(config: WorkerConfig) -> None:
+def _serve(config: WorkerConfig, inbox: Connection | None = None) -> None:
     use_system_allocator()
-    rings = [Ring.attach(Path(lane.ring_path)) for lane in config.lanes]
-    access = [_files_for(lane) for lane in config.lanes]
-    published = [(0, 0)] * len(access)  # store counters already added to each ring
-    producers = [_produce(lane, files) for lane, files in zip(config.lanes, access)]
-    pending: list[tuple | None] = [None] * len(producers)
-    set_up = [False] * len(producers)  # the lane's first record is out: its transform loaded, shards opened
-    live = list(range(len(producers)))
+    lanes: list[LaneConfig] = []
+    rings: list[Ring] = []
+    access: list[Files] = []
+    published: list[tuple[int, int]] = []  # store counters already added to each ring
+    producers: list[Generator[tuple, None, None]] = []
+    pending: list[tuple | None] = []
+    set_up: list[bool] = []  # the lane's first record is out: its transform loaded, shards opened
+    live: list[int] = []
+
+    def take_on(lane: LaneConfig) -> None:
+        lanes.append(lane)
+        rings.append(Ring.attach(Path(lane.ring_path)))
+        access.append(_files_for(lane))
+        published.append((0, 0))
+        producers.append(_produce(lane, access[-1]))
+        pending.append(None)
+        set_up.append(False)
+        live.append(len(lanes) - 1)
+
+    for lane in config.lanes:
+        take_on(lane)
+    awaiting = False  # it let its last lane go: lanes to take on are on their way
     idle = _IDLE_MIN_S
-    while live:
+    while live or awaiting:
+        if inbox is not None and inbox.poll():
+            try:
+                for lane in inbox.recv():
+                    take_on(lane)
+                awaiting = False
+            except (EOFError, OSError):  # the coordinator is gone: the watchdog ends this process
+                inbox = None
         progressed = False
         for i in list(live):
             if rings[i].release_asked():  # a re-split gives the lane to another worker
@@ -82,6 +107,7 @@ def _serve(config: WorkerConfig) -> None:
                 producers[i].close()  # its unwritten record is the next worker's first
                 pending[i] = None
                 rings[i].confirm_release()
+                awaiting = not live
                 continue
             started, tokens = time.thread_time_ns(), 0
             for _ in range(_BURST):
@@ -95,7 +121,7 @@ def _serve(config: WorkerConfig) -> None:
                         started = time.thread_time_ns()
                 record = pending[i]
                 assert record is not None  # taken just above; None ended the lane
-                if not _write(rings[i], record, config.lanes[i]):
+                if not _write(rings[i], record, lanes[i]):
                     break
                 tokens += _tokens_in(record)
                 pending[i] = None

@@ -128,45 +128,43 @@ def resplit(plan: Plan, lanes: Sequence[int], demand: Sequence[float], budget: i
 
 
 def keep_in_place(old: Plan, new: Plan) -> Plan:
-    """`new`'s workers ordered so that one whose lanes a worker of `old` already serves (all
-    of them, maybe with others) sits at that worker's index: that worker runs on and lets the
-    others go, and only the workers that gain a lane restart. A costly source's lanes, spread
-    out to workers of their own, thus keep their producers: its rings are the ones that run
-    low. Where two fit one old worker, the one keeping more of its lanes takes its place."""
-    owner = {lane: i for i, worker in enumerate(old) for lane in worker}
+    """`new`'s workers ordered so that each sits at the index of the old worker that already
+    serves most of its lanes (the largest first; ties to the lower index): the fewest lanes
+    change workers, and a costly source's lanes, spread out to workers of their own, stay with
+    the producers they have."""
     placed: list[list[tuple[int, int]] | None] = [None] * len(new)
     rest = []
     for worker in sorted(new, key=len, reverse=True):  # (stable: ties keep new's order)
-        homes = {owner.get(lane) for lane in worker}
-        i = homes.pop() if len(homes) == 1 else None
-        if i is not None and i < len(new) and placed[i] is None:
-            placed[i] = worker
+        free = [i for i in range(len(new)) if placed[i] is None]
+        shared = [len(set(worker) & set(old[i])) if i < len(old) else 0 for i in free]
+        best = max(range(len(free)), key=lambda j: (shared[j], -free[j]))
+        if shared[best]:
+            placed[free[best]] = worker
         else:
             rest.append(worker)
-    free = iter(rest)
-    return [w if w is not None else next(free) for w in placed]
+    spare = iter(rest)
+    return [w if w is not None else next(spare) for w in placed]
 
 
 @dataclass(frozen=True, slots=True)
 class Moves:
-    """How a re-split from one plan to the next is carried out."""
+    """How a re-split from one plan to the next is carried out: lanes handed from worker to
+    worker, every worker running on."""
 
-    released: dict[int, list[tuple[int, int]]]  # workers that run on: the lanes each lets go
-    restarted: list[int]  # workers stopped and started with their new lanes (they gain a lane)
+    released: dict[int, list[tuple[int, int]]]  # the lanes each worker lets go
+    taken: dict[int, list[tuple[int, int]]]  # the lanes each worker takes on, once let go
 
 
 def moves(old: Plan, new: Plan) -> Moves:
-    """The workers of `new` that only lose lanes run on and release them; those that gain a
-    lane restart (a process's lanes are fixed when it starts)."""
     released: dict[int, list[tuple[int, int]]] = {}
-    restarted = []
+    taken: dict[int, list[tuple[int, int]]] = {}
     for i in range(max(len(old), len(new))):
         before, after = set(old[i]) if i < len(old) else set(), set(new[i]) if i < len(new) else set()
-        if after - before:
-            restarted.append(i)
-        elif before - after:
+        if before - after:
             released[i] = sorted(before - after)
-    return Moves(released=released, restarted=restarted)
+        if after - before:
+            taken[i] = sorted(after - before)
+    return Moves(released=released, taken=taken)
 
 
 def workers_per_source(plan: Plan, num_sources: int) -> list[int]:

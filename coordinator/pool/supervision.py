@@ -160,13 +160,12 @@ class Supervisor:
 
     # -- the autoscaler ----------------------------------------------------------------------
     async def replan(self, plan: list[list[tuple[int, int]]]) -> tuple[int, int]:
-        """Serve the lanes with packing `plan` (laid out by autoscale.keep_in_place). A worker
-        that only loses lanes runs on: it is asked to let them go (ring handover) and goes on
-        with the rest. The workers that gain a lane stop, and start again with their new lanes
-        once every lane they take has let go. Each moved lane goes on after its ring's newest
-        record; the planner reads the rings meanwhile. A worker that does not let go within
-        _RELEASE_S (a transform busy for that long) is stopped and started too. Returns the
-        number of workers that ran on and of those restarted."""
+        """Serve the lanes with packing `plan` (laid out by autoscale.keep_in_place) with every
+        worker running on: each lane that changes worker is let go by the old one (ring
+        handover), then the new one takes it on (its inbox) and goes on after the ring's newest
+        record; the planner reads the rings throughout. A worker that does not let go within
+        _RELEASE_S (a transform busy for that long), or has gone, is stopped and started with
+        its new lanes instead. Returns the lanes moved and the workers restarted."""
         async with self._moving:
             await self._settle()
             carried = moves(self._pool.plan, plan)
@@ -174,17 +173,30 @@ class Supervisor:
             for lanes in carried.released.values():
                 for key in lanes:
                     self._pool.rings[key].ask_release()
-            stopping = asyncio.ensure_future(self._stop(carried.restarted))
             late = await self._await_release(carried.released)
-            await stopping
             await self._settle()  # a worker that died meanwhile was restarted with its old lanes
             late += [w for w in carried.released if self._pool.workers[w] is not before[w] and w not in late]
             if late:
                 await self._stop(late)
             self._pool.set_plan(plan)
-            restarted = sorted({*carried.restarted, *late})
-            await asyncio.gather(*(self._start(worker_id, keep_rings=True) for worker_id in restarted))
-            return len(carried.released) - len(late), len(restarted)
+            restart = set(late)
+            for worker_id, lanes in carried.taken.items():
+                if worker_id not in restart and not self._take_on(worker_id, lanes):
+                    restart.add(worker_id)
+            if restart - set(late):
+                await self._stop(sorted(restart - set(late)))
+            await asyncio.gather(*(self._start(worker_id, keep_rings=True) for worker_id in sorted(restart)))
+            return sum(map(len, carried.taken.values())), len(restart)
+
+    def _take_on(self, worker_id: int, lanes: list[tuple[int, int]]) -> bool:
+        """Send a running worker lanes that have been let go; False if it is gone."""
+        worker = self._pool.workers[worker_id]
+        if worker is None:
+            return False
+        for key in lanes:
+            self._pool.rings[key].clear_release()
+        configs = tuple(self._pool.lane_config(s, lane, self._intakes[s].resume_at(lane)) for s, lane in lanes)
+        return worker.take_on(configs)
 
     async def _settle(self) -> None:
         if self._tasks:  # a replacement under way finishes first
@@ -245,8 +257,8 @@ class Supervisor:
                 ", ".join(f"{n} {b}->{a}" for n, b, a in zip(names, before, after)),
                 ", ".join(f"{n} {c * 1e9:.0f}" for n, c in zip(names, costs) if c is not None),
             )
-            ran_on, restarted = await self.replan(plan)
-            log.info("autoscale: %d workers let lanes go and ran on, %d restarted", ran_on, restarted)
+            moved, restarted = await self.replan(plan)
+            log.info("autoscale: %d lanes changed workers, %d workers restarted", moved, restarted)
             pool.scaling["moves"] += 1
             # the window after a move measures the moved lanes' new workers starting and their
             # rings refilling, not the sources' steady cost: it is left out
