@@ -9,11 +9,11 @@ the two never meet; only joining and forking happen on an executor thread.
 With `--workers auto` the supervisor also runs the autoscaler: every `--autoscale-every`
 seconds it reads each source's counters (its lanes' CPU time and tokens written, the tokens
 the planner took, how often the planner found its rings empty), and when a packing of the
-lanes by measured cost promises enough more throughput (coordinator/pool/autoscale.py) it stops
-the workers whose lanes change and starts them with their new lanes. A moved lane keeps its
-ring: the planner reads on from it while the workers restart, and the lane's new worker goes
-on after the ring's newest record. The lanes' turns fix every position's producer, so the
-data cannot tell.
+lanes by measured cost promises enough more throughput (coordinator/pool/autoscale.py) it hands
+the lanes that change workers over: the old worker lets each go (ring handover), the new one
+takes it on (its inbox) and goes on after the ring's newest record, and the planner reads on
+from the ring meanwhile. No worker restarts. The lanes' turns fix every position's producer,
+so the data cannot tell.
 """
 
 from __future__ import annotations

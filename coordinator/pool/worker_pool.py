@@ -3,10 +3,11 @@
 Workers come from a forkserver started before the event loop, so no fork ever happens from
 the running loop and a replacement starts as clean as the first worker.
 Lifecycle of a worker: STARTED -> (EXITED 0: done | EXITED != 0: restarted or job fails |
-STOPPED by a re-split, its lanes going on in other workers after their rings' newest records).
+STOPPED by a re-split only when it would not let a lane go).
 
 The lanes (one ring each) are fixed for the job; the plan, which worker produces which
-lanes, may change (`set_plan`, for the autoscaler), and never changes the data.
+lanes, may change (`set_plan`, for the autoscaler: running workers let lanes go and take
+others on through their inboxes, `WorkerProcess.take_on`), and never changes the data.
 """
 
 from __future__ import annotations
