@@ -23,10 +23,20 @@ With --shift, the cost moves during the run instead: every source starts cheap, 
 becomes ten times costlier after --warmup seconds, and cheap again --seconds later while s1
 takes its place for another --seconds. The tokens are the same in every phase (the transform
 only works harder), so both sides deliver the same batches. Each run reports tokens/s per
-phase, the autoscaler's moves with the time of each, and how long after a shift the split
-first moved.
+phase, the autoscaler's moves with the time of each and delivery in the 3 s before and after
+it, and how long after a shift the split first moved.
 
     python scripts/bench_autoscale.py --shift [--budget 2] [--seconds 30] [--trials 3]
+
+What a machine with few cores can show: a split decides how many cores a source's work may
+use, so it shows only where workers are not time-shared. With OMNILOAD_CPUS=8 on 2 cores the
+8 workers share 2 cores, whatever the split, and the figure measures CPU per token (auto's
+extra lanes cost some); at 40 rounds both sides are bound by the coordinator as well.
+--sleep-ns makes most of each transform's cost a wait, so every worker runs as if on a core
+of its own: then the split is what bounds delivery, as on a machine with a core per worker
+(what it still does not show: the coordinator and rank competing with busy workers).
+
+    OMNILOAD_CPUS=8 python scripts/bench_autoscale.py --shift --sources 8 --budget 8 --sleep-ns 100 --ring-mb 1
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ sys.path.insert(0, str(HERE))
 
 _ROUNDS_ENV = "OMNILOAD_BENCH_ROUNDS"
 _ROUNDS = int(os.environ.get(_ROUNDS_ENV, "40"))  # a cheap source's per-token work; the costly one does 10x
+_SLEEP_ENV = "OMNILOAD_BENCH_SLEEP_NS"  # --sleep-ns: a round's wall time per token, on top of its CPU work
 
 
 def _work(text: str, rounds: int) -> np.ndarray:
@@ -56,6 +67,9 @@ def _work(text: str, rounds: int) -> np.ndarray:
     mixed = tokens.copy()
     for _ in range(rounds):  # per-token CPU work that cannot be skipped
         mixed = (mixed * 1103515245 + 12345) & 0x7FFFFFFF
+    sleep_ns = int(os.environ.get(_SLEEP_ENV, "0"))
+    if sleep_ns:  # a worker busy without taking one of this machine's few cores (see --sleep-ns)
+        time.sleep(rounds * len(tokens) * sleep_ns * 1e-9)
     return tokens if mixed.sum() >= 0 else mixed
 
 
@@ -171,6 +185,7 @@ def run_shifting(spec_dict: dict, phases: list[tuple[str, float]], phase_file: P
     splits: list[str] = []
     moves: list[tuple[float, int]] = []
     delivered: list[tuple[float, int]] = []  # (seconds since start, tokens) at each phase's end
+    series: list[tuple[float, int]] = []  # (seconds since start, tokens) each second
     try:
         started = time.monotonic()
         for costly_source, seconds in phases:
@@ -180,6 +195,7 @@ def run_shifting(spec_dict: dict, phases: list[tuple[str, float]], phase_file: P
                 time.sleep(min(1.0, max(0.0, end - now)))
                 status = job.status()
                 at = time.monotonic() - started
+                series.append((at, status["delivered"]["tokens"]))
                 split = "/".join(str(s["workers"]) for s in status["sources"])
                 if not splits or splits[-1].split(" ", 1)[1] != split:
                     splits.append(f"{at:.0f}s {split}")
@@ -193,7 +209,17 @@ def run_shifting(spec_dict: dict, phases: list[tuple[str, float]], phase_file: P
     rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in zip(delivered, delivered[1:])]
     shifts = [end for end, _ in delivered[:-1]]  # when each timed phase began
     first_move = [next((round(t - shift, 1) for t, _ in moves if t >= shift), None) for shift in shifts]
-    return {"rates": rates, "splits": splits, "moves": moves, "first_move": first_move}
+    # a move happened within the second before the sample that saw it: delivery over the 3 s
+    # before that second against the 3 s from it on shows whether the move stalled delivery
+    around = [(_rate(series, t - 4, t - 1), _rate(series, t - 1, t + 2)) for t, _ in moves]
+    return {"rates": rates, "splits": splits, "moves": moves, "first_move": first_move, "around": around}
+
+
+def _rate(series: list[tuple[float, int]], start: float, end: float) -> float:
+    """Tokens/s between the samples nearest `start` and `end`."""
+    a = min(series, key=lambda sample: abs(sample[0] - start))
+    b = min(series, key=lambda sample: abs(sample[0] - end))
+    return (b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else 0.0
 
 
 def main_shift(args: argparse.Namespace, cpus: int) -> None:
@@ -222,18 +248,22 @@ def main_shift(args: argparse.Namespace, cpus: int) -> None:
     }
     phases = [("", args.warmup), ("s0", args.seconds), ("s1", args.seconds)]
     print(
-        f"machine: {cpus} cores; {args.sources} sources of equal weight, all cheap ({args.rounds} rounds per "
-        f"token) for {args.warmup:.0f}s, then s0 ten times costlier for {args.seconds:.0f}s, then s1 instead "
-        f"for {args.seconds:.0f}s; {args.budget} worker processes on each side (auto: --autoscale-every "
-        f"{args.every:g}); one rank as fast as it can; {args.trials} trials alternating"
+        f"machine: {_cores(cpus)}; {args.sources} sources of equal weight, all cheap ({args.rounds} rounds per "
+        f"token{_sleeping(args)}) for {args.warmup:.0f}s, then s0 ten times costlier for {args.seconds:.0f}s, "
+        f"then s1 instead for {args.seconds:.0f}s; {args.budget} worker processes on each side "
+        f"(auto: --autoscale-every {args.every:g}); one rank as fast as it can; {args.trials} trials alternating"
     )
-    print(f"{'trial':<6}{'side':<8}{'s0 costly':>11}{'s1 costly':>11}  first move after shift; moves; split over time")
+    print(
+        f"{'trial':<6}{'side':<8}{'s0 costly':>11}{'s1 costly':>11}  first move after shift; moves at (tokens/s "
+        "in the 3 s before -> the 3 s from it); split over time"
+    )
     results: dict[str, list[list[float]]] = {"static": [], "auto": []}
     for trial in range(1, args.trials + 1):
         for side in ("static", "auto") if trial % 2 else ("auto", "static"):
             r = run_shifting(sides[side], phases, phase_file)
             results[side].append(r["rates"])
-            moves = ", ".join(f"{t:.0f}s" for t, _ in r["moves"]) or "none"
+            around = zip(r["moves"], r["around"])
+            moves = ", ".join(f"{t:.0f}s ({a / 1e3:,.0f}k -> {b / 1e3:,.0f}k)" for (t, _), (a, b) in around) or "none"
             first = "/".join("-" if m is None else f"{m:.0f}s" for m in r["first_move"])
             print(
                 f"{trial:<6}{side:<8}{r['rates'][0]:>11,.0f}{r['rates'][1]:>11,.0f}  {first}; moves at {moves}; "
@@ -248,6 +278,15 @@ def main_shift(args: argparse.Namespace, cpus: int) -> None:
             f"{name}: median tokens/s static {static:,.0f}, auto {auto:,.0f}; auto / static {auto / static:.2f}x "
             f"(per trial: {per_trial})"
         )
+
+
+def _cores(cpus: int) -> str:
+    here = len(os.sched_getaffinity(0))
+    return f"{cpus} cores" if cpus == here else f"{cpus} cores by OMNILOAD_CPUS ({here} here, time-shared)"
+
+
+def _sleeping(args: argparse.Namespace) -> str:
+    return f", each also waiting {args.sleep_ns} ns per token: a core per worker simulated" if args.sleep_ns else ""
 
 
 def main() -> None:
@@ -270,6 +309,15 @@ def main() -> None:
     )
     parser.add_argument("--docs", type=int, default=20000, help="documents per source")
     parser.add_argument("--shift", action="store_true", help="the costly source changes during the run (see above)")
+    parser.add_argument(
+        "--sleep-ns",
+        type=int,
+        default=0,
+        help="each round of a transform also waits this many ns per token (0: off): with most of "
+        "the cost a wait, every worker runs as if on a core of its own, which shows what the split does "
+        "for a machine with a core per worker when this one has fewer; the CPU rounds stay, in the same "
+        "ratio, for the autoscaler to measure",
+    )
     parser.add_argument(
         "--ring-mb",
         type=int,
@@ -299,7 +347,8 @@ def main() -> None:
             f"--budget must be 1..{cpus} (the cores here, or OMNILOAD_CPUS): auto's budget is the cores less "
             "--reserve-cpus"
         )
-    os.environ[_ROUNDS_ENV] = str(args.rounds)  # the workers' transforms read it
+    os.environ[_ROUNDS_ENV] = str(args.rounds)  # the workers' transforms read them
+    os.environ[_SLEEP_ENV] = str(args.sleep_ns)
     if args.shift:
         main_shift(args, cpus)
         return

@@ -1,9 +1,12 @@
 """The source-worker process: read shards, transform, write records into its rings.
 
 A worker serves one or more lanes; a lane is one source's share of positions (its turns, see
-omniload.order) with its own ring. The worker never blocks on one full ring while another
-has room, so a worker serving several sources cannot stall the coordinator. It exits when
-its lanes are done, when the coordinator is gone, or (killed) when the coordinator stops it.
+omniload.order) with its own ring. A re-split moves lanes between running workers: a worker
+lets go of a lane when its ring asks (omniload/formats/ring.py, handover) and takes on the
+lanes its inbox brings.
+The worker never blocks on one full ring while another has room, so a worker serving several
+sources cannot stall the coordinator. It exits when its lanes are done, when
+the coordinator is gone, or (killed) when the coordinator stops it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 import traceback
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +47,9 @@ _TRANSFORM_ROWS = 64  # positions transformed at once: their int32 tokens are 4x
 _IDLE_MIN_S, _IDLE_MAX_S = 50e-6, 5e-3
 
 
-def run_worker(config: WorkerConfig) -> None:
-    """Process entry point (forked by the coordinator's pool).
+def run_worker(config: WorkerConfig, inbox: Connection | None = None) -> None:
+    """Process entry point (forked by the coordinator's pool). `inbox` brings lanes to take on
+    during a re-split.
 
     A shard's errors travel as ERROR records; an error outside any shard (a bug) ends the
     worker with code 1, after its traceback and one line naming the worker and its sources
@@ -55,7 +60,7 @@ def run_worker(config: WorkerConfig) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _exit_with(config.coordinator_pid)
     try:
-        _serve(config)
+        _serve(config, inbox)
     except Exception as exc:
         traceback.print_exc()
         sources = ", ".join(sorted({f"'{lane.source_name}'" for lane in config.lanes}))
@@ -63,18 +68,48 @@ def run_worker(config: WorkerConfig) -> None:
         sys.exit(1)
 
 
-def _serve(config: WorkerConfig) -> None:
+def _serve(config: WorkerConfig, inbox: Connection | None = None) -> None:
     use_system_allocator()
-    rings = [Ring.attach(Path(lane.ring_path)) for lane in config.lanes]
-    access = [_files_for(lane) for lane in config.lanes]
-    published = [(0, 0)] * len(access)  # store counters already added to each ring
-    producers = [_produce(lane, files) for lane, files in zip(config.lanes, access)]
-    pending: list[tuple | None] = [None] * len(producers)
-    live = list(range(len(producers)))
+    lanes: list[LaneConfig] = []
+    rings: list[Ring] = []
+    access: list[Files] = []
+    published: list[tuple[int, int]] = []  # store counters already added to each ring
+    producers: list[Generator[tuple, None, None]] = []
+    pending: list[tuple | None] = []
+    set_up: list[bool] = []  # the lane's first record is out: its transform loaded, shards opened
+    live: list[int] = []
+
+    def take_on(lane: LaneConfig) -> None:
+        lanes.append(lane)
+        rings.append(Ring.attach(Path(lane.ring_path)))
+        access.append(_files_for(lane))
+        published.append((0, 0))
+        producers.append(_produce(lane, access[-1]))
+        pending.append(None)
+        set_up.append(False)
+        live.append(len(lanes) - 1)
+
+    for lane in config.lanes:
+        take_on(lane)
+    awaiting = False  # it let its last lane go: lanes to take on are on their way
     idle = _IDLE_MIN_S
-    while live:
+    while live or awaiting:
+        if inbox is not None and inbox.poll():
+            try:
+                for lane in inbox.recv():
+                    take_on(lane)
+                awaiting = False
+            except (EOFError, OSError):  # the coordinator is gone: the watchdog ends this process
+                inbox = None
         progressed = False
         for i in list(live):
+            if rings[i].release_asked():  # a re-split gives the lane to another worker
+                live.remove(i)
+                producers[i].close()  # its unwritten record is the next worker's first
+                pending[i] = None
+                rings[i].confirm_release()
+                awaiting = not live
+                continue
             started, tokens = time.thread_time_ns(), 0
             for _ in range(_BURST):
                 if pending[i] is None:
@@ -82,9 +117,12 @@ def _serve(config: WorkerConfig) -> None:
                     if pending[i] is None:
                         live.remove(i)
                         break
+                    if not set_up[i]:  # setting the lane up is not what its tokens cost (a moved
+                        set_up[i] = True  # lane's new worker would look costly and move it again)
+                        started = time.thread_time_ns()
                 record = pending[i]
                 assert record is not None  # taken just above; None ended the lane
-                if not _write(rings[i], record, config.lanes[i]):
+                if not _write(rings[i], record, lanes[i]):
                     break
                 tokens += _tokens_in(record)
                 pending[i] = None
@@ -126,7 +164,7 @@ def _write(ring: Ring, record: tuple, lane: LaneConfig) -> bool:
         return ring.try_write(*error_record(0, 0, f"{exc}: raise --ring-mb (now {ring.capacity >> 20} MB)"))
 
 
-def _produce(lane: LaneConfig, files: Files = LOCAL) -> Iterator[tuple]:
+def _produce(lane: LaneConfig, files: Files = LOCAL) -> Generator[tuple, None, None]:
     """Records of this lane in the source's deterministic order, from (start_group, start_pos).
     An ERROR record is the lane's last: the source cannot go on."""
     transform: Callable[[list], list]

@@ -199,7 +199,7 @@ def _plan(
         if state is not None:
             stepper.restore({**state, "live": live})
         for worker_id in range(len(plan)):
-            pool.start(worker_id, lambda source: intakes[source].cursor)
+            pool.start(worker_id, lambda source, _lane: intakes[source].cursor)
         watch = _Watch(pool, stepper.cancel)
         stepper.dp = dp
         try:

@@ -119,8 +119,8 @@ def demands(costs: Sequence[float | None], taken: Sequence[float], windows: Sequ
 
 
 def resplit(plan: Plan, lanes: Sequence[int], demand: Sequence[float], budget: int, margin: float) -> Plan | None:
-    """A better packing for `demand`, laid out so that workers whose lanes do not change keep
-    their place (they are not restarted); None when it would not gain `margin`."""
+    """A better packing for `demand`, laid out so that as many workers as can keep running
+    (keep_in_place); None when it would not gain `margin`."""
     proposal = pack(lanes, demand, budget)
     if busiest(plan, lanes, demand) <= (1 + margin) * busiest(proposal, lanes, demand):
         return None
@@ -128,25 +128,43 @@ def resplit(plan: Plan, lanes: Sequence[int], demand: Sequence[float], budget: i
 
 
 def keep_in_place(old: Plan, new: Plan) -> Plan:
-    """`new`'s workers ordered so that one identical to a worker of `old` sits at its index."""
+    """`new`'s workers ordered so that each sits at the index of the old worker that already
+    serves most of its lanes (the largest first; ties to the lower index): the fewest lanes
+    change workers, and a costly source's lanes, spread out to workers of their own, stay with
+    the producers they have."""
     placed: list[list[tuple[int, int]] | None] = [None] * len(new)
     rest = []
-    old_index = {tuple(sorted(w)): i for i, w in enumerate(old) if i < len(new)}
-    for worker in new:
-        i = old_index.pop(tuple(sorted(worker)), None)
-        if i is None:
-            rest.append(worker)
+    for worker in sorted(new, key=len, reverse=True):  # (stable: ties keep new's order)
+        free = [i for i in range(len(new)) if placed[i] is None]
+        shared = [len(set(worker) & set(old[i])) if i < len(old) else 0 for i in free]
+        best = max(range(len(free)), key=lambda j: (shared[j], -free[j]))
+        if shared[best]:
+            placed[free[best]] = worker
         else:
-            placed[i] = worker
-    free = iter(rest)
-    return [w if w is not None else next(free) for w in placed]
+            rest.append(worker)
+    spare = iter(rest)
+    return [w if w is not None else next(spare) for w in placed]
 
 
-def changed_workers(old: Plan, new: Plan) -> list[int]:
-    """Indexes whose lanes differ: the workers a move must stop and start."""
-    return [
-        i for i in range(max(len(old), len(new))) if i >= len(old) or i >= len(new) or sorted(old[i]) != sorted(new[i])
-    ]
+@dataclass(frozen=True, slots=True)
+class Moves:
+    """How a re-split from one plan to the next is carried out: lanes handed from worker to
+    worker, every worker running on."""
+
+    released: dict[int, list[tuple[int, int]]]  # the lanes each worker lets go
+    taken: dict[int, list[tuple[int, int]]]  # the lanes each worker takes on, once let go
+
+
+def moves(old: Plan, new: Plan) -> Moves:
+    released: dict[int, list[tuple[int, int]]] = {}
+    taken: dict[int, list[tuple[int, int]]] = {}
+    for i in range(max(len(old), len(new))):
+        before, after = set(old[i]) if i < len(old) else set(), set(new[i]) if i < len(new) else set()
+        if before - after:
+            released[i] = sorted(before - after)
+        if after - before:
+            taken[i] = sorted(after - before)
+    return Moves(released=released, taken=taken)
 
 
 def workers_per_source(plan: Plan, num_sources: int) -> list[int]:

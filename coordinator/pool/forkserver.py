@@ -9,6 +9,7 @@ a worker is told at start is omniload/formats/lane_config.py.
 from __future__ import annotations
 
 import multiprocessing
+from multiprocessing.connection import Connection
 
 from omniload.formats.lane_config import WorkerConfig
 
@@ -25,8 +26,9 @@ def forkserver_context() -> multiprocessing.context.ForkServerContext:
     return ctx
 
 
-def run(config: WorkerConfig) -> None:
-    """A worker process's entry: imports the worker there (the forkserver already has)."""
+def run(config: WorkerConfig, inbox: Connection | None = None) -> None:
+    """A worker process's entry: imports the worker there (the forkserver already has).
+    `inbox`: where the coordinator sends lanes for it to take on (a re-split)."""
     from omniload.workers.worker import run_worker
 
-    run_worker(config)
+    run_worker(config, inbox)

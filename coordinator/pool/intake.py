@@ -15,7 +15,7 @@ import numpy as np
 
 from omniload.coordinator.pool.catalog import SourceCatalog
 from omniload.errors import SourceFailed
-from omniload.formats.records import RecordFlag, RecordKind, decode, images_of, mask_of, tokens_of
+from omniload.formats.records import HEAD_SIZE, RecordFlag, RecordKind, decode, images_of, mask_of, tokens_of
 from omniload.formats.ring import Ring
 from omniload.order import group_members, groups_per_epoch, lane_of, shard_permutation
 
@@ -62,6 +62,17 @@ class SourceIntake:
         """Move the cursor; only while this source's workers are stopped and its rings empty."""
         self.group, self.pos = group, pos
         self._advance(0)
+
+    def resume_at(self, lane: int) -> tuple[int, int]:
+        """Where a new producer of `lane` goes on when its ring keeps the records already in it
+        (a re-split moves the lane to another worker): right after the newest record, else
+        (the ring read empty) at the cursor. The lane produces only its own turns from there.
+        Only while the lane has no producer."""
+        data = self.rings[lane].newest(HEAD_SIZE)
+        if data is None:
+            return self.cursor
+        record = decode(data)
+        return record.group, record.pos + 1
 
     def epoch_end(self, group: int) -> int:
         """The first group of the epoch after `group`'s."""

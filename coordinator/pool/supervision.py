@@ -9,9 +9,11 @@ the two never meet; only joining and forking happen on an executor thread.
 With `--workers auto` the supervisor also runs the autoscaler: every `--autoscale-every`
 seconds it reads each source's counters (its lanes' CPU time and tokens written, the tokens
 the planner took, how often the planner found its rings empty), and when a packing of the
-lanes by measured cost promises enough more throughput (coordinator/pool/autoscale.py) it stops
-the workers whose lanes change and starts them at the cursors, as for a crash: the data
-cannot tell.
+lanes by measured cost promises enough more throughput (coordinator/pool/autoscale.py) it hands
+the lanes that change workers over: the old worker lets each go (ring handover), the new one
+takes it on (its inbox) and goes on after the ring's newest record, and the planner reads on
+from the ring meanwhile. No worker restarts. The lanes' turns fix every position's producer,
+so the data cannot tell.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from collections.abc import Callable
 from omniload.coordinator.pool.autoscale import (
     MARGIN,
     Window,
-    changed_workers,
     demands,
+    moves,
     resplit,
     update_costs,
     update_taken,
@@ -36,6 +38,8 @@ from omniload.errors import SourceFailed
 
 log = logging.getLogger("omniload")
 _JOIN_DEAD_S = 1.0  # a worker whose sentinel fired has exited: its join only reaps it
+_RELEASE_S = 5.0  # a worker lets a lane go between two bursts of records
+_RELEASE_POLL_S = 0.005
 _STARVED_POLLS = 20  # empty polls in a window (about 0.2 s of the planner waiting) that make a source starved
 
 
@@ -125,12 +129,23 @@ class Supervisor:
         )
         await self._start(worker_id)
 
-    async def _start(self, worker_id: int) -> None:
-        """A fresh worker at its sources' cursors; the dead one's unread records are dropped.
-        Its rings stay empty until it starts, so the cursors cannot move meanwhile."""
-        self._pool.reset_rings(worker_id)
-        cursors = {source: self._intakes[source].cursor for source in self._pool.source_indexes_of(worker_id)}
-        await asyncio.get_running_loop().run_in_executor(None, self._pool.start, worker_id, cursors.__getitem__)
+    async def _start(self, worker_id: int, keep_rings: bool = False) -> None:
+        """A fresh worker for worker_id's lanes. After a crash (or to move the cursors) its rings
+        are emptied and it starts at its sources' cursors, which cannot move until it writes.
+        A re-split keeps them (`keep_rings`): the planner reads on from the records the old
+        worker wrote, and each lane goes on after its ring's newest record, so a move neither
+        stalls delivery nor redoes work. The positions are read here, on the loop, where the
+        planner reads the rings, after the old worker has stopped."""
+        if keep_rings:
+            for key in self._pool.plan[worker_id]:
+                self._pool.rings[key].clear_release()
+            starts = {(s, lane): self._intakes[s].resume_at(lane) for s, lane in self._pool.plan[worker_id]}
+        else:
+            self._pool.reset_rings(worker_id)
+            starts = {(s, lane): self._intakes[s].cursor for s, lane in self._pool.plan[worker_id]}
+        await asyncio.get_running_loop().run_in_executor(
+            None, self._pool.start, worker_id, lambda source, lane: starts[(source, lane)]
+        )
         self._watch(worker_id)
 
     async def close(self) -> None:
@@ -144,22 +159,71 @@ class Supervisor:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # -- the autoscaler ----------------------------------------------------------------------
-    async def replan(self, plan: list[list[tuple[int, int]]]) -> None:
-        """Serve the lanes with packing `plan`: stop the workers whose lanes change, then start
-        each at its sources' cursors (its rings emptied, as after a crash)."""
+    async def replan(self, plan: list[list[tuple[int, int]]]) -> tuple[int, int]:
+        """Serve the lanes with packing `plan` (laid out by autoscale.keep_in_place) with every
+        worker running on: each lane that changes worker is let go by the old one (ring
+        handover), then the new one takes it on (its inbox) and goes on after the ring's newest
+        record; the planner reads the rings throughout. A worker that does not let go within
+        _RELEASE_S (a transform busy for that long), or has gone, is stopped and started with
+        its new lanes instead. Returns the lanes moved and the workers restarted."""
         async with self._moving:
-            if self._tasks:  # a replacement under way finishes first
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-            moved = changed_workers(self._pool.plan, plan)
-            loop = asyncio.get_running_loop()
-            for worker_id in moved:  # not a crash: its exit must not restart it
-                worker = self._pool.workers[worker_id]
-                if worker is not None:
-                    loop.remove_reader(worker.sentinel)
-            await loop.run_in_executor(None, self._pool.stop_workers, moved)
+            await self._settle()
+            carried = moves(self._pool.plan, plan)
+            before = list(self._pool.workers)
+            for lanes in carried.released.values():
+                for key in lanes:
+                    self._pool.rings[key].ask_release()
+            late = await self._await_release(carried.released)
+            await self._settle()  # a worker that died meanwhile was restarted with its old lanes
+            late += [w for w in carried.released if self._pool.workers[w] is not before[w] and w not in late]
+            if late:
+                await self._stop(late)
             self._pool.set_plan(plan)
-            for worker_id in moved:
-                await self._start(worker_id)
+            restart = set(late)
+            for worker_id, lanes in carried.taken.items():
+                if worker_id not in restart and not self._take_on(worker_id, lanes):
+                    restart.add(worker_id)
+            if restart - set(late):
+                await self._stop(sorted(restart - set(late)))
+            await asyncio.gather(*(self._start(worker_id, keep_rings=True) for worker_id in sorted(restart)))
+            return sum(map(len, carried.taken.values())), len(restart)
+
+    def _take_on(self, worker_id: int, lanes: list[tuple[int, int]]) -> bool:
+        """Send a running worker lanes that have been let go; False if it is gone."""
+        worker = self._pool.workers[worker_id]
+        if worker is None:
+            return False
+        for key in lanes:
+            self._pool.rings[key].clear_release()
+        configs = tuple(self._pool.lane_config(s, lane, self._intakes[s].resume_at(lane)) for s, lane in lanes)
+        return worker.take_on(configs)
+
+    async def _settle(self) -> None:
+        if self._tasks:  # a replacement under way finishes first
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _stop(self, worker_ids: list[int]) -> None:
+        """Stop these workers on purpose: their exits must not restart them."""
+        loop = asyncio.get_running_loop()
+        for worker_id in worker_ids:
+            worker = self._pool.workers[worker_id]
+            if worker is not None:
+                loop.remove_reader(worker.sentinel)
+        await loop.run_in_executor(None, self._pool.stop_workers, worker_ids)
+
+    async def _await_release(self, released: dict[int, list[tuple[int, int]]]) -> list[int]:
+        """Wait until every worker asked to let lanes go has; those that have not by
+        _RELEASE_S."""
+        deadline = asyncio.get_running_loop().time() + _RELEASE_S
+        waiting = dict(released)
+        while waiting:
+            waiting = {w: keys for w, keys in waiting.items() if not all(self._pool.rings[k].released for k in keys)}
+            if not waiting or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(_RELEASE_POLL_S)
+        if waiting:
+            log.warning("workers %s did not let their lanes go in %.0fs; restarting them", sorted(waiting), _RELEASE_S)
+        return sorted(waiting)
 
     def _counters(self) -> list[tuple[float, int, int, int]]:
         """Per source: (CPU s, tokens written) of its lanes, tokens taken, empty polls; all only grow."""
@@ -193,9 +257,13 @@ class Supervisor:
                 ", ".join(f"{n} {b}->{a}" for n, b, a in zip(names, before, after)),
                 ", ".join(f"{n} {c * 1e9:.0f}" for n, c in zip(names, costs) if c is not None),
             )
-            await self.replan(plan)
+            moved, restarted = await self.replan(plan)
+            log.info("autoscale: %d lanes changed workers, %d workers restarted", moved, restarted)
             pool.scaling["moves"] += 1
-            last = self._counters()  # the restart's refill is not the sources' steady cost
+            # the window after a move measures the moved lanes' new workers starting and their
+            # rings refilling, not the sources' steady cost: it is left out
+            await asyncio.sleep(every)
+            last = self._counters()
 
     def _scaler_done(self, task: asyncio.Task) -> None:
         exc = None if task.cancelled() else task.exception()

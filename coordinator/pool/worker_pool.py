@@ -3,10 +3,11 @@
 Workers come from a forkserver started before the event loop, so no fork ever happens from
 the running loop and a replacement starts as clean as the first worker.
 Lifecycle of a worker: STARTED -> (EXITED 0: done | EXITED != 0: restarted or job fails |
-STOPPED by a re-split, its lanes started again by other workers at the cursors).
+STOPPED by a re-split only when it would not let a lane go).
 
 The lanes (one ring each) are fixed for the job; the plan, which worker produces which
-lanes, may change (`set_plan`, for the autoscaler), and never changes the data.
+lanes, may change (`set_plan`, for the autoscaler: running workers let lanes go and take
+others on through their inboxes, `WorkerProcess.take_on`), and never changes the data.
 """
 
 from __future__ import annotations
@@ -45,15 +46,27 @@ _REAP_LOCK = threading.Lock()
 
 
 class WorkerProcess:
-    """One worker process with the supervision verbs."""
+    """One worker process with the supervision verbs, and an inbox for lanes it takes on."""
 
     def __init__(self, ctx: multiprocessing.context.ForkServerContext, config: WorkerConfig) -> None:
         self.config = config
-        self._process = ctx.Process(target=run, args=(config,), name=f"omniload-worker-{config.worker_id}", daemon=True)
+        self._inbox, self._outbox = ctx.Pipe(duplex=False)
+        self._process = ctx.Process(
+            target=run, args=(config, self._inbox), name=f"omniload-worker-{config.worker_id}", daemon=True
+        )
 
     def start(self) -> None:
         with _REAP_LOCK:
             self._process.start()
+        self._inbox.close()  # the worker's end
+
+    def take_on(self, lanes: tuple[LaneConfig, ...]) -> bool:
+        """Send the worker more lanes to serve; False if it is gone (restart it instead)."""
+        try:
+            self._outbox.send(lanes)
+        except OSError:
+            return False
+        return True
 
     @property
     def pid(self) -> int | None:
@@ -86,7 +99,10 @@ class WorkerProcess:
         multiprocessing.connection.wait([self._process.sentinel], timeout)  # unlocked: it may take `timeout`
         with _REAP_LOCK:
             self._process.join(0)
-            return self._process.exitcode
+            code = self._process.exitcode
+        if code is not None:
+            self._outbox.close()
+        return code
 
 
 class WorkerPool:
@@ -127,45 +143,45 @@ class WorkerPool:
     def source_rings(self, source: int) -> list[Ring]:
         return [self.rings[(source, lane)] for lane in range(self.lane_counts[source])]
 
-    def start(self, worker_id: int, cursor_of: Callable[[int], tuple[int, int]]) -> WorkerProcess:
-        """Start (or restart) a worker at the cursors of its sources; its rings must be empty."""
-        lanes = []
-        for source, lane in self._plan[worker_id]:
-            src = self._catalog[source]
-            k, pos = cursor_of(source)
-            num_lanes = self.lane_counts[source]
-            lanes.append(
-                LaneConfig(
-                    source_index=source,
-                    source_name=src.name,
-                    column=src.column,
-                    tokenizer=src.tokenizer,
-                    lane=lane,
-                    num_lanes=num_lanes,
-                    ring_path=str(self.rings[(source, lane)].path),
-                    shards=src.shards,
-                    seed=self._spec.seed,
-                    epochs=src.epochs,
-                    interleave=self._spec.shard_interleave,
-                    start_group=k,
-                    start_pos=pos,
-                    skip_bad_files=self._spec.on_bad_file == "skip",
-                    image_column=src.image_column,
-                    images=src.images,
-                    store=src.store,
-                    read_ahead=self._spec.read_ahead,
-                    cache_dir=self._spec.cache_dir,
-                    cache_limit=self._spec.cache_limit,
-                    pretokenized=src.pretokenized,
-                    chat=src.chat,
-                )
-            )
+    def start(self, worker_id: int, start_of: Callable[[int, int], tuple[int, int]]) -> WorkerProcess:
+        """Start (or restart) a worker; each of its lanes (source, lane) produces from position
+        `start_of(source, lane)` on: the source's cursor when its ring is empty, right after the
+        ring's newest record when the ring keeps its records (SourceIntake.resume_at)."""
+        lanes = tuple(self.lane_config(source, lane, start_of(source, lane)) for source, lane in self._plan[worker_id])
         process = WorkerProcess(
-            self._ctx, WorkerConfig(worker_id=worker_id, coordinator_pid=self._coordinator_pid, lanes=tuple(lanes))
+            self._ctx, WorkerConfig(worker_id=worker_id, coordinator_pid=self._coordinator_pid, lanes=lanes)
         )
         process.start()
         self.workers[worker_id] = process
         return process
+
+    def lane_config(self, source: int, lane: int, start: tuple[int, int]) -> LaneConfig:
+        """What a worker needs to produce lane `lane` of `source` from position `start` on."""
+        src = self._catalog[source]
+        return LaneConfig(
+            source_index=source,
+            source_name=src.name,
+            column=src.column,
+            tokenizer=src.tokenizer,
+            lane=lane,
+            num_lanes=self.lane_counts[source],
+            ring_path=str(self.rings[(source, lane)].path),
+            shards=src.shards,
+            seed=self._spec.seed,
+            epochs=src.epochs,
+            interleave=self._spec.shard_interleave,
+            start_group=start[0],
+            start_pos=start[1],
+            skip_bad_files=self._spec.on_bad_file == "skip",
+            image_column=src.image_column,
+            images=src.images,
+            store=src.store,
+            read_ahead=self._spec.read_ahead,
+            cache_dir=self._spec.cache_dir,
+            cache_limit=self._spec.cache_limit,
+            pretokenized=src.pretokenized,
+            chat=src.chat,
+        )
 
     def started(self, worker_id: int) -> WorkerProcess:
         """Worker `worker_id`, which must have been started."""

@@ -37,7 +37,7 @@ class Workforce:
     def start(self) -> None:
         """Fork every worker at its sources' cursors. Before the event loop starts."""
         for worker_id in range(len(self._plan)):
-            self.pool.start(worker_id, lambda source: self.intakes[source].cursor)
+            self.pool.start(worker_id, lambda source, _lane: self.intakes[source].cursor)
 
     def supervise(self, fail: Callable[[str, BaseException], None]) -> None:
         """On the loop: replace the workers that die (and autoscale, with --workers auto)."""

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 _HEAD = struct.Struct("<QQIIHHI")  # group, ordinal, pos, count, kind, flags, images
+HEAD_SIZE = _HEAD.size  # what decode needs of a record to know its kind and place
 
 
 class RecordKind(enum.IntEnum):

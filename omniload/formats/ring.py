@@ -4,7 +4,8 @@ Layout of the segment: a 128-byte header (write position at byte 0, read positio
 so producer and consumer never share a cache line; capacity at byte 8; the producer's CPU
 nanoseconds and tokens written at bytes 16 and 24, which the autoscaler reads; the span at
 byte 32; store retries, bytes fetched from a store and bytes held in the lane's block cache at
-40, 48 and 56, which `status` shows), then `capacity` bytes of data. Positions are monotonic byte counters; a
+40, 48 and 56, which `status` shows; the lane's handover at byte 72, see below), then
+`capacity` bytes of data. Positions are monotonic byte counters; a
 record is an
 8-byte length and its payload padded to 8 bytes, and it may wrap around the end of the data area.
 
@@ -19,6 +20,11 @@ shows as ENOSPC there rather than as SIGBUS.
 The producer copies a whole record before publishing the new write position, so a producer
 that dies mid-record leaves nothing visible. A full ring makes `try_write` return False: the
 caller waits, nothing is ever dropped.
+
+A lane changes producer without a gap (a re-split gives it to another worker): the coordinator
+asks its producer to let go (`ask_release`, RUNNING -> ASKED), the producer stops writing it
+and says so (`confirm_release`, ASKED -> RELEASED), and the next producer, started once the
+ring is RELEASED, goes on after its newest record (`clear_release` -> RUNNING first).
 
 Segments live in /dev/shm under `omniload-<coordinator pid>-<job>-<lane>`: the coordinator
 creates and unlinks them, workers attach and close, and `remove_stale_segments` removes the
@@ -38,6 +44,8 @@ SHM_DIR = Path("/dev/shm")
 PREFIX = "omniload-"
 _HEADER = 128
 _WRITE, _CAP, _CPU_NS, _TOKENS, _SPAN, _RETRIES, _FETCHED, _HELD, _READ = 0, 8, 16, 24, 32, 40, 48, 56, 64
+_HANDOVER = 72  # RUNNING, ASKED (by the coordinator) or RELEASED (by the producer)
+RUNNING, ASKED, RELEASED = 0, 1, 2
 _U64 = struct.Struct("<Q")
 _PAD = (1 << 64) - 1  # a length that means: the rest of the data area is padding, go on at its start
 
@@ -140,6 +148,15 @@ class Ring:
     def _publish(self, write: int) -> None:
         _U64.pack_into(self._mm, _WRITE, write)
 
+    def release_asked(self) -> bool:
+        """The coordinator wants this lane to go to another producer: stop writing it, then
+        `confirm_release`."""
+        return bool(_U64.unpack_from(self._mm, _HANDOVER)[0] == ASKED)
+
+    def confirm_release(self) -> None:
+        """This producer writes no more records here."""
+        _U64.pack_into(self._mm, _HANDOVER, RELEASED)
+
     def count_work(self, cpu_ns: int, tokens: int) -> None:
         """Add to the lane's producer counters (kept across a reset: a replacement worker
         adds to its predecessor's, so readers see them only grow)."""
@@ -166,6 +183,19 @@ class Ring:
         )
 
     # -- consumer ---------------------------------------------------------------------------
+    def ask_release(self) -> None:
+        """Ask the producer to let the lane go (see the module's notes on handover)."""
+        _U64.pack_into(self._mm, _HANDOVER, ASKED)
+
+    @property
+    def released(self) -> bool:
+        """The producer asked to let go has stopped writing."""
+        return bool(_U64.unpack_from(self._mm, _HANDOVER)[0] == RELEASED)
+
+    def clear_release(self) -> None:
+        """Before a new producer starts on the ring."""
+        _U64.pack_into(self._mm, _HANDOVER, RUNNING)
+
     def read(self) -> bytes | None:
         """Take the oldest record, or None if the ring is empty."""
         read = _U64.unpack_from(self._mm, _READ)[0]
@@ -188,6 +218,29 @@ class Ring:
         _U64.pack_into(self._mm, _READ, read + 8 + _pad8(size))
         return data
 
+    def newest(self, head: int) -> bytes | None:
+        """The first `head` bytes of the newest unread record (what its producer wrote last),
+        without taking anything; None if the ring is empty. A walk over the unread records:
+        call it once a producer has stopped (a move), not per record."""
+        read = _U64.unpack_from(self._mm, _READ)[0]
+        write = _U64.unpack_from(self._mm, _WRITE)[0]
+        newest = None
+        while read < write:
+            offset = read % self.capacity
+            size = _U64.unpack_from(self._mm, _HEADER + offset)[0]
+            if size == _PAD:
+                read += self.capacity - offset
+                continue
+            newest = (offset + 8) % self.capacity, size
+            read += 8 + _pad8(size)
+        if newest is None:
+            return None
+        start, size = newest
+        end = start + min(size, head)
+        if end <= self.capacity:
+            return self._mm[_HEADER + start : _HEADER + end]
+        return self._mm[_HEADER + start : _HEADER + self.capacity] + self._mm[_HEADER : _HEADER + end - self.capacity]
+
     def used(self) -> int:
         write: int = _U64.unpack_from(self._mm, _WRITE)[0]
         read: int = _U64.unpack_from(self._mm, _READ)[0]
@@ -197,6 +250,7 @@ class Ring:
         """Drop every record. Only while no producer is attached (its worker is dead)."""
         _U64.pack_into(self._mm, _WRITE, 0)
         _U64.pack_into(self._mm, _READ, 0)
+        self.clear_release()
 
     def close(self) -> None:
         self._mm.close()

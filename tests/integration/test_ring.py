@@ -72,6 +72,30 @@ def test_producer_crash_mid_record_leaves_no_partial_record(ring):
     assert ring.read() is None and ring.try_write(b"fresh") and ring.read() == b"fresh"
 
 
+@pytest.mark.parametrize("span", [_CAPACITY, 1024])
+def test_newest_names_the_last_record_written_without_taking_any(span):
+    """What a moved lane's new worker goes on after: the newest unread record, found across
+    wrap-arounds and padding (past a short span), with every record still there for the consumer."""
+    ring = Ring.create(segment_path(os.getpid(), "test", f"newest{time.monotonic_ns()}"), _CAPACITY, span)
+    try:
+        _check_newest(ring)
+    finally:
+        ring.close()
+        ring.unlink()
+
+
+def _check_newest(ring: Ring) -> None:
+    assert ring.newest(8) is None
+    for i in range(300):  # wraps the ring many times; at each stop the newest is the last written
+        while not ring.try_write(_payload(i)):
+            assert ring.read() is not None
+        assert ring.newest(16) == _payload(i)[:16]
+    unread = []
+    while (data := ring.read()) is not None:
+        unread.append(data)
+    assert unread[-1] == _payload(299) and ring.newest(16) is None
+
+
 def test_full_ring_refuses_instead_of_dropping(ring):
     written = 0
     while ring.try_write(b"x" * 1000):

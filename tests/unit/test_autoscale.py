@@ -6,14 +6,15 @@ from omniload.coordinator.pool.autoscale import (
     MARGIN,
     STARVED_BOOST,
     TAKEN_MEMORY,
+    Moves,
     Window,
     auto_budget,
     auto_lanes,
     busiest,
-    changed_workers,
     demands,
     initial_plan,
     keep_in_place,
+    moves,
     pack,
     resplit,
     update_costs,
@@ -113,13 +114,30 @@ def test_resplit_from_a_bad_split_gains_and_settles():
     assert resplit(better, lanes, demand, 2, MARGIN) is None  # hysteresis: it stays put
 
 
-def test_unchanged_workers_keep_their_place_and_are_not_restarted():
+def test_a_move_hands_over_only_the_lanes_that_change_worker():
     old = [[(0, 0)], [(1, 0)], [(2, 0), (3, 0)]]
     new = [[(2, 0)], [(3, 0), (0, 0)], [(1, 0)]]
     placed = keep_in_place(old, new)
-    assert placed[1] == [(1, 0)]
-    assert changed_workers(old, placed) == [0, 2]
+    assert placed == [[(3, 0), (0, 0)], [(1, 0)], [(2, 0)]]  # each beside the lanes it keeps
+    assert moves(old, placed) == Moves(released={2: [(3, 0)]}, taken={0: [(3, 0)]})
     assert _lanes_of(placed) == _lanes_of(new)
+
+
+def test_a_source_turning_costly_keeps_its_producers_while_its_lanes_spread_out():
+    """8 sources x 4 lanes on 8 workers, packed by weight: each worker serves one lane of four
+    sources. s0 becomes ten times costlier: each of its lanes gets a worker of its own, the one
+    already producing it, which only lets its cheap lanes go."""
+    lanes, budget = [4] * 8, 8
+    start = initial_plan([1.0] * 8, 0, 0, budget)
+    assert start == pack(lanes, [1.0] * 8, budget)
+    demand = [10.0] + [1.0] * 7
+    plan = resplit(start, lanes, demand, budget, MARGIN)
+    assert plan is not None and _lanes_of(plan) == _lanes_of(start)
+    s0_workers = [i for i, w in enumerate(plan) if any(s == 0 for s, _ in w)]
+    assert [plan[i] for i in s0_workers] == [[lane] for i in s0_workers for lane in start[i] if lane[0] == 0]
+    carried = moves(start, plan)
+    assert not set(carried.taken) & set(s0_workers)
+    assert all(lane[0] != 0 for lanes in carried.released.values() for lane in lanes)
 
 
 def test_pack_is_deterministic():
