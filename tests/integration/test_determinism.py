@@ -52,7 +52,9 @@ def test_autoscaling_moves_workers_without_changing_the_data(corpus, tmp_path):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs for a budget of 2 workers")
     sources = [dict(s, name=f"{s['name']}{i}") for i in range(3) for s in mixed_sources(corpus, (1.0, 1.0, 1.0))][:8]
-    for costly in (0, 2):  # packed by weight: sources 0, 2, 4, 6 on the first worker
+    # packed by weight: sources 0, 2, 4, 6 on the first worker. The costly two are copies of one
+    # source: burn_bytes costs per document, so its cost per token follows the documents' length
+    for costly in (0, 6):
         sources[costly]["tokenizer"] = "tests.transforms_for_tests:burn_bytes"
     base = {"sources": sources, "seq_len": 512, "rows": 4, "seed": 3, "epochs": 0, "steps": 1200, "ring_mb": 1}
     static = run_ranks({**base, "workers": 2}, world=2, out_dir=tmp_path)
