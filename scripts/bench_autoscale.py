@@ -222,16 +222,9 @@ def _rate(series: list[tuple[float, int]], start: float, end: float) -> float:
     return (b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else 0.0
 
 
-def main_shift(args: argparse.Namespace, cpus: int) -> None:
-    import tempfile
-
-    from bench_data import make_sources
-
-    phase_file = Path(tempfile.mkdtemp(prefix="omniload-bench-")) / "costly"
-    os.environ[_PHASE_ENV] = str(phase_file)
-    sources = make_sources(args.sources, args.docs)
-    for source in sources:
-        source["tokenizer"] = f"bench_autoscale:shifting_{source['name']}"
+def _sides(sources: list[dict], args: argparse.Namespace, cpus: int) -> dict[str, dict]:
+    """The two specs compared, the same but for the split: static by weight, or autoscaled
+    with the same budget of workers."""
     base = {
         "sources": sources,
         "seq_len": 2048,
@@ -242,10 +235,23 @@ def main_shift(args: argparse.Namespace, cpus: int) -> None:
         "shuffle_window": args.shuffle_window,
         "shard_interleave": args.shard_interleave,
     }
-    sides = {
+    return {
         "static": dict(base, workers=args.budget),
         "auto": dict(base, workers="auto", reserve_cpus=cpus - args.budget, autoscale_every=args.every),
     }
+
+
+def main_shift(args: argparse.Namespace, cpus: int) -> None:
+    import tempfile
+
+    from bench_data import make_sources
+
+    phase_file = Path(tempfile.mkdtemp(prefix="omniload-bench-")) / "costly"
+    os.environ[_PHASE_ENV] = str(phase_file)
+    sources = make_sources(args.sources, args.docs)
+    for source in sources:
+        source["tokenizer"] = f"bench_autoscale:shifting_{source['name']}"
+    sides = _sides(sources, args, cpus)
     phases = [("", args.warmup), ("s0", args.seconds), ("s1", args.seconds)]
     print(
         f"machine: {_cores(cpus)}; {args.sources} sources of equal weight, all cheap ({args.rounds} rounds per "
@@ -356,20 +362,7 @@ def main() -> None:
     sources = make_sources(args.sources, args.docs)
     for i, source in enumerate(sources):
         source["tokenizer"] = "bench_autoscale:costly" if i == 0 else "bench_autoscale:cheap"
-    base = {
-        "sources": sources,
-        "seq_len": 2048,
-        "rows": 4,
-        "seed": 0,
-        "epochs": 0,
-        "ring_mb": args.ring_mb,
-        "shuffle_window": args.shuffle_window,
-        "shard_interleave": args.shard_interleave,
-    }
-    sides = {
-        "static": dict(base, workers=args.budget),
-        "auto": dict(base, workers="auto", reserve_cpus=cpus - args.budget, autoscale_every=args.every),
-    }
+    sides = _sides(sources, args, cpus)
     print(
         f"machine: {cpus} cores; {args.sources} sources of equal weight, source s0 ten times costlier per token "
         f"({args.rounds} rounds per token for the others); --ring-mb {args.ring_mb}; "

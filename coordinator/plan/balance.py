@@ -38,17 +38,22 @@ class Assignment:
     cost: Floats  # per rank: total cost
 
     def figures(self, costs: Floats) -> dict[str, float]:
-        placed = costs[self.rank >= 0]
-        mean = float(self.cost.mean()) if len(self.cost) else 0.0
-        bound = max(mean, float(placed.max()) if len(placed) else 0.0)
-        worst = float(self.cost.max()) if len(self.cost) else 0.0
-        return {
-            "max_cost": worst,
-            "mean_cost": mean,
-            "lower_bound": bound,
-            "imbalance": worst / mean if mean else 1.0,
-            "to_bound": worst / bound if bound else 1.0,
-        }
+        return balance_figures(self.cost, costs[self.rank >= 0])
+
+
+def balance_figures(rank_cost: Floats, placed: Floats) -> dict[str, float]:
+    """How even a step is: max and mean rank cost, and the lower bound max(mean, the costliest
+    item placed) that no assignment can beat."""
+    mean = float(rank_cost.mean()) if len(rank_cost) else 0.0
+    bound = max(mean, float(placed.max()) if len(placed) else 0.0)
+    worst = float(rank_cost.max()) if len(rank_cost) else 0.0
+    return {
+        "max_cost": worst,
+        "mean_cost": mean,
+        "lower_bound": bound,
+        "imbalance": worst / mean if mean else 1.0,
+        "to_bound": worst / bound if bound else 1.0,
+    }
 
 
 def assign(

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from omniload.coordinator.plan.balance import balance_figures
+
 _MOVE_PASSES = 2  # vectorized passes of moves between many pairs of ranks (more moved nothing useful in the bench)
 _MAX_REFINE = 64  # then single moves or swaps at most per step (it stops before, see _GOOD_ENOUGH)
 _WIDE_CANDIDATES = 1 << 16  # (item, item or rank) pairs a single move or swap may weigh
@@ -52,17 +54,7 @@ class Budgets:
         for group in groups:
             item_cost[group] = 0.0
             item_cost[group[0]] = costs[group].sum()
-        placed = item_cost[self.rank >= 0]
-        mean = float(self.cost.mean()) if len(self.cost) else 0.0
-        bound = max(mean, float(placed.max()) if len(placed) else 0.0)
-        worst = float(self.cost.max()) if len(self.cost) else 0.0
-        return {
-            "max_cost": worst,
-            "mean_cost": mean,
-            "lower_bound": bound,
-            "imbalance": worst / mean if mean else 1.0,
-            "to_bound": worst / bound if bound else 1.0,
-        }
+        return balance_figures(self.cost, item_cost[self.rank >= 0])
 
 
 def assign_budgets(
