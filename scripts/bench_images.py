@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import IterableDataset
 
 HERE = Path(__file__).resolve().parent
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
@@ -177,13 +177,9 @@ def _colocated_rank(
     folder: str, rank: int, world: int, workers: int, wanted: int, seq_len: int, rows: int, out
 ) -> None:
     begun = time.perf_counter()
-    loader = DataLoader(
-        CaptionStream(folder, rank, world, seq_len, rows),
-        batch_size=None,
-        num_workers=workers,
-        prefetch_factor=4 if workers else None,
-        persistent_workers=False,
-    )
+    from colocated import rank_dataloader
+
+    loader = rank_dataloader(CaptionStream(folder, rank, world, seq_len, rows), workers, prefetch=4)
     out.put(_consume(loader, wanted, begun, lambda batch: batch["real"]))
 
 

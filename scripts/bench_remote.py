@@ -93,6 +93,7 @@ def _peer_rank(
     import torch  # noqa: F401
 
     sys.path.insert(0, sysconfig.get_paths()["purelib"])
+    from colocated import rank_dataloader
     from peers import _Packed, _stub_torchvision, clean_streaming_leftovers, rank_environment
 
     if rank == 0:
@@ -102,7 +103,6 @@ def _peer_rank(
     cache = tempfile.mkdtemp(prefix=f"bench-remote-{peer}-")  # a cold local cache each run
     conn.send("ready")
     t0, _, _ = conn.recv()
-    from torch.utils.data import DataLoader
 
     if peer == "streaming":
         _stub_torchvision()
@@ -133,7 +133,7 @@ def _peer_rank(
             seed=0,
         )
     packed = _Packed(_Tokenized(dataset, spec["sources"][0]["tokenizer"]), spec["rows"], spec["seq_len"])
-    batches = iter(DataLoader(packed, batch_size=None, num_workers=workers, prefetch_factor=2 if workers else None))
+    batches = iter(rank_dataloader(packed, workers))
     next(batches)
     first_batch = time.time()
     for _ in range(_WARMUP_STEPS):

@@ -86,14 +86,23 @@ class ColocatedDataset(IterableDataset):
                     yield Doc(src.index, shard.first_ordinal + int(i), tokens)
 
 
-def colocated_loader(spec: Spec, rank: int, world: int, workers: int) -> DataLoader:
+def rank_dataloader(dataset: IterableDataset, workers: int, prefetch: int = 2) -> DataLoader:
+    """A baseline rank's DataLoader as a torchrun rank on Linux makes it (Python < 3.14): its
+    workers forked. A benchmark's ranks are spawned processes, whose children would be spawned
+    too and import torch again (225 MB a worker instead of 108 MB): a baseline heavier than
+    what users run. Every baseline and peer loader of the benchmarks is made here."""
     return DataLoader(
-        ColocatedDataset(spec, rank, world),
+        dataset,
         batch_size=None,
         num_workers=workers,
-        prefetch_factor=4 if workers else None,
+        prefetch_factor=prefetch if workers else None,
         persistent_workers=False,
+        multiprocessing_context="fork" if workers else None,
     )
+
+
+def colocated_loader(spec: Spec, rank: int, world: int, workers: int) -> DataLoader:
+    return rank_dataloader(ColocatedDataset(spec, rank, world), workers, prefetch=4)
 
 
 class LeanDataset(IterableDataset):
@@ -160,13 +169,4 @@ def pack_tokens(documents: Iterator[np.ndarray], rows: int, seq_len: int) -> Ite
 
 
 def lean_loader(spec: Spec, rank: int, world: int, workers: int) -> DataLoader:
-    # forked workers, as in a torchrun rank on Linux (Python < 3.14): a benchmark's rank is
-    # often a spawned process, whose children would be spawned too and import torch again
-    return DataLoader(
-        LeanDataset(spec, rank, world),
-        batch_size=None,
-        num_workers=workers,
-        prefetch_factor=2 if workers else None,
-        persistent_workers=False,
-        multiprocessing_context="fork" if workers else None,
-    )
+    return rank_dataloader(LeanDataset(spec, rank, world), workers)

@@ -18,7 +18,7 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 
-from colocated import pack_tokens
+from colocated import pack_tokens, rank_dataloader
 from torch.utils.data import DataLoader, IterableDataset
 
 from omniload.workers.transforms import load_transform
@@ -136,12 +136,7 @@ def peer_loader(
             iterate_over_all=False,
             seed=0,
         )
-    return DataLoader(
-        _Packed(dataset, rows, seq_len, tokenizer),
-        batch_size=None,
-        num_workers=workers,
-        prefetch_factor=2 if workers else None,
-    )
+    return rank_dataloader(_Packed(dataset, rows, seq_len, tokenizer), workers)
 
 
 def rank_environment(rank: int, world: int, port: int) -> None:
