@@ -95,6 +95,7 @@ def build_catalog(spec: Spec) -> list[SourceCatalog]:
     """Every source's shards. The files are indexed in a child forked from the workers'
     forkserver, which has pyarrow imported already: the coordinator itself never imports it
     (some 30 MB; workers/lane.py). The caller stops the forkserver (pool.stop_helpers)."""
+    chats = [chat_config_of(source, spec) for source in spec.sources]  # a bad chat template fails first
     found = [_find_files(source, spec) for source in spec.sources]
     remote = any(is_remote(p) for source in spec.sources for p in source.path)
     tokenizers = {source.name: source.tokenizer or spec.tokenizer for source in spec.sources}
@@ -123,7 +124,7 @@ def build_catalog(spec: Spec) -> list[SourceCatalog]:
             if remote:
                 _keep_catalog(spec, indexed)
     return [
-        _catalog_of(i, source, spec, files, vocabs[source.name])
+        _catalog_of(i, source, spec, files, vocabs[source.name], chats[i])
         for i, (source, files) in enumerate(zip(spec.sources, indexed))
     ]
 
@@ -305,9 +306,9 @@ def _keep_catalog(spec: Spec, indexed: list[list[tuple[str, str, list[Shard] | s
 
 
 def _find_files(source: Source, spec: Spec) -> list[tuple[str, str]]:
-    """The source's files and their formats; its chat template and image transform loaded once
-    here, so a bad one fails before any worker runs (its tokenizer: check_tokenizers)."""
-    chat_config_of(source, spec)  # a chat template that does not compile fails here
+    """The source's files and their formats; its image transform loaded once here, so a bad
+    one fails before any worker runs (its tokenizer: check_tokenizers; its chat template:
+    build_catalog)."""
     if source.has_images:
         require_pillow(source.name)
         config = image_config(spec)
@@ -326,7 +327,12 @@ def _find_files(source: Source, spec: Spec) -> list[tuple[str, str]]:
 
 
 def _catalog_of(
-    index: int, source: Source, spec: Spec, files: list[tuple[str, str, list[Shard] | str]], vocab: int | None
+    index: int,
+    source: Source,
+    spec: Spec,
+    files: list[tuple[str, str, list[Shard] | str]],
+    vocab: int | None,
+    chat: ChatConfig | None,
 ) -> SourceCatalog:
     images = image_config(spec) if source.has_images else None
     shards: list[Shard] = []
@@ -363,7 +369,7 @@ def _catalog_of(
         images,
         source.store_options(),
         pretokenized_of(source, vocab),
-        chat_config_of(source, spec),
+        chat,
     )
 
 
