@@ -1,0 +1,70 @@
+"""Where the memory of omniload's processes goes: PSS of the coordinator, its forkserver, its
+resource tracker and each worker, by mapping (heap, anonymous, each library), while one rank
+consumes a job over K sources of the bench corpus.
+
+    python scripts/memory_by_mapping.py [--sources 16] [--workers 4] [--tokenizer bpe|bytes] [--steps 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def pss_by_mapping(pid: int) -> collections.Counter:
+    """kB of PSS per mapping name ([heap], [anon], a library's file name) from /proc/PID/smaps."""
+    by: collections.Counter = collections.Counter()
+    name = "[anon]"
+    with open(f"/proc/{pid}/smaps") as smaps:
+        for line in smaps:
+            parts = line.split()
+            if not parts[0].endswith(":"):  # a mapping's header: address range, perms, ..., path
+                name = os.path.basename(parts[5]) if len(parts) > 5 else "[anon]"
+            elif parts[0] == "Pss:":
+                by[name] += int(parts[1])
+    return by
+
+
+def main() -> None:
+    from bench_data import bpe_tokenizer, make_sources
+    from bench_memory import _roles
+
+    import omniload
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sources", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--tokenizer", default="bpe", help="bpe (the 32k BPE of bench_data), bytes, or a path")
+    parser.add_argument("--steps", type=int, default=60, help="steps the rank consumes before measuring")
+    args = parser.parse_args()
+    tokenizer = bpe_tokenizer() if args.tokenizer == "bpe" else args.tokenizer
+    spec = {
+        "sources": make_sources(args.sources, 4000),
+        "seq_len": 2048,
+        "rows": 2,
+        "workers": args.workers,
+        "epochs": 0,
+        "tokenizer": tokenizer,
+    }
+    with omniload.Job(spec) as job:
+        loader = omniload.connect(job.addr, job.token, rank=0, world_size=1)
+        batches = iter(loader)
+        for _ in range(args.steps):
+            next(batches)
+        print(f"{args.sources} sources, {args.workers} workers, tokenizer {args.tokenizer}; PSS MB, largest mappings")
+        for role, pids in _roles(job._process.pid).items():
+            for pid in pids:
+                by = pss_by_mapping(pid)
+                top = ", ".join(f"{name[:32]} {kb / 1024:.1f}" for name, kb in by.most_common(5))
+                print(f"{role:<12}{pid:>8}{sum(by.values()) / 1024:>7.0f}  {top}")
+        loader.close()
+
+
+if __name__ == "__main__":
+    main()
