@@ -13,6 +13,7 @@ and each rank's count of labels != -100).
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import os
 import sys
@@ -77,6 +78,8 @@ def main() -> None:
             grads[f"{step}/naive"] = _grad(reference)
             counts.append({"meta": metas, "labelled": labelled})
     loader.close()
+    del ddp  # DDP's reducer holds the process group: free it first (omniload/demo/train.py)
+    gc.collect()
     dist.destroy_process_group()
     if rank == 0:
         np.savez(os.path.join(out, "grads.npz"), **grads)

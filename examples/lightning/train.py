@@ -13,6 +13,7 @@ Lightning checkpoint and loads it back on fit(ckpt_path=...) (docs/recipes.md).
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -74,7 +75,9 @@ def main() -> None:
     )
     data = OmniloadDataModule(omniload.connect())
     trainer.fit(TinyLM(args.record), datamodule=data, ckpt_path="last" if args.resume else None)
-    if torch.distributed.is_initialized():  # gloo's threads must not outlive the interpreter (SIGABRT at exit)
+    del trainer  # its DDP model holds the process group: free it first, or gloo's threads
+    gc.collect()  # outlive it and abort the interpreter at exit (SIGABRT, 1 run in 4)
+    if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
 
