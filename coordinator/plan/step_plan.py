@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -24,13 +24,36 @@ from omniload.coordinator.plan.balance import Floats, Ints, assign
 from omniload.coordinator.plan.budgets import assign_budgets
 from omniload.coordinator.plan.cost import CostFn
 from omniload.coordinator.plan.packer import DocKey, Segment, doc_key
+from omniload.order import CHUNK_BITS
 
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
-    rows: list[list[list[Segment]]]  # [dp rank][row] -> segments in order
+    """Where each segment goes, as index arrays: the segments of rank r's row w are
+    segments[order[bounds[r * rows + w] : bounds[r * rows + w + 1]]], in the step's order.
+    Lists of segments are built per rank by whoever reads them (rank_rows), which touches
+    each segment once, with its tokens; building them all here cost ~3 ms at dp=1024."""
+
+    segments: list[Segment]
+    order: Ints
+    bounds: list[int]
+    rows_per_rank: int
+    tokens: list[int]  # per rank: real tokens placed
     carry: list[Segment]  # chosen for this step but not placed; first in line next step
     figures: dict[str, Any]
+
+    def rank_rows(self, rank: int) -> list[list[Segment]]:
+        """Rank `rank`'s rows: each a list of its segments in order."""
+        first, pick = rank * self.rows_per_rank, self.segments.__getitem__
+        return [
+            list(map(pick, self.order[self.bounds[k] : self.bounds[k + 1]].tolist()))
+            for k in range(first, first + self.rows_per_rank)
+        ]
+
+    @property
+    def rows(self) -> list[list[list[Segment]]]:
+        """[rank][row] -> segments in order, every rank's (rank_rows)."""
+        return [self.rank_rows(r) for r in range(len(self.tokens))]
 
 
 def plan_step(
@@ -42,14 +65,16 @@ def plan_step(
     cost_fn: CostFn,
     window: int = 0,
     doc_cap: int = 0,
+    plain: bool = False,
 ) -> StepPlan:
-    """--rank-tokens fixed: every rank `rows` rows of `seq_len` tokens."""
+    """--rank-tokens fixed: every rank `rows` rows of `seq_len` tokens. `plain`: no segment
+    holds images or belongs to a group (a text job without long_docs=bucket), so neither is read."""
     segments = [*carry, *fresh]
-    m = _measure(segments, cost_fn)
+    m = _measure(segments, len(carry), cost_fn, plain)
     may_wait = m.delay < window if window else None
     placed = assign(m.lengths, m.costs, len(carry), dp, rows, seq_len, m.groups, may_wait)
-    bins, left = _distribute(segments, m, placed.rank, placed.row, placed.cost, rows, window, doc_cap)
-    return StepPlan(bins, left, _figures(placed.figures(m.costs), placed.cost, m, left))
+    plan = _distribute(segments, m, placed.rank, placed.row, placed.cost, rows, window, doc_cap)
+    return dataclasses.replace(plan, figures=_figures(placed.figures(m.costs), placed.cost, m, plan.carry))
 
 
 def plan_budgets(
@@ -60,45 +85,56 @@ def plan_budgets(
     cost_fn: CostFn,
     window: int = 0,
     doc_cap: int = 0,
+    plain: bool = False,
 ) -> StepPlan:
     """--rank-tokens variable: every rank one row (a packed sequence) of at most `cap` tokens,
     as many as make the ranks' costs equal (budgets.py); the same carry-over and document cap."""
     segments = [*carry, *fresh]
-    m = _measure(segments, cost_fn)
+    m = _measure(segments, len(carry), cost_fn, plain)
     placed = assign_budgets(m.lengths, m.costs, len(carry), dp, cap, m.groups)
     rows = np.zeros(len(segments), dtype=np.int64)
-    bins, left = _distribute(segments, m, placed.rank, rows, placed.cost, 1, window, doc_cap)
-    return StepPlan(bins, left, _figures(placed.figures(m.costs, m.groups), placed.cost, m, left))
+    plan = _distribute(segments, m, placed.rank, rows, placed.cost, 1, window, doc_cap)
+    return dataclasses.replace(plan, figures=_figures(placed.figures(m.costs, m.groups), placed.cost, m, plan.carry))
 
 
 class _Measured(NamedTuple):
-    """What planning reads of a step's segments, one array each (a step at dp=1024 holds
-    15,000+ segments: one pass over them per attribute, with attrgetter, costs ~1 ms)."""
+    """What planning reads of a step's segments, one array each. A step at dp=1024 holds
+    15,000+ segments and one pass over them per attribute costs ~0.5 ms, so only what a
+    step can hold is read: delays only of carried segments (a fresh one has waited none),
+    image counts and groups only where a segment can have them."""
 
     lengths: Ints
     costs: Floats
     source: Ints
+    sample_id: Ints  # its document is sample_id >> CHUNK_BITS (order.sample_id)
     group_of: Ints  # the group of a document kept whole (long_docs=bucket), or -1
     delay: Ints
     groups: list[Ints]  # the segments of each such group
 
 
-def _measure(segments: Sequence[Segment], cost_fn: CostFn) -> _Measured:
+def _measure(segments: Sequence[Segment], carried: int, cost_fn: CostFn, plain: bool) -> _Measured:
     n = len(segments)
 
-    def column(name: str) -> Ints:
-        return np.fromiter(map(attrgetter(name), segments), np.int64, n)
+    def column(name: str, upto: int = n) -> Ints:
+        return np.fromiter(map(attrgetter(name), segments[:upto] if upto < n else segments), np.int64, upto)
 
-    lengths, source, group_of = column("length"), column("source"), column("group")
-    costs = cost_fn(lengths, source, column("image_count")) if segments else np.zeros(0)
+    lengths, source = column("length"), column("source")
+    none = np.zeros(n, dtype=np.int64)
+    group_of = none - 1 if plain else column("group")
+    image_count = none if plain else column("image_count")
+    costs = cost_fn(lengths, source, image_count) if segments else np.zeros(0)
+    delay = np.zeros(n, dtype=np.int64)
+    delay[:carried] = column("delay", carried)
     groups: dict[int, list[int]] = {}
     for i in np.flatnonzero(group_of >= 0).tolist():
         groups.setdefault(int(group_of[i]), []).append(i)
-    return _Measured(lengths, costs, source, group_of, column("delay"), [np.array(g) for g in groups.values()])
+    return _Measured(
+        lengths, costs, source, column("sample_id"), group_of, delay, [np.array(g) for g in groups.values()]
+    )
 
 
 def _distribute(
-    segments: Sequence[Segment],
+    segments: list[Segment],
     m: _Measured,
     rank_of: Ints,
     row_of: Ints,
@@ -106,19 +142,23 @@ def _distribute(
     rows: int,
     window: int,
     doc_cap: int,
-) -> tuple[list[list[list[Segment]]], list[Segment]]:
-    """Each rank's rows of segments, in the step's order, and what is carried (_hold_back)."""
+) -> StepPlan:
+    """Each rank's rows of segments, in the step's order, and what is carried (_hold_back);
+    the figures are the caller's."""
     if doc_cap:
         _hold_back(segments, m, rank_of, rank_cost, window, doc_cap)
     dp = len(rank_cost)
     slot = rank_of * rows + row_of  # (rank, row) as one number
     placed = np.flatnonzero(rank_of >= 0)
-    order = placed[np.argsort(slot[placed], kind="stable")]  # by rank and row, in the step's order within
+    key = slot[placed].astype(np.uint16) if dp * rows <= 1 << 16 else slot[placed]  # 16 bits: a radix sort, 10x
+    order = placed[np.argsort(key, kind="stable")]  # by rank and row, in the step's order within
     bounds = np.searchsorted(slot[order], np.arange(dp * rows + 1)).tolist()
-    in_order = [segments[i] for i in order.tolist()]
-    bins = [[in_order[bounds[r * rows + w] : bounds[r * rows + w + 1]] for w in range(rows)] for r in range(dp)]
-    left = [segments[i] for i in np.flatnonzero(rank_of < 0).tolist()]
-    return bins, [dataclasses.replace(s, delay=s.delay + 1) for s in left]
+    tokens = np.bincount(rank_of[placed], m.lengths[placed], minlength=dp).astype(np.int64).tolist()
+    left = [
+        dataclasses.replace(s, delay=s.delay + 1)
+        for s in map(segments.__getitem__, np.flatnonzero(rank_of < 0).tolist())
+    ]
+    return StepPlan(segments, order, bounds, rows, tokens, left, {})
 
 
 def _hold_back(
@@ -132,14 +172,14 @@ def _hold_back(
     if window:
         subject &= m.delay < window
     index = np.flatnonzero(subject)
-    origins = [segments[i].origin for i in index.tolist()]
-    doc_group = np.fromiter(map(itemgetter(0), origins), np.int64, len(origins))
-    doc_pos = np.fromiter(map(itemgetter(1), origins), np.int64, len(origins))
-    source = m.source[index]
-    by_doc = np.lexsort((doc_pos, doc_group, source))
-    same = (np.diff(source[by_doc]) == 0) & (np.diff(doc_group[by_doc]) == 0) & (np.diff(doc_pos[by_doc]) == 0)
-    shared = np.zeros(len(origins), dtype=bool)
-    shared[by_doc[1:][same]] = shared[by_doc[:-1][same]] = True  # documents with two chunks or more
+    # chunks of one document share sample_id >> CHUNK_BITS (the converse need not hold: a
+    # document read again in a later epoch has the same), so this finds a superset of the
+    # documents with two chunks or more; doc_key below tells them apart exactly
+    doc = m.sample_id[index] >> CHUNK_BITS
+    by_doc = np.argsort(doc, kind="stable")
+    same = np.diff(doc[by_doc]) == 0
+    shared = np.zeros(len(index), dtype=bool)
+    shared[by_doc[1:][same]] = shared[by_doc[:-1][same]] = True
     held: dict[tuple[int, DocKey], int] = {}  # (rank, document) -> its tokens on that rank
     for i in index[shared].tolist():  # in the step's order
         segment, rank = segments[i], int(rank_of[i])

@@ -123,6 +123,7 @@ class Stepper:
         self._bucket_rows = spec.rows if spec.long_docs == "bucket" else 0
         self._rank_cap = int(spec.max_doc_share * spec.rows * spec.seq_len)  # one document's tokens on a rank
         self._image_hw = spec.image_hw if spec.has_images else None
+        self._plain = not spec.has_images and spec.long_docs != "bucket"  # no segment has images or a group
         self._masked = spec.masks_labels
         self.live_changes = live_changes if live_changes is not None else []
         self.passes = [0.0] * len(intakes)
@@ -285,15 +286,23 @@ class Stepper:
         ]:  # pure: the costly part of a step at a large dp
             if spec.rank_tokens == "variable":
                 cap = spec.rank_token_cap
-                plan = plan_budgets(carry, fresh, dp, cap, self._cost, spec.balance_window, self._rank_cap)
-                widths = [padded_length(sum(s.length for s in row), spec.pad_to, cap) for (row,) in plan.rows]
+                plan = plan_budgets(carry, fresh, dp, cap, self._cost, spec.balance_window, self._rank_cap, self._plain)
+                widths = [padded_length(n, spec.pad_to, cap) for n in plan.tokens]
             else:
                 plan = plan_step(
-                    carry, fresh, dp, spec.rows, spec.seq_len, self._cost, spec.balance_window, self._rank_cap
+                    carry,
+                    fresh,
+                    dp,
+                    spec.rows,
+                    spec.seq_len,
+                    self._cost,
+                    spec.balance_window,
+                    self._rank_cap,
+                    self._plain,
                 )
                 widths = [spec.seq_len] * dp
             return plan, [
-                compact_batch(rows, w, image_hw, masked) for rows, w in zip(plan.rows, widths)
+                compact_batch(plan.rank_rows(r), w, image_hw, masked) for r, w in enumerate(widths)
             ] if build else []
 
         plan, batches = yield Compute(balance_and_build)
@@ -304,7 +313,7 @@ class Stepper:
         step = Step(
             self.step,
             batches,
-            [sum(s.length for row in rows for s in row) for rows in plan.rows],
+            plan.tokens,
             {**plan.figures, "dropped": self.dropped},
             weights,
         )
