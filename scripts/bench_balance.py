@@ -46,7 +46,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from omniload.coordinator.plan.balance import assign
-from omniload.coordinator.plan.budgets import assign_budgets, padded_length
+from omniload.coordinator.plan.budgets import assign_budgets, padded_length, padding_cost
 from omniload.coordinator.plan.cost import cost_function
 from omniload.coordinator.plan.packer import Segment, chunk_bounds
 from omniload.coordinator.plan.step_plan import plan_budgets
@@ -206,6 +206,7 @@ def evaluate(sample: Sampler, s: Setting, steps: int, seed: int) -> dict[str, di
         coeffs = PRESETS[model].cost_coeffs()
         cost = cost_function("attention", coeffs, ["x"])
         linear = coeffs[1]  # a padding token's cost (its attention term left out, see above)
+        pad_cost = padding_cost(cost, PAD_TO)  # what the planner counts for it, as plan_budgets does
 
         def costs(lengths: np.ndarray, cost=cost) -> np.ndarray:
             return cost(lengths, np.zeros_like(lengths), np.zeros_like(lengths))
@@ -216,8 +217,8 @@ def evaluate(sample: Sampler, s: Setting, steps: int, seed: int) -> dict[str, di
         def fixed(lengths: np.ndarray, carried: int, costs=costs) -> np.ndarray:
             return assign(lengths, costs(lengths), carried, s.dp, s.rows, s.seq_len).rank
 
-        def variable(lengths: np.ndarray, carried: int, costs=costs) -> np.ndarray:
-            return assign_budgets(lengths, costs(lengths), carried, s.dp, cap).rank
+        def variable(lengths: np.ndarray, carried: int, costs=costs, pad_cost=pad_cost) -> np.ndarray:
+            return assign_budgets(lengths, costs(lengths), carried, s.dp, cap, (), PAD_TO, pad_cost).rank
 
         figures = {"fullness": base_tokens / (steps * s.dp * slots), "a": base_time / base_tokens}
         for name, place in (("b", fixed), ("c", variable)):
@@ -262,7 +263,9 @@ def planner_time(sample: Sampler, steps: int, dp: int = 1024, seq_len: int = 327
         fresh = [Segment(0, sample_id(0, i, 0), int(n), none, origin=(0, i)) for i, n in enumerate(lengths.tolist())]
         plan = None  # the last step's segments are freed here, not inside the timed plan (~3 ms at dp=1024)
         started = time.thread_time()  # CPU time: the wall clock of a shared machine says more about the others
-        plan = plan_budgets([], fresh, dp, 2 * rows * seq_len, cost, doc_cap=rows * seq_len // 4, plain=True)
+        plan = plan_budgets(
+            [], fresh, dp, 2 * rows * seq_len, cost, doc_cap=rows * seq_len // 4, plain=True, pad_to=PAD_TO
+        )
         plans.append(time.thread_time() - started)
         c = cost(lengths, np.zeros_like(lengths), np.zeros_like(lengths))
         started = time.thread_time()

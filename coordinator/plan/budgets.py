@@ -18,7 +18,10 @@ this only decides where each goes.
    _GOOD_ENOUGH: first in vectorized passes, every rank above it paired with one of the
    cheapest, each pair moving the item that best halves their gap; then, one at a time, the
    move or swap of an item of the most expensive rank with another rank (any rank where the
-   step has few items, else the cheapest) that leaves the higher of the two lowest.
+   step has few items, else the cheapest) that leaves the higher of the two lowest. These
+   single moves count each rank's padding (its tokens rounded up to `pad_to`, at `pad_cost`
+   a token): at 4k-8k tokens a rank, padding to 128 costs up to 1.5% of a rank, as much as
+   what is left to gain there.
 
 The lower bound on the most expensive rank is max(mean rank cost, largest item).
 """
@@ -32,6 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from omniload.coordinator.plan.balance import balance_figures
+from omniload.coordinator.plan.cost import CostFn
 
 _MOVE_PASSES = 2  # vectorized passes of moves between many pairs of ranks (more moved nothing useful in the bench)
 _MAX_REFINE = 64  # then single moves or swaps at most per step (it stops before, see _GOOD_ENOUGH)
@@ -58,10 +62,19 @@ class Budgets:
 
 
 def assign_budgets(
-    lengths: Ints, costs: Floats, carried: int, dp: int, cap: int, groups: Sequence[Ints] = ()
+    lengths: Ints,
+    costs: Floats,
+    carried: int,
+    dp: int,
+    cap: int,
+    groups: Sequence[Ints] = (),
+    pad_to: int = 1,
+    pad_cost: float = 0.0,
 ) -> Budgets:
     """Each segment to a rank, at most `cap` tokens a rank; the first `carried` go first.
-    `groups`: segments that must share one rank (a long document kept whole)."""
+    `groups`: segments that must share one rank (a long document kept whole). A rank's
+    tokens are padded up to a multiple of `pad_to` (padded_length), each pad token costing
+    `pad_cost` (padding_cost); Budgets.cost is without it."""
     item_len, item_cost, first, members = _items(lengths, costs, groups)
     was_carried = first < carried
     old, fresh = np.flatnonzero(was_carried), np.flatnonzero(~was_carried)
@@ -74,7 +87,8 @@ def assign_budgets(
     for _ in range(_MOVE_PASSES):
         if not _move_in_pairs(item_len, item_cost, item_rank, rank_cost, rank_tokens, cap, bound):
             break
-    _refine(item_len, item_cost, item_rank, rank_cost, rank_tokens, cap, bound)
+    padding = _Padding(pad_to, pad_cost, cap)
+    _refine(item_len, item_cost, item_rank, rank_cost, rank_tokens, cap, bound, padding)
     rank = np.full(len(lengths), -1, dtype=np.int64)
     singles = len(item_len) - len(members)
     rank[first[:singles]] = item_rank[:singles]
@@ -163,26 +177,58 @@ def _move_in_pairs(
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class _Padding:
+    """What a rank's padding costs: its tokens rounded up as padded_length does."""
+
+    to: int
+    cost: float
+    cap: int
+
+    def __call__(self, tokens: Ints) -> Floats:
+        if not self.cost:
+            return np.zeros(np.shape(tokens))
+        padded = np.minimum(np.maximum(1, -(-tokens // self.to)) * self.to, self.cap)
+        return np.asarray(self.cost * np.maximum(padded - tokens, 0), dtype=np.float64)
+
+
 def _refine(
-    item_len: Ints, item_cost: Floats, item_rank: Ints, rank_cost: Floats, rank_tokens: Ints, cap: int, bound: float
+    item_len: Ints,
+    item_cost: Floats,
+    item_rank: Ints,
+    rank_cost: Floats,
+    rank_tokens: Ints,
+    cap: int,
+    bound: float,
+    padding: _Padding,
 ) -> None:
     if len(rank_cost) < 2:
         return
     for _ in range(_MAX_REFINE):
-        hi, lo = int(np.argmax(rank_cost)), int(np.argmin(rank_cost))
-        if rank_cost[hi] <= bound * (1 + _GOOD_ENOUGH) or not _improve(
-            hi, lo, item_len, item_cost, item_rank, rank_cost, rank_tokens, cap
+        paid = rank_cost + padding(rank_tokens)
+        hi, lo = int(np.argmax(paid)), int(np.argmin(paid))
+        if paid[hi] <= bound * (1 + _GOOD_ENOUGH) or not _improve(
+            hi, lo, item_len, item_cost, item_rank, rank_cost, rank_tokens, cap, padding
         ):
             return
 
 
 def _improve(
-    hi: int, lo: int, item_len: Ints, item_cost: Floats, item_rank: Ints, rank_cost: Floats, rank_tokens: Ints, cap: int
+    hi: int,
+    lo: int,
+    item_len: Ints,
+    item_cost: Floats,
+    item_rank: Ints,
+    rank_cost: Floats,
+    rank_tokens: Ints,
+    cap: int,
+    padding: _Padding,
 ) -> bool:
     """The move of one of hi's items to another rank, or its swap with an item there, that
-    leaves the higher of the two ranks cheapest, within the cap; False if none lowers hi
-    without lifting the other rank to hi's cost. The other rank is any rank where that is
-    at most _WIDE_CANDIDATES pairs to weigh (a few ranks of few items), else the cheapest."""
+    leaves the higher of the two ranks cheapest (padding counted), within the cap; False if
+    none lowers hi without lifting the other rank to hi's cost. The other rank is any rank
+    where that is at most _WIDE_CANDIDATES pairs to weigh (a few ranks of few items), else
+    the cheapest."""
     xs = np.flatnonzero(item_rank == hi)
     if len(xs) * (len(item_rank) + len(rank_cost)) <= _WIDE_CANDIDATES:
         ys = np.flatnonzero((item_rank >= 0) & (item_rank != hi))
@@ -195,16 +241,14 @@ def _improve(
     col_len = np.concatenate([item_len[ys], np.zeros(len(partners), dtype=np.int64)])
     delta = item_cost[xs][:, None] - col_cost[None, :]  # the cost that goes from hi to the other rank
     moved = item_len[xs][:, None] - col_len[None, :]
-    other = rank_cost[col_rank][None, :] + delta
-    ok = (
-        (delta > 0)
-        & (other < rank_cost[hi])
-        & (rank_tokens[col_rank][None, :] + moved <= cap)
-        & (rank_tokens[hi] - moved <= cap)
-    )
+    hi_tokens, other_tokens = rank_tokens[hi] - moved, rank_tokens[col_rank][None, :] + moved
+    now = rank_cost[hi] + padding(rank_tokens[hi : hi + 1])[0]
+    mine = rank_cost[hi] - delta + padding(hi_tokens)
+    other = rank_cost[col_rank][None, :] + delta + padding(other_tokens)
+    ok = (mine < now) & (other < now) & (other_tokens <= cap) & (hi_tokens <= cap)
     if not ok.any():
         return False
-    k = int(np.argmin(np.where(ok, np.maximum(rank_cost[hi] - delta, other), np.inf)))
+    k = int(np.argmin(np.where(ok, np.maximum(mine, other), np.inf)))
     i, j = divmod(k, len(col_rank))
     x, to = int(xs[i]), int(col_rank[j])
     item_rank[x] = to
@@ -215,6 +259,12 @@ def _improve(
     rank_tokens[hi] -= moved[i, j]
     rank_tokens[to] += moved[i, j]
     return True
+
+
+def padding_cost(cost_fn: CostFn, pad_to: int) -> float:
+    """What one pad token costs a rank: a run of `pad_to` of them priced as a segment, per token."""
+    one = np.ones(1, dtype=np.int64)
+    return float(cost_fn(one * pad_to, one * 0, one * 0)[0]) / pad_to
 
 
 def padded_length(tokens: int, pad_to: int, cap: int) -> int:

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from omniload.coordinator.plan.balance import Floats, Ints, assign
-from omniload.coordinator.plan.budgets import assign_budgets
+from omniload.coordinator.plan.budgets import assign_budgets, padding_cost
 from omniload.coordinator.plan.cost import CostFn
 from omniload.coordinator.plan.packer import DocKey, Segment, doc_key
 from omniload.order import CHUNK_BITS
@@ -86,12 +86,15 @@ def plan_budgets(
     window: int = 0,
     doc_cap: int = 0,
     plain: bool = False,
+    pad_to: int = 1,
 ) -> StepPlan:
     """--rank-tokens variable: every rank one row (a packed sequence) of at most `cap` tokens,
-    as many as make the ranks' costs equal (budgets.py); the same carry-over and document cap."""
+    as many as make the ranks' costs equal (budgets.py), padding to `pad_to` counted; the
+    same carry-over and document cap."""
     segments = [*carry, *fresh]
     m = _measure(segments, len(carry), cost_fn, plain)
-    placed = assign_budgets(m.lengths, m.costs, len(carry), dp, cap, m.groups)
+    pad_cost = padding_cost(cost_fn, pad_to) if pad_to > 1 else 0.0
+    placed = assign_budgets(m.lengths, m.costs, len(carry), dp, cap, m.groups, pad_to, pad_cost)
     rows = np.zeros(len(segments), dtype=np.int64)
     plan = _distribute(segments, m, placed.rank, rows, placed.cost, 1, window, doc_cap)
     return dataclasses.replace(plan, figures=_figures(placed.figures(m.costs, m.groups), placed.cost, m, plan.carry))

@@ -286,7 +286,9 @@ class Stepper:
         ]:  # pure: the costly part of a step at a large dp
             if spec.rank_tokens == "variable":
                 cap = spec.rank_token_cap
-                plan = plan_budgets(carry, fresh, dp, cap, self._cost, spec.balance_window, self._rank_cap, self._plain)
+                plan = plan_budgets(
+                    carry, fresh, dp, cap, self._cost, spec.balance_window, self._rank_cap, self._plain, spec.pad_to
+                )
                 widths = [padded_length(n, spec.pad_to, cap) for n in plan.tokens]
             else:
                 plan = plan_step(

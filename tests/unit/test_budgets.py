@@ -2,10 +2,11 @@
 cap, at costs as equal as the segments allow."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload.coordinator.plan.budgets import assign_budgets, padded_length
+from omniload.coordinator.plan.budgets import assign_budgets, padded_length, padding_cost
 from omniload.coordinator.plan.cost import cost_function
 from omniload.coordinator.plan.packer import Segment
 from omniload.coordinator.plan.step_plan import plan_budgets
@@ -73,6 +74,27 @@ def test_on_long_tailed_lengths_the_busiest_rank_is_at_the_bound():
         assert (b.rank >= 0).all()
         assert b.figures(costs)["to_bound"] <= 1.005, (dp, b.figures(costs))
         assert b.tokens.min() != b.tokens.max()  # equal cost, unequal tokens
+
+
+def test_counting_padding_makes_the_busiest_rank_with_its_padding_cheaper():
+    """At 4k-8k tokens a rank, padding to 128 is as large as the imbalance left: the planner
+    that prices it ends with a cheaper busiest rank, padding included, than one that does not."""
+    rng = np.random.default_rng(1)
+    dp, rank_tokens, cap, pad_cost = 8, 8192, 16384, padding_cost(llama_8b, 128)
+    blind, aware = [], []
+    for _ in range(30):
+        lengths = np.minimum(rng.lognormal(np.log(600), 1.2, 200).astype(np.int64) + 1, 4096)
+        lengths = lengths[: np.searchsorted(np.cumsum(lengths), dp * rank_tokens) + 1]
+        costs = _costs(lengths, llama_8b)
+        for out, pad in ((blind, (1, 0.0)), (aware, (128, pad_cost))):
+            b = assign_budgets(lengths, costs, 0, dp, cap, (), *pad)
+            padded = np.array([padded_length(int(n), 128, cap) for n in b.tokens])
+            out.append((b.cost + pad_cost * (padded - b.tokens)).max() / b.figures(costs)["lower_bound"])
+    assert pad_cost == pytest.approx(llama_8b(np.array([128]), np.zeros(1), np.zeros(1))[0] / 128)
+    assert np.mean(aware) < np.mean(blind) and all(a <= b * (1 + 1e-9) for a, b in zip(aware, blind)), (
+        np.mean(aware),
+        np.mean(blind),
+    )
 
 
 def test_a_full_rank_passes_its_segments_on_and_carried_segments_go_first():
