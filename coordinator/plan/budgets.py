@@ -87,7 +87,7 @@ def assign_budgets(
     for _ in range(_MOVE_PASSES):
         if not _move_in_pairs(item_len, item_cost, item_rank, rank_cost, rank_tokens, cap, bound):
             break
-    padding = _Padding(pad_to, pad_cost, cap)
+    padding = _Padding(pad_to, pad_cost)
     _refine(item_len, item_cost, item_rank, rank_cost, rank_tokens, cap, bound, padding)
     rank = np.full(len(lengths), -1, dtype=np.int64)
     singles = len(item_len) - len(members)
@@ -179,17 +179,14 @@ def _move_in_pairs(
 
 @dataclass(frozen=True, slots=True)
 class _Padding:
-    """What a rank's padding costs: its tokens rounded up as padded_length does."""
+    """What a rank's padding costs: its tokens up to the next multiple of `to` (padded_length
+    also pads an empty rank and stops at the cap, which the busiest rank never is or reaches)."""
 
     to: int
     cost: float
-    cap: int
 
-    def __call__(self, tokens: Ints) -> Floats:
-        if not self.cost:
-            return np.zeros(np.shape(tokens))
-        padded = np.minimum(np.maximum(1, -(-tokens // self.to)) * self.to, self.cap)
-        return np.asarray(self.cost * np.maximum(padded - tokens, 0), dtype=np.float64)
+    def __call__(self, tokens: Ints) -> Floats | float:
+        return np.asarray(self.cost * ((-tokens) % self.to), dtype=np.float64) if self.cost else 0.0
 
 
 def _refine(
@@ -242,7 +239,7 @@ def _improve(
     delta = item_cost[xs][:, None] - col_cost[None, :]  # the cost that goes from hi to the other rank
     moved = item_len[xs][:, None] - col_len[None, :]
     hi_tokens, other_tokens = rank_tokens[hi] - moved, rank_tokens[col_rank][None, :] + moved
-    now = rank_cost[hi] + padding(rank_tokens[hi : hi + 1])[0]
+    now = rank_cost[hi] + padding(rank_tokens[hi])
     mine = rank_cost[hi] - delta + padding(hi_tokens)
     other = rank_cost[col_rank][None, :] + delta + padding(other_tokens)
     ok = (mine < now) & (other < now) & (other_tokens <= cap) & (hi_tokens <= cap)
