@@ -18,10 +18,11 @@ this only decides where each goes.
    _GOOD_ENOUGH: first in vectorized passes, every rank above it paired with one of the
    cheapest, each pair moving the item that best halves their gap; then, one at a time, the
    move or swap of an item of the most expensive rank with another rank (any rank where the
-   step has few items, else the cheapest) that leaves the higher of the two lowest. These
-   single moves count each rank's padding (its tokens rounded up to `pad_to`, at `pad_cost`
-   a token): at 4k-8k tokens a rank, padding to 128 costs up to 1.5% of a rank, as much as
-   what is left to gain there.
+   step has few items, else the cheapest) that leaves the higher of the two lowest; where
+   none helps and a step has few items, the same with two items on either side (ranks holding
+   5-20 segments get stuck on single moves: 4k-8k tokens a rank). These moves count each
+   rank's padding (its tokens rounded up to `pad_to`, at `pad_cost` a token): at 4k-8k
+   tokens a rank, padding to 128 costs up to 1.5% of a rank, as much as is left to gain.
 
 The lower bound on the most expensive rank is max(mean rank cost, largest item).
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -41,6 +43,7 @@ _MOVE_PASSES = 2  # vectorized passes of moves between many pairs of ranks (more
 _MAX_REFINE = 64  # then single moves or swaps at most per step (it stops before, see _GOOD_ENOUGH)
 _WIDE_CANDIDATES = 1 << 16  # (item, item or rank) pairs a single move or swap may weigh
 _GOOD_ENOUGH = 1e-3  # refinement stops once the most expensive rank is within this of the bound
+_PAIR_RANKS = 4  # where single moves are stuck, two items are swapped with the cheapest ranks' only
 
 Ints = NDArray[np.int64]
 Floats = NDArray[np.float64]
@@ -204,9 +207,10 @@ def _refine(
     for _ in range(_MAX_REFINE):
         paid = rank_cost + padding(rank_tokens)
         hi, lo = int(np.argmax(paid)), int(np.argmin(paid))
-        if paid[hi] <= bound * (1 + _GOOD_ENOUGH) or not _improve(
-            hi, lo, item_len, item_cost, item_rank, rank_cost, rank_tokens, cap, padding
-        ):
+        if paid[hi] <= bound * (1 + _GOOD_ENOUGH):
+            return
+        args = (hi, lo, item_len, item_cost, item_rank, rank_cost, rank_tokens, cap, padding)
+        if not _improve(*args, False) and not _improve(*args, True):
             return
 
 
@@ -220,24 +224,37 @@ def _improve(
     rank_tokens: Ints,
     cap: int,
     padding: _Padding,
+    pairs: bool,
 ) -> bool:
     """The move of one of hi's items to another rank, or its swap with an item there, that
     leaves the higher of the two ranks cheapest (padding counted), within the cap; False if
     none lowers hi without lifting the other rank to hi's cost. The other rank is any rank
     where that is at most _WIDE_CANDIDATES pairs to weigh (a few ranks of few items), else
-    the cheapest."""
+    the cheapest. With `pairs` (where single moves are stuck, and only among few items) also
+    two of hi's items at once, and two items of one of the _PAIR_RANKS cheapest ranks."""
     xs = np.flatnonzero(item_rank == hi)
-    if len(xs) * (len(item_rank) + len(rank_cost)) <= _WIDE_CANDIDATES:
+    wide = len(xs) * (len(item_rank) + len(rank_cost)) <= _WIDE_CANDIDATES
+    if pairs and not wide:
+        return False  # pairs are weighed only where a step has few items
+    if wide:
         ys = np.flatnonzero((item_rank >= 0) & (item_rank != hi))
         partners = np.flatnonzero(np.arange(len(rank_cost)) != hi)
     else:
         ys, partners = np.flatnonzero(item_rank == lo), np.array([lo])
-    # columns: a swap with each y (on its rank), then a move to each partner rank
+    # rows: one of hi's items, then (pairs) two of them; columns: an item to swap with (on its
+    # rank), a move to each partner rank (nothing comes back), then (pairs) two items to swap with
+    give = _singles(xs, 0, item_cost, item_len)
+    take = _singles(ys, len(partners), item_cost, item_len)
     col_rank = np.concatenate([item_rank[ys], partners])
-    col_cost = np.concatenate([item_cost[ys], np.zeros(len(partners))])
-    col_len = np.concatenate([item_len[ys], np.zeros(len(partners), dtype=np.int64)])
-    delta = item_cost[xs][:, None] - col_cost[None, :]  # the cost that goes from hi to the other rank
-    moved = item_len[xs][:, None] - col_len[None, :]
+    if pairs:
+        a, b = np.triu_indices(len(xs), 1)
+        give = _joined(give, _bundles(xs[a], xs[b], item_cost, item_len))
+        cheap = np.argsort(rank_cost + padding(rank_tokens), kind="stable")[:_PAIR_RANKS]
+        a, b = _same_rank_pairs(ys[np.isin(item_rank[ys], cheap)], item_rank)
+        take = _joined(take, _bundles(a, b, item_cost, item_len))
+        col_rank = np.concatenate([col_rank, item_rank[a]])
+    delta = give.cost[:, None] - take.cost[None, :]  # the cost that goes from hi to the other rank
+    moved = give.length[:, None] - take.length[None, :]
     hi_tokens, other_tokens = rank_tokens[hi] - moved, rank_tokens[col_rank][None, :] + moved
     now = rank_cost[hi] + padding(rank_tokens[hi])
     mine = rank_cost[hi] - delta + padding(hi_tokens)
@@ -247,15 +264,53 @@ def _improve(
         return False
     k = int(np.argmin(np.where(ok, np.maximum(mine, other), np.inf)))
     i, j = divmod(k, len(col_rank))
-    x, to = int(xs[i]), int(col_rank[j])
-    item_rank[x] = to
-    if j < len(ys):
-        item_rank[ys[j]] = hi
+    to = int(col_rank[j])
+    for x in (give.first[i], give.second[i]):
+        if x >= 0:
+            item_rank[x] = to
+    for y in (take.first[j], take.second[j]):
+        if y >= 0:
+            item_rank[y] = hi
     rank_cost[hi] -= delta[i, j]
     rank_cost[to] += delta[i, j]
     rank_tokens[hi] -= moved[i, j]
     rank_tokens[to] += moved[i, j]
     return True
+
+
+class _Bundles(NamedTuple):
+    """Items that move together, one or two (second -1), with their summed cost and length."""
+
+    first: Ints
+    second: Ints
+    cost: Floats
+    length: Ints
+
+
+def _singles(items: Ints, empty: int, item_cost: Floats, item_len: Ints) -> _Bundles:
+    """Each item alone, then `empty` bundles of none (a move to a rank takes nothing back)."""
+    none = np.full(len(items) + empty, -1)
+    if not empty:
+        return _Bundles(items, none, item_cost[items], item_len[items])
+    first = np.concatenate([items, none[:empty]])
+    cost = np.concatenate([item_cost[items], np.zeros(empty)])
+    return _Bundles(first, none, cost, np.concatenate([item_len[items], np.zeros(empty, dtype=np.int64)]))
+
+
+def _bundles(first: Ints, second: Ints, item_cost: Floats, item_len: Ints) -> _Bundles:
+    """Two items each."""
+    return _Bundles(first, second, item_cost[first] + item_cost[second], item_len[first] + item_len[second])
+
+
+def _joined(a: _Bundles, b: _Bundles) -> _Bundles:
+    return _Bundles(*(np.concatenate([x, y]) for x, y in zip(a, b)))
+
+
+def _same_rank_pairs(ys: Ints, item_rank: Ints) -> tuple[Ints, Ints]:
+    """Every two of `ys` that sit on one rank."""
+    a, b = np.triu_indices(len(ys), 1)
+    same = item_rank[ys[a]] == item_rank[ys[b]]
+    return ys[a[same]], ys[b[same]]
 
 
 def padding_cost(cost_fn: CostFn, pad_to: int) -> float:

@@ -97,6 +97,12 @@ def test_counting_padding_makes_the_busiest_rank_with_its_padding_cheaper():
     )
 
 
+def test_where_single_moves_are_stuck_two_items_move_together():
+    lengths = np.array([7, 11, 19, 14, 7, 2])  # single moves and swaps stop at 32 / 28
+    b = assign_budgets(lengths, lengths.astype(float), 0, dp=2, cap=1000)
+    assert sorted(b.cost.tolist()) == [30.0, 30.0], b.rank  # {19, 11} and {14, 7, 7, 2}
+
+
 def test_a_full_rank_passes_its_segments_on_and_carried_segments_go_first():
     lengths = np.array([60, 64, 64, 64, 64])  # 316 tokens for 2 x 128: one segment waits
     costs = lengths.astype(float)
