@@ -34,6 +34,7 @@ Then the planner's time per step at dp=1024 with 64k-token ranks (--rank-tokens 
 from __future__ import annotations
 
 import argparse
+import itertools
 import subprocess
 import sys
 import sysconfig
@@ -313,18 +314,28 @@ class _ListIntake:
         return Doc(self.catalog.index, p, np.zeros(self._lengths[p], dtype=np.int32), g, p, after=self.cursor)
 
 
-def stepper_balance(steps: int, rank_tokens: str, dp: int = 4, seq_len: int = 4096, rows: int = 2) -> dict[str, float]:
-    """The real Stepper (shuffle window, mixture per segment, carry-over, document cap) over the
-    bench corpus's three sources in reading order, with a quadratic cost (1,0,0): the setting of
-    issue 25's fixed-row figure. Mean over steps of the max rank cost over the issue's lower
-    bound, and over the bound with the pigeonhole terms (lower_bound())."""
+def stepper_balance(
+    steps: int,
+    rank_tokens: str,
+    dp: int = 4,
+    seq_len: int = 4096,
+    rows: int = 2,
+    coeffs: str = "1,0,0",
+    pad_to: int = 1,
+) -> dict[str, float]:
+    """The real Stepper, as a live coordinator runs it (shuffle window, mixture per segment,
+    carry-over, document cap), over the bench corpus's three sources in reading order; by
+    default with a quadratic cost (1,0,0): the setting of issue 25's fixed-row figure. Mean
+    over steps of the max rank cost over the issue's lower bound, and over the bound with
+    the pigeonhole terms (lower_bound())."""
     lengths, _, source = corpus_lengths()
     spec = Spec.from_dict(
         {
             "sources": [{"name": n, "path": "x", "weight": w} for n, w in _QUALITY_WEIGHTS.items()],
-            **{"seq_len": seq_len, "rows": rows, "cost_coeffs": "1,0,0", "rank_tokens": rank_tokens, "pad_to": 1},
+            **{"seq_len": seq_len, "rows": rows, "cost_coeffs": coeffs, "rank_tokens": rank_tokens, "pad_to": pad_to},
         }
     )
+    cost = cost_function("attention", tuple(float(c) for c in coeffs.split(",")), ["x"])
     intakes = [_ListIntake(i, lengths[source == i].tolist()) for i in range(3)]
     stepper = Stepper(spec, intakes)  # type: ignore[arg-type]  (the intake's interface, in memory)
     stepper.dp = dp
@@ -333,14 +344,13 @@ def stepper_balance(steps: int, rank_tokens: str, dp: int = 4, seq_len: int = 40
         step = stepper.next_step()
         if step is None:
             break
-        costs = np.array(
-            [
-                float(n) ** 2
-                for batch in step.batches
-                for n, src in zip(np.diff(batch["cu_seqlens"]).tolist(), batch["source"].tolist())
-                if src >= 0
-            ]
-        )
+        real = [
+            n
+            for batch in step.batches
+            for n, src in zip(np.diff(batch["cu_seqlens"]).tolist(), batch["source"].tolist())
+            if src >= 0
+        ]
+        costs = cost(np.array(real, dtype=np.int64), np.zeros(len(real)), np.zeros(len(real)))
         worst = max(step.figures["rank_cost"])
         to_bound.append(step.figures["to_bound"])
         to_tight.append(worst / lower_bound(costs, dp))
@@ -404,12 +414,16 @@ def main() -> None:
     print(f"variable budgets, least share of the possible improvement: {worst:.1%} (tight bound: {worst_tight:.1%})")
     print(f"variable budgets, least full step: {least:.1%} of dp x rows x seq_len real tokens")
     if args.stepper_steps:
-        for mode in ("fixed", "variable"):
-            f = stepper_balance(args.stepper_steps, mode)
+        llama_8b = ",".join(str(c) for c in PRESETS["llama-8b"].cost_coeffs())
+        for mode, (dp, seq_len, rows, coeffs, pad, cost_name) in itertools.product(
+            ("fixed", "variable"), ((4, 4096, 2, "1,0,0", 1, "len^2"), (8, 8192, 2, llama_8b, PAD_TO, "llama-8b"))
+        ):
+            f = stepper_balance(args.stepper_steps, mode, dp, seq_len, rows, coeffs, pad)
             print(
-                f"real Stepper, bench corpus, dp=4, 4096 x 2, cost len^2, --rank-tokens {mode}: max rank cost / "
-                f"lower bound {f['to_bound']:.3f}, / bound with pigeonhole terms {f['to_tight']:.3f} "
-                f"(mean of {args.stepper_steps} steps; {f['carried']:.1f} segments carried a step)"
+                f"real Stepper, bench corpus, dp={dp}, {seq_len} x {rows}, cost {cost_name}, pad {pad}, "
+                f"--rank-tokens {mode}: max rank cost / lower bound {f['to_bound']:.3f}, / bound with pigeonhole "
+                f"terms {f['to_tight']:.3f} (mean of {args.stepper_steps} steps; {f['carried']:.1f} segments "
+                "carried a step)"
             )
     for lengths_name, sample in samplers.items():
         big = planner_time(sample, args.large_steps, args.large_dp)

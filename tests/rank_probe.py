@@ -11,7 +11,8 @@ input_ids ("shapes"). With images, each
 image is recorded as [sample_id of its segment, its top-left pixel's r, g, b] ("images"), and
 each step's count of PROBE_IMAGE_TOKEN tokens and of images ("image_tokens"). With PROBE_LABELS=1,
 each step's segments are recorded with their labels too: [sample_id, tokens, crc32 of their
-input_ids, crc32 of their labels], both as int64 ("step_labels").
+input_ids, crc32 of their labels], both as int64 ("step_labels"). Each step's max rank cost
+over its lower bound, from the batch's meta ("to_bound").
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main() -> None:
     step_seconds = float(os.environ.get("PROBE_STEP_S", 0))
     hang_after = int(os.environ.get("PROBE_HANG_AFTER", 0))
     hashes, sample_ids, source_tokens, steps, waits, step_segments, shapes = [], [], {}, [], [], [], []
+    to_bound = []  # each step's max rank cost over its lower bound
     images, image_tokens, step_labels = [], [], []
     with_labels = os.environ.get("PROBE_LABELS") == "1"
     image_token = int(os.environ.get("PROBE_IMAGE_TOKEN", -1))
@@ -50,6 +52,7 @@ def main() -> None:
             digest.update(name.encode() + batch[name].numpy().tobytes())
         hashes.append(digest.hexdigest())
         steps.append(loader.step)
+        to_bound.append(loader.meta.get("to_bound"))
         shapes.append(list(batch["input_ids"].shape) if "input_ids" in batch else [])
         lengths = (batch["cu_seqlens"][1:] - batch["cu_seqlens"][:-1]).tolist()
         step_segments.append(_segments(batch, lengths))
@@ -79,6 +82,7 @@ def main() -> None:
             {
                 "hashes": hashes,
                 "steps": steps,
+                "to_bound": to_bound,
                 "sample_ids": sample_ids,
                 "source_tokens": source_tokens,
                 "wait_seconds": loader.wait_seconds,

@@ -43,6 +43,12 @@ _JOB = [
         lambda s: s["planner"].get("imbalance", 1.0),
     ),
     (
+        "omniload_planner_to_bound",
+        "gauge",
+        "Max rank cost of the last step over its lower bound, max(mean rank cost, costliest segment).",
+        lambda s: s["planner"].get("to_bound", 1.0),
+    ),
+    (
         "omniload_planner_carry_segments",
         "gauge",
         "Segments carried to the next step.",

@@ -174,6 +174,7 @@ class Planner:
         plan = step.figures
         self._last = {
             "imbalance": round(plan.get("imbalance", 1.0), 4),
+            "to_bound": round(plan.get("to_bound", 1.0), 4),
             "max_cost": plan.get("max_cost", 0.0),
             "mean_cost": plan.get("mean_cost", 0.0),
             "carry": plan.get("carried", 0),

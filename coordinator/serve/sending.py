@@ -73,6 +73,7 @@ class Sending:
             {
                 "dp": dp,
                 "imbalance": round(step.figures["imbalance"], 4),
+                "to_bound": round(step.figures["to_bound"], 4),
                 # the loss's denominator: sum of token losses / this, times dp (docs/planning.md)
                 "global_trained_tokens": trained_tokens(step.batches),
                 "weights": dict(zip(self._source_names, step.weights)),
