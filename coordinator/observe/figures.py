@@ -104,6 +104,7 @@ class Figures:
             "planner": self._planner_figures(),
             "workers": {
                 "count": sum(1 for w in self._pool.workers if w is not None),
+                "budget": len(self._pool.plan),  # what --workers auto may grow to
                 "autoscale": bool(self._pool.scaling),
                 "moves": self._pool.scaling.get("moves", 0),
             },

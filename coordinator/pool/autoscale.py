@@ -13,6 +13,13 @@ throughput (the busiest worker's demand falls by that factor): hysteresis, so th
 settles instead of chasing noise. A source whose rings ran empty while the planner waited on
 it (starved) counts its demand STARVED_BOOST times: it gets workers first, and keeps gaining
 them window after window while it stays starved.
+
+The budget (the CPUs less the ranks' reserve) is what the pool may grow to, not what it
+starts with: a job starts with START_WORKERS and doubles its running workers while a source
+starves and the running ones are busy (GROWTH_BUSY of their time producing), so a pool is as
+large as the ranks' consumption needs. One BPE worker feeds 8 ranks at 10 steps/s of 4k
+tokens; sized by CPUs alone, a 64-core node ran 63 workers of 30-40 MB for them. The lanes
+are the budget's from the start (they fix the data's order), so growing only moves them.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ MARGIN = 0.25  # a re-split must promise this much more throughput
 COST_SMOOTHING = 0.5  # weight of the newest window in a source's cost per token
 TAKEN_MEMORY = 0.8  # what a window's tokens taken still count one window later (the planner reads in bursts)
 MIN_TOKENS = 20_000  # a window with fewer tokens written says little about the cost (mostly idle polling)
+START_WORKERS = 1  # a --workers auto pool starts with this many running workers, and grows
+GROWTH_BUSY = 0.8  # ... while a source starves and the running workers produce this share of the time
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,12 +66,22 @@ def auto_lanes(num_sources: int, budget: int) -> list[int]:
 
 def initial_plan(weights: Sequence[float], workers: int, reserve: int, cpus: int) -> Plan:
     """The plan a job starts with. `workers` > 0: that many, split by weight once
-    (coordinator.lanes); 0 (auto): the CPUs less `reserve`, packed by weight until the
-    sources' costs are measured."""
+    (coordinator.lanes); 0 (auto): a slot for each worker of the budget (the CPUs less
+    `reserve`), START_WORKERS of them running (the rest empty until the pool grows), the lanes
+    packed by weight until the sources' costs are measured."""
     if workers:
         return assign_lanes(weights, workers)
     budget = auto_budget(cpus, reserve)
-    return pack(auto_lanes(len(weights), budget), list(weights), budget)
+    return _slots(pack(auto_lanes(len(weights), budget), list(weights), min(budget, START_WORKERS)), budget)
+
+
+def running(plan: Plan) -> int:
+    """Workers of `plan` that serve lanes (a grown-to slot is empty until then)."""
+    return sum(1 for worker in plan if worker)
+
+
+def _slots(plan: Plan, budget: int) -> Plan:
+    return plan + [[] for _ in range(budget - len(plan))]
 
 
 def pack(lanes: Sequence[int], demand: Sequence[float], budget: int) -> Plan:
@@ -118,13 +137,28 @@ def demands(costs: Sequence[float | None], taken: Sequence[float], windows: Sequ
     return out if any(out) else None
 
 
-def resplit(plan: Plan, lanes: Sequence[int], demand: Sequence[float], budget: int, margin: float) -> Plan | None:
-    """A better packing for `demand`, laid out so that as many workers as can keep running
-    (keep_in_place); None when it would not gain `margin`."""
-    proposal = pack(lanes, demand, budget)
+def resplit(plan: Plan, lanes: Sequence[int], demand: Sequence[float], workers: int, margin: float) -> Plan | None:
+    """A better packing for `demand` on `workers` of plan's slots, laid out so that as many
+    workers as can keep running (keep_in_place); None when it would not gain `margin`."""
+    proposal = pack(lanes, demand, workers)
     if busiest(plan, lanes, demand) <= (1 + margin) * busiest(proposal, lanes, demand):
         return None
-    return keep_in_place(plan, proposal)
+    return keep_in_place(plan, _slots(proposal, len(plan)))
+
+
+def grow(plan: Plan, lanes: Sequence[int], demand: Sequence[float]) -> Plan | None:
+    """Twice the running workers, at most every slot, packed by `demand` and laid out as
+    resplit's; None when every slot runs."""
+    workers = running(plan)
+    if workers >= len(plan):
+        return None
+    return keep_in_place(plan, _slots(pack(lanes, demand, min(len(plan), 2 * workers)), len(plan)))
+
+
+def saturated(windows: Sequence[Window], workers: int, seconds: float) -> bool:
+    """The running workers spent at least GROWTH_BUSY of the window producing: more of them
+    would produce more (on a machine whose cores are all taken, they would not be)."""
+    return sum(w.cpu_s for w in windows) >= GROWTH_BUSY * workers * seconds
 
 
 def keep_in_place(old: Plan, new: Plan) -> Plan:

@@ -8,12 +8,13 @@ the two never meet; only joining and forking happen on an executor thread.
 
 With `--workers auto` the supervisor also runs the autoscaler: every `--autoscale-every`
 seconds it reads each source's counters (its lanes' CPU time and tokens written, the tokens
-the planner took, how often the planner found its rings empty), and when a packing of the
-lanes by measured cost promises enough more throughput (coordinator/pool/autoscale.py) it hands
-the lanes that change workers over: the old worker lets each go (ring handover), the new one
-takes it on (its inbox) and goes on after the ring's newest record, and the planner reads on
-from the ring meanwhile. No worker restarts. The lanes' turns fix every position's producer,
-so the data cannot tell.
+the planner took, how often the planner found its rings empty), and when sources starve with
+every running worker busy it doubles the workers (up to the budget), else when a packing of
+the lanes by measured cost promises enough more throughput (coordinator/pool/autoscale.py) it
+hands the lanes that change workers over (a new worker starts with its lanes): the old worker
+lets each go (ring handover), the new one takes it on (its inbox) and goes on after the ring's
+newest record, and the planner reads on from the ring meanwhile. No worker restarts. The
+lanes' turns fix every position's producer, so the data cannot tell.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from omniload.coordinator.pool.autoscale import (
     MARGIN,
     Window,
     demands,
+    grow,
     moves,
     resplit,
+    running,
+    saturated,
     update_costs,
     update_taken,
     workers_per_source,
@@ -58,8 +62,9 @@ class Supervisor:
         self._scaler: asyncio.Task | None = None
 
     def watch_all(self) -> None:
-        for worker_id in range(len(self._pool.workers)):
-            self._watch(worker_id)
+        for worker_id, worker in enumerate(self._pool.workers):
+            if worker is not None:  # a slot the pool has not grown to yet has none
+                self._watch(worker_id)
         spec = self._pool.spec
         if (
             spec.workers == 0
@@ -89,8 +94,9 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._pool.stop_workers)
         before_start()
-        for worker_id in range(len(self._pool.workers)):
-            await self._start(worker_id)
+        for worker_id, lanes in enumerate(self._pool.plan):
+            if lanes:
+                await self._start(worker_id)
 
     def _watch(self, worker_id: int) -> None:
         worker = self._pool.started(worker_id)
@@ -247,7 +253,14 @@ class Supervisor:
             costs, taken = update_costs(costs, windows), update_taken(taken, windows)
             pool.scaling["costs"] = costs
             need = demands(costs, taken, windows)
-            plan = need and resplit(pool.plan, pool.lane_counts, need, len(pool.plan), MARGIN)
+            workers = running(pool.plan)
+            plan: list[list[tuple[int, int]]] | None = None
+            if any(w.starved for w in windows) and saturated(windows, workers, every):
+                plan = grow(pool.plan, pool.lane_counts, need or pool.spec.weights())
+                if plan:
+                    log.info("autoscale: sources starve, every worker busy: %d -> %d workers", workers, running(plan))
+            elif need:
+                plan = resplit(pool.plan, pool.lane_counts, need, workers, MARGIN)
             if not plan:
                 continue
             before = workers_per_source(pool.plan, len(names))

@@ -35,9 +35,11 @@ class Workforce:
         return self.intakes
 
     def start(self) -> None:
-        """Fork every worker at its sources' cursors. Before the event loop starts."""
-        for worker_id in range(len(self._plan)):
-            self.pool.start(worker_id, lambda source, _lane: self.intakes[source].cursor)
+        """Fork every worker that has lanes at its sources' cursors (with --workers auto the
+        others are slots the pool may grow to). Before the event loop starts."""
+        for worker_id, lanes in enumerate(self._plan):
+            if lanes:
+                self.pool.start(worker_id, lambda source, _lane: self.intakes[source].cursor)
 
     def supervise(self, fail: Callable[[str, BaseException], None]) -> None:
         """On the loop: replace the workers that die (and autoscale, with --workers auto)."""

@@ -39,10 +39,11 @@ def test_a_different_seed_gives_different_batches(corpus, tmp_path):
 
 
 def test_autoscaling_moves_workers_without_changing_the_data(corpus, tmp_path):
-    """--workers auto re-splits the budget by measured cost while the ranks read: the batches
-    are those of a static split. Eight sources (the corpus' files under several names), two of
-    them hundreds of times costlier per token, on a budget of two workers with one lane each: the
-    split by weight puts both costly sources on one worker, the measured costs part them."""
+    """--workers auto grows the pool and re-splits it by measured cost while the ranks read: the
+    batches are those of a static split. Eight sources (the corpus' files under several names),
+    two of them hundreds of times costlier per token, on a budget of two workers with one lane
+    each: the pool starts with one worker, which the costly sources keep busy while they starve,
+    so it grows to two, and the measured costs part the costly two."""
     import os
     import threading
 
@@ -59,7 +60,7 @@ def test_autoscaling_moves_workers_without_changing_the_data(corpus, tmp_path):
     base = {"sources": sources, "seq_len": 512, "rows": 4, "seed": 3, "epochs": 0, "steps": 1200, "ring_mb": 1}
     static = run_ranks({**base, "workers": 2}, world=2, out_dir=tmp_path)
     auto = {**base, "workers": "auto", "reserve_cpus": len(os.sched_getaffinity(0)) - 2, "autoscale_every": 0.5}
-    moves = []
+    moves, counts = [], []
     with omniload.Job(auto) as job:
         ranks = start_ranks(job, 2, tmp_path)
         done = threading.Event()
@@ -67,9 +68,11 @@ def test_autoscaling_moves_workers_without_changing_the_data(corpus, tmp_path):
         def watch() -> None:
             while not done.wait(0.2):
                 try:
-                    moves.append(job.status()["workers"]["moves"])
+                    workers = job.status()["workers"]
                 except omniload.OmniloadError:
                     return  # the job ended
+                moves.append(workers["moves"])
+                counts.append(workers["count"])
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
@@ -80,3 +83,4 @@ def test_autoscaling_moves_workers_without_changing_the_data(corpus, tmp_path):
         assert len(scaled[rank]["hashes"]) == 1200
         assert scaled[rank]["hashes"] == static[rank]["hashes"], f"rank {rank}: autoscaling changed the data"
     assert max(moves, default=0) >= 1, "the autoscaler never moved a worker: the test proved nothing"
+    assert counts[0] == 1 and max(counts) == 2, f"the pool should start with one worker and grow to two: {counts}"

@@ -12,11 +12,14 @@ from omniload.coordinator.pool.autoscale import (
     auto_lanes,
     busiest,
     demands,
+    grow,
     initial_plan,
     keep_in_place,
     moves,
     pack,
     resplit,
+    running,
+    saturated,
     update_costs,
     update_taken,
     workers_per_source,
@@ -61,10 +64,29 @@ def test_static_split_by_weight_is_what_explicit_workers_get():
     assert plan == [[(0, 0)], [(1, 0)], [(2, 0)], [(3, 0)]]
 
 
-def test_auto_starts_packed_by_weight_within_the_cpu_budget():
+def test_auto_starts_one_worker_with_every_lane_and_a_slot_for_each_cpu_of_the_budget():
     plan = initial_plan([1.0, 1.0, 1.0, 1.0], 0, reserve=1, cpus=3)
-    assert len(plan) == 2
-    assert _lanes_of(plan) == [(s, j) for s in range(4) for j in range(2)]
+    assert len(plan) == 2 and running(plan) == 1 and plan[1] == []
+    assert _lanes_of(plan) == [(s, j) for s in range(4) for j in range(2)]  # the budget's lanes, from the start
+
+
+def test_the_pool_doubles_its_running_workers_up_to_the_budget_and_keeps_the_lanes():
+    weights = [1.0] * 16
+    plan = initial_plan(weights, 0, reserve=1, cpus=16)  # 15 slots, 4 lanes a source
+    sizes = [running(plan)]
+    while (bigger := grow(plan, [4] * 16, weights)) is not None:
+        assert _lanes_of(bigger) == _lanes_of(plan) and len(bigger) == 15
+        # every running worker keeps some of its lanes (none is left idle); new slots take lanes
+        assert all(set(old) & set(new) for old, new in zip(plan, bigger) if old)
+        plan = bigger
+        sizes.append(running(plan))
+    assert sizes == [1, 2, 4, 8, 15]
+
+
+def test_the_pool_grows_only_while_its_running_workers_are_busy():
+    window = [Window(cpu_s=1.7, produced=10**6, taken=10**6, starved=True)]
+    assert saturated(window, workers=2, seconds=1.0)  # 85% of two workers' time producing
+    assert not saturated(window, workers=4, seconds=1.0)  # the cores are taken: more would not help
 
 
 def test_costs_are_cpu_per_token_smoothed_and_kept_without_tokens():
@@ -128,8 +150,7 @@ def test_a_source_turning_costly_keeps_its_producers_while_its_lanes_spread_out(
     sources. s0 becomes ten times costlier: each of its lanes gets a worker of its own, the one
     already producing it, which only lets its cheap lanes go."""
     lanes, budget = [4] * 8, 8
-    start = initial_plan([1.0] * 8, 0, 0, budget)
-    assert start == pack(lanes, [1.0] * 8, budget)
+    start = pack(lanes, [1.0] * 8, budget)  # a pool grown to its budget
     demand = [10.0] + [1.0] * 7
     plan = resplit(start, lanes, demand, budget, MARGIN)
     assert plan is not None and _lanes_of(plan) == _lanes_of(start)
