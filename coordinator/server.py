@@ -95,7 +95,8 @@ class Coordinator:
         for path in remove_stale_segments():
             log.info("removed %s, left by a job that died", path.name)
         catalog = build_catalog(self.spec)
-        plan = initial_plan(self.spec.weights(), self.spec.workers, self.spec.reserve_cpus, available_cpus())
+        spec = self.spec
+        plan = initial_plan(spec.weights(), spec.workers, spec.reserve_cpus, available_cpus(), spec.autoscale_every > 0)
         self.positions = Positions(self.spec, job_identity(self.spec, catalog), self.fail)
         code = self.role.wait_for_turn()
         if code is not None:

@@ -46,8 +46,9 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [  # (flag, click's kwargs); -
         dict(
             type=lambda v: 0 if str(v) == "auto" else int(v),
             metavar="N|auto",
-            help="Total source-worker processes, split among sources by weight once; auto (or 0): the "
-            "CPUs less --reserve-cpus, re-split online by each source's measured cost per token.",
+            help="Total source-worker processes, split among sources by weight once; auto (or 0): up to "
+            "the CPUs less --reserve-cpus, starting with one and growing while sources starve, "
+            "re-split online by each source's measured cost per token.",
         ),
     ),
     (
@@ -56,7 +57,11 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [  # (flag, click's kwargs); -
     ),
     (
         "--autoscale-every",
-        dict(type=float, help="With --workers auto: seconds between re-split decisions (0: split by weight once)."),
+        dict(
+            type=float,
+            help="With --workers auto: seconds between decisions to grow, shrink or re-split the pool "
+            "(0: the budget's workers, split by weight once).",
+        ),
     ),
     ("--seed", dict(type=int, help="Seed of every shuffle: same seed, spec and files give the same batches.")),
     ("--epochs", dict(type=int, help="Passes over each source (0: repeat forever, reshuffled).")),

@@ -152,8 +152,10 @@ def loading_mb(
     omniload_workers: str = "auto",
     peer_folders: list[str] | None = None,
     breakdown: dict | None = None,
+    settle: float = 0.0,
 ) -> float:
-    """Mean PSS of the loading stack in MB; for omniload, `breakdown` gets its processes' PSS by role."""
+    """Mean PSS of the loading stack in MB, sampled `settle` seconds after every rank reached
+    _WARM_STEPS; for omniload, `breakdown` gets its processes' PSS by role."""
     ctx = multiprocessing.get_context("spawn")
     progress = ctx.Array("l", n)
     pipes, procs = [], []
@@ -187,6 +189,11 @@ def loading_mb(
                 f"{kind}: ranks did not reach step {_WARM_STEPS}: {progress[:]}"
                 + (f"; ranks exited with codes {dead} (their error is above)" if dead else "")
             )
+        time.sleep(0.2)
+    settled = time.monotonic() + settle  # --workers auto grows and shrinks its pool every 5 s
+    while time.monotonic() < settled:
+        if dead := [p.exitcode for p in procs if not p.is_alive()]:
+            raise RuntimeError(f"{kind}: ranks exited with codes {dead} while settling (their error is above)")
         time.sleep(0.2)
     samples = []
     began, done = time.monotonic(), min(progress[:])
@@ -238,6 +245,13 @@ def main() -> None:
     parser.add_argument(
         "--kinds", default="dataloader,streaming,litdata,omniload", help=f"what to measure, of {','.join(_KINDS)}"
     )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=40.0,
+        help="seconds every side runs at its pace after the warm-up before memory is sampled (steady "
+        "state: --workers auto decides every 5 s whether to grow or shrink its pool)",
+    )
     args = parser.parse_args()
     # one core per worker on every side (omniload's workers set it themselves): the tokenizers
     # library's thread pool in each DataLoader worker would make the baseline heavier than users run it
@@ -262,7 +276,8 @@ def main() -> None:
         f"machine: {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
         f"{_RATE:.0f} steps/s per rank; {args.workers_per_rank} DataLoader workers per rank for "
         f"{', '.join(_LABELS[k] for k in others) or 'no baseline'}; omniload {budget}; tokenizer "
-        f"{args.tokenizer}; MB = PSS of the loading stack minus bare torch ranks"
+        f"{args.tokenizer}; MB = PSS of the loading stack minus bare torch ranks, {args.settle:.0f} s after "
+        f"step {_WARM_STEPS}"
     )
     bare = {n: bare_torch_mb(n) for n in ranks}
     for k in (int(k) for k in args.sources.split(",")):
@@ -282,7 +297,14 @@ def main() -> None:
             roles[n] = {}
             mb = {
                 kind: loading_mb(
-                    kind, spec, n, args.workers_per_rank, args.omniload_workers, folders.get(kind), roles[n]
+                    kind,
+                    spec,
+                    n,
+                    args.workers_per_rank,
+                    args.omniload_workers,
+                    folders.get(kind),
+                    roles[n],
+                    args.settle,
                 )
                 - bare[n]
                 for kind in kinds

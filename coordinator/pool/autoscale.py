@@ -16,10 +16,12 @@ them window after window while it stays starved.
 
 The budget (the CPUs less the ranks' reserve) is what the pool may grow to, not what it
 starts with: a job starts with START_WORKERS and doubles its running workers while a source
-starves and the running ones are busy (GROWTH_BUSY of their time producing), so a pool is as
-large as the ranks' consumption needs. One BPE worker feeds 8 ranks at 10 steps/s of 4k
-tokens; sized by CPUs alone, a 64-core node ran 63 workers of 30-40 MB for them. The lanes
-are the budget's from the start (they fix the data's order), so growing only moves them.
+starves and the running ones are busy (GROWTH_BUSY of their time producing), and halves them
+while no source starves and they are mostly idle (under SHRINK_BUSY, so that the halved pool
+stays under GROWTH_BUSY: no see-saw). So a pool is as large as the ranks' consumption needs:
+one BPE worker feeds 8 ranks at 10 steps/s of 2k tokens, and sized by CPUs alone a 64-core
+node ran 63 workers of 30-40 MB for them. The lanes are the budget's from the start (they fix
+the data's order), so growing or shrinking only moves them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ TAKEN_MEMORY = 0.8  # what a window's tokens taken still count one window later 
 MIN_TOKENS = 20_000  # a window with fewer tokens written says little about the cost (mostly idle polling)
 START_WORKERS = 1  # a --workers auto pool starts with this many running workers, and grows
 GROWTH_BUSY = 0.8  # ... while a source starves and the running workers produce this share of the time
+SHRINK_BUSY = 0.3  # and halves them while none starves and they produce less than this share
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,15 +67,17 @@ def auto_lanes(num_sources: int, budget: int) -> list[int]:
     return [max(1, min(MAX_AUTO_LANES, budget, per_source))] * num_sources
 
 
-def initial_plan(weights: Sequence[float], workers: int, reserve: int, cpus: int) -> Plan:
+def initial_plan(weights: Sequence[float], workers: int, reserve: int, cpus: int, grows: bool = True) -> Plan:
     """The plan a job starts with. `workers` > 0: that many, split by weight once
     (coordinator.lanes); 0 (auto): a slot for each worker of the budget (the CPUs less
-    `reserve`), START_WORKERS of them running (the rest empty until the pool grows), the lanes
-    packed by weight until the sources' costs are measured."""
+    `reserve`), START_WORKERS of them running (the rest empty until the pool grows), or every
+    one where the pool does not autoscale (`grows` False), the lanes packed by weight until
+    the sources' costs are measured."""
     if workers:
         return assign_lanes(weights, workers)
     budget = auto_budget(cpus, reserve)
-    return _slots(pack(auto_lanes(len(weights), budget), list(weights), min(budget, START_WORKERS)), budget)
+    start = min(budget, START_WORKERS) if grows else budget
+    return _slots(pack(auto_lanes(len(weights), budget), list(weights), start), budget)
 
 
 def running(plan: Plan) -> int:
@@ -153,6 +158,21 @@ def grow(plan: Plan, lanes: Sequence[int], demand: Sequence[float]) -> Plan | No
     if workers >= len(plan):
         return None
     return keep_in_place(plan, _slots(pack(lanes, demand, min(len(plan), 2 * workers)), len(plan)))
+
+
+def shrink(plan: Plan, lanes: Sequence[int], demand: Sequence[float]) -> Plan | None:
+    """Half the running workers (at least START_WORKERS), packed by `demand` and laid out as
+    resplit's: the freed slots' workers let their lanes go and stop; None at START_WORKERS."""
+    workers = running(plan)
+    if workers <= START_WORKERS:
+        return None
+    return keep_in_place(plan, _slots(pack(lanes, demand, max(START_WORKERS, workers // 2)), len(plan)))
+
+
+def idle(windows: Sequence[Window], workers: int, seconds: float) -> bool:
+    """No source starved and the running workers spent under SHRINK_BUSY of the window producing."""
+    busy = sum(w.cpu_s for w in windows)
+    return not any(w.starved for w in windows) and busy < SHRINK_BUSY * workers * seconds
 
 
 def saturated(windows: Sequence[Window], workers: int, seconds: float) -> bool:

@@ -9,7 +9,8 @@ the two never meet; only joining and forking happen on an executor thread.
 With `--workers auto` the supervisor also runs the autoscaler: every `--autoscale-every`
 seconds it reads each source's counters (its lanes' CPU time and tokens written, the tokens
 the planner took, how often the planner found its rings empty), and when sources starve with
-every running worker busy it doubles the workers (up to the budget), else when a packing of
+every running worker busy it doubles the workers (up to the budget), when none starves and the
+workers are mostly idle it halves them (the freed ones stop), else when a packing of
 the lanes by measured cost promises enough more throughput (coordinator/pool/autoscale.py) it
 hands the lanes that change workers over (a new worker starts with its lanes): the old worker
 lets each go (ring handover), the new one takes it on (its inbox) and goes on after the ring's
@@ -28,10 +29,12 @@ from omniload.coordinator.pool.autoscale import (
     Window,
     demands,
     grow,
+    idle,
     moves,
     resplit,
     running,
     saturated,
+    shrink,
     update_costs,
     update_taken,
     workers_per_source,
@@ -70,8 +73,8 @@ class Supervisor:
             spec.workers == 0
             and spec.autoscale_every > 0
             and len(self._pool.plan) > 1
-            and sum(self._pool.lane_counts) > len(self._pool.plan)
-        ):  # else no packing differs
+            and (sum(self._pool.lane_counts) > len(self._pool.plan) or running(self._pool.plan) < len(self._pool.plan))
+        ):  # else no packing differs, and the pool cannot grow
             self._scaler = asyncio.get_running_loop().create_task(self._autoscale(spec.autoscale_every))
             self._scaler.add_done_callback(self._scaler_done)
 
@@ -103,7 +106,10 @@ class Supervisor:
         asyncio.get_running_loop().add_reader(worker.sentinel, self._on_exit, worker_id)
 
     def _on_exit(self, worker_id: int) -> None:
-        asyncio.get_running_loop().remove_reader(self._pool.started(worker_id).sentinel)
+        worker = self._pool.workers[worker_id]
+        if worker is None:
+            return  # the pool shrank and stopped it
+        asyncio.get_running_loop().remove_reader(worker.sentinel)
         task = asyncio.get_running_loop().create_task(self._replace(worker_id))
         self._tasks.add(task)
         task.add_done_callback(self._done)
@@ -116,7 +122,9 @@ class Supervisor:
 
     async def _replace(self, worker_id: int) -> None:
         loop = asyncio.get_running_loop()
-        worker = self._pool.started(worker_id)
+        worker = self._pool.workers[worker_id]
+        if worker is None:
+            return  # the pool shrank and stopped it
         code = await loop.run_in_executor(None, worker.join, _JOIN_DEAD_S)  # the exit code, off the loop
         if code == 0 or self._pool.workers[worker_id] is not worker:
             return  # its lanes are done, or it was replaced meanwhile (restart_all)
@@ -192,6 +200,11 @@ class Supervisor:
             if restart - set(late):
                 await self._stop(sorted(restart - set(late)))
             await asyncio.gather(*(self._start(worker_id, keep_rings=True) for worker_id in sorted(restart)))
+            emptied = [i for i, lanes in enumerate(plan) if not lanes and self._pool.workers[i] is not None]
+            if emptied:  # the pool shrank: these let every lane go
+                await self._stop(emptied)
+                for worker_id in emptied:
+                    self._pool.workers[worker_id] = None
             return sum(map(len, carried.taken.values())), len(restart)
 
     def _take_on(self, worker_id: int, lanes: list[tuple[int, int]]) -> bool:
@@ -245,6 +258,9 @@ class Supervisor:
         taken = [0.0] * len(self._intakes)
         last = self._counters()
         pool.scaling = {"autoscale": True, "every_s": every, "moves": 0, "costs": costs}
+        # the first window holds the workers' start and the shuffle windows filling, when every
+        # source starves for a while whatever the ranks consume: the pool grows from the second
+        first = True
         while True:
             await asyncio.sleep(every)
             now = self._counters()
@@ -255,12 +271,19 @@ class Supervisor:
             need = demands(costs, taken, windows)
             workers = running(pool.plan)
             plan: list[list[tuple[int, int]]] | None = None
-            if any(w.starved for w in windows) and saturated(windows, workers, every):
+            if not first and any(w.starved for w in windows) and saturated(windows, workers, every):
                 plan = grow(pool.plan, pool.lane_counts, need or pool.spec.weights())
                 if plan:
                     log.info("autoscale: sources starve, every worker busy: %d -> %d workers", workers, running(plan))
+            elif not first and idle(windows, workers, every):
+                plan = shrink(pool.plan, pool.lane_counts, need or pool.spec.weights())
+                if plan:
+                    log.info(
+                        "autoscale: workers mostly idle, no source starves: %d -> %d workers", workers, running(plan)
+                    )
             elif need:
                 plan = resplit(pool.plan, pool.lane_counts, need, workers, MARGIN)
+            first = False
             if not plan:
                 continue
             before = workers_per_source(pool.plan, len(names))

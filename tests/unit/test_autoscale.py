@@ -13,6 +13,7 @@ from omniload.coordinator.pool.autoscale import (
     busiest,
     demands,
     grow,
+    idle,
     initial_plan,
     keep_in_place,
     moves,
@@ -20,6 +21,7 @@ from omniload.coordinator.pool.autoscale import (
     resplit,
     running,
     saturated,
+    shrink,
     update_costs,
     update_taken,
     workers_per_source,
@@ -68,6 +70,8 @@ def test_auto_starts_one_worker_with_every_lane_and_a_slot_for_each_cpu_of_the_b
     plan = initial_plan([1.0, 1.0, 1.0, 1.0], 0, reserve=1, cpus=3)
     assert len(plan) == 2 and running(plan) == 1 and plan[1] == []
     assert _lanes_of(plan) == [(s, j) for s in range(4) for j in range(2)]  # the budget's lanes, from the start
+    static = initial_plan([1.0, 1.0, 1.0, 1.0], 0, reserve=1, cpus=3, grows=False)  # --autoscale-every 0
+    assert running(static) == 2 and _lanes_of(static) == _lanes_of(plan)
 
 
 def test_the_pool_doubles_its_running_workers_up_to_the_budget_and_keeps_the_lanes():
@@ -163,3 +167,20 @@ def test_a_source_turning_costly_keeps_its_producers_while_its_lanes_spread_out(
 
 def test_pack_is_deterministic():
     assert pack([3, 1, 2], [2.0, 2.0, 1.0], 3) == pack([3, 1, 2], [2.0, 2.0, 1.0], 3)
+
+
+def test_a_mostly_idle_pool_halves_down_to_one_worker_and_keeps_the_lanes():
+    weights = [1.0] * 16
+    plan = initial_plan(weights, 0, reserve=1, cpus=16)
+    while (bigger := grow(plan, [4] * 16, weights)) is not None:
+        plan = bigger
+    sizes = [running(plan)]
+    while (smaller := shrink(plan, [4] * 16, weights)) is not None:
+        assert _lanes_of(smaller) == _lanes_of(plan) and len(smaller) == 15
+        plan = smaller
+        sizes.append(running(plan))
+    assert sizes == [15, 7, 3, 1]
+    quiet = [Window(cpu_s=0.5, produced=10**5, taken=10**5, starved=False)]
+    assert idle(quiet, workers=2, seconds=1.0)  # 25% of two workers' time
+    assert not idle(quiet, workers=1, seconds=1.0)  # halved, it would be 50% busy: it stays
+    assert not idle([Window(cpu_s=0.0, produced=0, taken=0, starved=True)], workers=4, seconds=1.0)
