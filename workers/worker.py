@@ -110,7 +110,7 @@ def _serve(config: WorkerConfig, inbox: Connection | None = None) -> None:
                 rings[i].confirm_release()
                 awaiting = not live
                 continue
-            started, tokens = time.thread_time_ns(), 0
+            started, began, tokens = time.thread_time_ns(), time.perf_counter_ns(), 0
             for _ in range(_BURST):
                 if pending[i] is None:
                     pending[i] = next(producers[i], None)
@@ -127,8 +127,9 @@ def _serve(config: WorkerConfig, inbox: Connection | None = None) -> None:
                 tokens += _tokens_in(record)
                 pending[i] = None
                 progressed = True
-            # what this lane cost: the autoscaler splits the budget by CPU time per token
-            rings[i].count_work(time.thread_time_ns() - started, tokens)
+            # what this lane cost: the autoscaler splits the budget by CPU time per token, and
+            # grows the pool only while its workers are busy (wall time: reads' waits count)
+            rings[i].count_work(time.thread_time_ns() - started, tokens, time.perf_counter_ns() - began)
             if access[i] is not LOCAL:
                 counters, (retries, fetched) = access[i].counters, published[i]
                 rings[i].count_store(counters.retries - retries, counters.fetched - fetched, counters.held)

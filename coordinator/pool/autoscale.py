@@ -52,6 +52,7 @@ class Window:
     produced: int  # tokens its lanes wrote into their rings
     taken: int  # tokens the planner took from its rings
     starved: bool  # the planner found its rings empty while it waited on it
+    busy_s: float = 0.0  # wall seconds its lanes kept their workers producing (waits on reads included)
 
 
 def auto_budget(cpus: int, reserve: int) -> int:
@@ -171,14 +172,14 @@ def shrink(plan: Plan, lanes: Sequence[int], demand: Sequence[float]) -> Plan | 
 
 def idle(windows: Sequence[Window], workers: int, seconds: float) -> bool:
     """No source starved and the running workers spent under SHRINK_BUSY of the window producing."""
-    busy = sum(w.cpu_s for w in windows)
+    busy = sum(w.busy_s for w in windows)
     return not any(w.starved for w in windows) and busy < SHRINK_BUSY * workers * seconds
 
 
 def saturated(windows: Sequence[Window], workers: int, seconds: float) -> bool:
-    """The running workers spent at least GROWTH_BUSY of the window producing: more of them
-    would produce more (on a machine whose cores are all taken, they would not be)."""
-    return sum(w.cpu_s for w in windows) >= GROWTH_BUSY * workers * seconds
+    """The running workers spent at least GROWTH_BUSY of the window producing (wall time, so a
+    worker waiting on a store's reads counts as busy): more of them would produce more."""
+    return sum(w.busy_s for w in windows) >= GROWTH_BUSY * workers * seconds
 
 
 def keep_in_place(old: Plan, new: Plan) -> Plan:

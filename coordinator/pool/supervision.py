@@ -244,12 +244,14 @@ class Supervisor:
             log.warning("workers %s did not let their lanes go in %.0fs; restarting them", sorted(waiting), _RELEASE_S)
         return sorted(waiting)
 
-    def _counters(self) -> list[tuple[float, int, int, int]]:
-        """Per source: (CPU s, tokens written) of its lanes, tokens taken, empty polls; all only grow."""
+    def _counters(self) -> list[tuple[float, int, int, int, float]]:
+        """Per source: (CPU s, tokens written) of its lanes, tokens taken, empty polls, busy
+        wall s of its lanes; all only grow."""
         out = []
         for intake in self._intakes:
             work = [ring.work() for ring in intake.rings]
-            out.append((sum(w[0] for w in work), sum(w[1] for w in work), intake.tokens, intake.empty_polls))
+            cpu, written, busy = (sum(w[k] for w in work) for k in range(3))
+            out.append((cpu, int(written), intake.tokens, intake.empty_polls, busy))
         return out
 
     async def _autoscale(self, every: float) -> None:
@@ -307,12 +309,20 @@ class Supervisor:
             self._fail("the autoscaler", exc)
 
 
-def _windows(last: list[tuple[float, int, int, int]], now: list[tuple[float, int, int, int]]) -> list[Window]:
+def _windows(
+    last: list[tuple[float, int, int, int, float]], now: list[tuple[float, int, int, int, float]]
+) -> list[Window]:
     """Each source's window from two readings of _counters. Starved: the planner found its rings
     empty at least _STARVED_POLLS times, and at least half as often as for the most starved."""
     polls = [b[3] - a[3] for a, b in zip(last, now)]
     threshold = max(_STARVED_POLLS, max(polls, default=0) / 2)
     return [
-        Window(cpu_s=max(0.0, b[0] - a[0]), produced=max(0, b[1] - a[1]), taken=b[2] - a[2], starved=p >= threshold)
+        Window(
+            cpu_s=max(0.0, b[0] - a[0]),
+            produced=max(0, b[1] - a[1]),
+            taken=b[2] - a[2],
+            starved=p >= threshold,
+            busy_s=max(0.0, b[4] - a[4]),
+        )
         for a, b, p in zip(last, now, polls)
     ]

@@ -45,6 +45,7 @@ PREFIX = "omniload-"
 _HEADER = 128
 _WRITE, _CAP, _CPU_NS, _TOKENS, _SPAN, _RETRIES, _FETCHED, _HELD, _READ = 0, 8, 16, 24, 32, 40, 48, 56, 64
 _HANDOVER = 72  # RUNNING, ASKED (by the coordinator) or RELEASED (by the producer)
+_BUSY_NS = 80  # wall time the producers spent producing, waits inside included (not idling)
 RUNNING, ASKED, RELEASED = 0, 1, 2
 _U64 = struct.Struct("<Q")
 _PAD = (1 << 64) - 1  # a length that means: the rest of the data area is padding, go on at its start
@@ -157,15 +158,18 @@ class Ring:
         """This producer writes no more records here."""
         _U64.pack_into(self._mm, _HANDOVER, RELEASED)
 
-    def count_work(self, cpu_ns: int, tokens: int) -> None:
+    def count_work(self, cpu_ns: int, tokens: int, busy_ns: int = 0) -> None:
         """Add to the lane's producer counters (kept across a reset: a replacement worker
         adds to its predecessor's, so readers see them only grow)."""
         _U64.pack_into(self._mm, _CPU_NS, _U64.unpack_from(self._mm, _CPU_NS)[0] + cpu_ns)
         _U64.pack_into(self._mm, _TOKENS, _U64.unpack_from(self._mm, _TOKENS)[0] + tokens)
+        _U64.pack_into(self._mm, _BUSY_NS, _U64.unpack_from(self._mm, _BUSY_NS)[0] + busy_ns)
 
-    def work(self) -> tuple[float, int]:
-        """(CPU seconds, tokens) the lane's producers have spent and written so far."""
-        return _U64.unpack_from(self._mm, _CPU_NS)[0] / 1e9, _U64.unpack_from(self._mm, _TOKENS)[0]
+    def work(self) -> tuple[float, int, float]:
+        """(CPU seconds, tokens, busy wall seconds) the lane's producers have spent, written and
+        spent so far."""
+        cpu, tokens, busy = (_U64.unpack_from(self._mm, at)[0] for at in (_CPU_NS, _TOKENS, _BUSY_NS))
+        return cpu / 1e9, tokens, busy / 1e9
 
     def count_store(self, retries: int, fetched: int, held: int) -> None:
         """Add retries and fetched bytes to the lane's store counters (kept across a reset, as

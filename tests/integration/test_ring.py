@@ -149,3 +149,12 @@ def test_many_lanes_share_a_read_ahead_budget_and_a_source_of_several_lanes_keep
     assert ring_span(4, 256) == MIN_SPAN_MB * mb  # never below the floor
     assert ring_span(1, 16) == 1 * mb  # never above --ring-mb, which bounds one record
     assert ring_span(4, 64, source_lanes=4) == 4 * mb  # lanes that take turns need their whole ring
+
+
+def test_a_lanes_work_counters_only_grow_and_outlive_a_reset(ring):
+    """What the autoscaler reads: CPU time and tokens (cost per token) and busy wall time (to
+    grow or shrink the pool), added to by each producer and kept when a restart resets the ring."""
+    ring.count_work(2_000_000, 500, 5_000_000)
+    ring.reset()
+    ring.count_work(1_000_000, 100, 1_000_000)
+    assert ring.work() == (0.003, 600, 0.006)

@@ -88,8 +88,8 @@ def test_the_pool_doubles_its_running_workers_up_to_the_budget_and_keeps_the_lan
 
 
 def test_the_pool_grows_only_while_its_running_workers_are_busy():
-    window = [Window(cpu_s=1.7, produced=10**6, taken=10**6, starved=True)]
-    assert saturated(window, workers=2, seconds=1.0)  # 85% of two workers' time producing
+    window = [Window(cpu_s=0.2, produced=10**6, taken=10**6, starved=True, busy_s=1.7)]
+    assert saturated(window, workers=2, seconds=1.0)  # 85% of two workers' time producing (waits count)
     assert not saturated(window, workers=4, seconds=1.0)  # the cores are taken: more would not help
 
 
@@ -180,7 +180,7 @@ def test_a_mostly_idle_pool_halves_down_to_one_worker_and_keeps_the_lanes():
         plan = smaller
         sizes.append(running(plan))
     assert sizes == [15, 7, 3, 1]
-    quiet = [Window(cpu_s=0.5, produced=10**5, taken=10**5, starved=False)]
+    quiet = [Window(cpu_s=0.5, produced=10**5, taken=10**5, starved=False, busy_s=0.5)]
     assert idle(quiet, workers=2, seconds=1.0)  # 25% of two workers' time
     assert not idle(quiet, workers=1, seconds=1.0)  # halved, it would be 50% busy: it stays
     assert not idle([Window(cpu_s=0.0, produced=0, taken=0, starved=True)], workers=4, seconds=1.0)
