@@ -36,6 +36,7 @@ _WORKER_JOIN_S = 5.0
 _HELPER_STOP_S = 5.0
 RING_BUDGET_MB = 16  # the read-ahead of all a job's rings together, split over its lanes
 MIN_SPAN_MB = 1  # a lane's read-ahead at least (what the throughput benchmark runs with)
+TURNS_BUDGET_MB = 64  # the same for lanes that take turns (a source's several lanes), split likewise
 
 
 # A forkserver child's exit code is read once from its sentinel pipe. Two threads reading it
@@ -256,12 +257,13 @@ def ring_span(ring_mb: int, lanes: int, source_lanes: int = 1) -> int:
     """Bytes of read-ahead one lane's ring holds (omniload/formats/ring.py). A source's only lane needs
     just enough to cover the planner's bursts: its share of the job's RING_BUDGET_MB, at least
     MIN_SPAN_MB, at most --ring-mb (which bounds one record); with many lanes the sum is what
-    counts. A source with several lanes gets --ring-mb in full: its lanes take turns
-    (omniload.order), and a lane works ahead through the other lanes' turns only as far as its
-    ring holds."""
-    if source_lanes > 1:
-        return ring_mb << 20
-    share = (RING_BUDGET_MB << 20) // max(1, lanes)
+    counts. A source with several lanes splits a larger budget, TURNS_BUDGET_MB: its lanes take
+    turns (omniload.order), and a lane works ahead through the other lanes' turns only as far as
+    its ring holds. A job of few lanes gives them --ring-mb in full; one of many (16 sources x 4
+    lanes on a 16-core budget) 1 MB each, 64 MB in all instead of 256: with that many sources
+    the planner draws from many at once, so one source's lanes need less work-ahead."""
+    budget = TURNS_BUDGET_MB if source_lanes > 1 else RING_BUDGET_MB
+    share = (budget << 20) // max(1, lanes)
     return min(ring_mb << 20, max(MIN_SPAN_MB << 20, share))
 
 
