@@ -60,6 +60,9 @@ def render(status: dict[str, Any]) -> str:
     lines += ["", _planner_line(planner)]
     if "memory_mb" in status:
         lines.append(_memory_line(status["memory_mb"]))
+    workers = status.get("workers", {})
+    if workers.get("autoscale"):
+        lines.append(f"workers: {workers['count']} running of {workers['budget']}, {workers['moves']} moves")
     if status["waiting_for"]:
         lines.append(f"waiting: {status['waiting_for']}")
     return "\n".join(lines)
@@ -85,7 +88,8 @@ def _planner_line(planner: dict[str, Any]) -> str:
     weights = " ".join(f"{name}={w:.2f}" for name, w in planner.get("weights", {}).items())
     return (
         f"planner: {planner['steps']} steps, {planner['ms_per_step']:.1f} ms/step (last {planner['last_ms']:.1f}), "
-        f"max/mean cost {planner['imbalance']:.3f}, carry {planner['carry']} segments, weights {weights}"
+        f"max/mean cost {planner['imbalance']:.3f} (max/lower bound {planner.get('to_bound', 1.0):.3f}), "
+        f"carry {planner['carry']} segments, weights {weights}"
     )
 
 
