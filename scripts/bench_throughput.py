@@ -9,11 +9,14 @@ model), so the figure is the loader's ceiling. The tokenizer is real: a byte-lev
 tokenizer everywhere) and `heavy` (one source's transform also normalizes the text and runs a
 Python pass over its tokens, as user transforms do).
 
-Besides the ratio, each side's tokens per worker CPU-second (tokens its workers produced /
-their CPU time over the run; omniload's include what fills its shuffle window) is printed
-next to the tokenizer's own single-core speed measured in the same run: the share is what
-the loading path costs on top of tokenizing
-(goal: >= 90%, i.e. overhead <= 10%). CPU time, unlike tokens/s, holds on a busy machine.
+Besides the ratio, each side's tokens per worker CPU-second is printed next to the
+tokenizer's own single-core speed measured in the same run: the share is what the loading
+path costs on top of tokenizing (goal: >= 90%, i.e. overhead <= 10%). It is measured at
+steady state, from when every rank has taken its warm-up steps to the end: the tokens the
+workers produced meanwhile (omniload's: what they wrote into their rings; the baseline's: what
+its ranks took) over the CPU time they spent meanwhile. Over the whole run, as before, it also
+counted the workers' start (imports, loading the tokenizer) and, for omniload, not what was
+left unread in its rings. CPU time, unlike tokens/s, holds on a busy machine.
 Also prints the time to first batch and omniload's delivered bytes/s against a plain
 loopback TCP copy measured in the same run.
 
@@ -60,7 +63,7 @@ def heavy(text: str) -> list[int]:
     return [i for i in ids if i != 0]
 
 
-def _rank(kind: str, spec_dict: dict, rank: int, world: int, steps: int, workers: int, conn) -> None:
+def _rank(kind: str, spec_dict: dict, rank: int, world: int, steps: int, workers: int, conn, warmed) -> None:
     import torch  # noqa: F401  (a real rank has it imported before the loader starts)
 
     if kind == "omniload":
@@ -87,19 +90,35 @@ def _rank(kind: str, spec_dict: dict, rank: int, world: int, steps: int, workers
     first_batch = time.time()
     for _ in range(_WARMUP_STEPS):  # the first steps drain what was prefetched during startup
         warm += real_tokens(next(batches))
+    warmed[rank] = 1
     first = time.time()
     tokens = nbytes = 0
+    taken = [(first, warm)]  # (time, tokens taken so far): what the baseline's workers produced by then
     for _ in range(steps):
         batch = next(batches)
         tokens += real_tokens(batch)
         nbytes += sum(t.numel() * t.element_size() for t in batch.values())
+        taken.append((time.time(), warm + tokens))
     seconds = time.time() - first
     conn.send(
-        {"ttfb": first_batch - t0, "seconds": seconds, "tokens": tokens, "all_tokens": warm + tokens, "bytes": nbytes}
+        {
+            "ttfb": first_batch - t0,
+            "seconds": seconds,
+            "tokens": tokens,
+            "all_tokens": warm + tokens,
+            "bytes": nbytes,
+            "taken": taken,
+        }
     )
     conn.recv()  # the bench has read the workers' CPU time: now the workers may go
     if kind == "omniload":
         loader.close()
+
+
+def _taken_at(taken: list[tuple[float, int]], when: float) -> int:
+    """A rank's tokens taken by time `when`, from its (time, tokens so far) after each step."""
+    before = [tokens for t, tokens in taken if t <= when]
+    return before[-1] if before else taken[0][1]
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -115,9 +134,10 @@ def run(kind: str, spec_dict: dict, ranks: int, steps: int, workers: int) -> dic
     """One side: `workers` is omniload's job total, or the baseline's DataLoader workers per rank."""
     ctx = multiprocessing.get_context("spawn")
     pipes, procs = [], []
+    warmed = ctx.Array("b", ranks)  # each rank has taken its warm-up steps
     for rank in range(ranks):
         parent, child = ctx.Pipe()
-        procs.append(ctx.Process(target=_rank, args=(kind, spec_dict, rank, ranks, steps, workers, child)))
+        procs.append(ctx.Process(target=_rank, args=(kind, spec_dict, rank, ranks, steps, workers, child, warmed)))
         procs[-1].start()
         pipes.append(parent)
     for pipe in pipes:
@@ -133,17 +153,25 @@ def run(kind: str, spec_dict: dict, ranks: int, steps: int, workers: int) -> dic
         addr = token = None
     for pipe in pipes:
         pipe.send((t0, addr, token))
+
+    def workers() -> list[int]:
+        if job:  # omniload's workers are its forkserver's children
+            coordinator = psutil.Process(job._process.pid)
+            return [w.pid for server in coordinator.children() for w in server.children()]
+        return [c.pid for p in procs for c in psutil.Process(p.pid).children(recursive=True)]
+
+    def written() -> int:  # omniload: the tokens its workers wrote into their rings so far
+        return sum(source["tokens_written"] for source in job.status()["sources"]) if job else 0
+
+    while not all(warmed[:]):  # steady state from here: every rank past its warm-up
+        time.sleep(0.01)
+    started, cpu_before, written_before = time.time(), _cpu_seconds(workers()), written()
     results = [pipe.recv() for pipe in pipes]
-    if job:  # omniload's workers are its forkserver's children
-        coordinator = psutil.Process(job._process.pid)
-        worker_pids = [w.pid for server in coordinator.children() for w in server.children()]
-        # what the workers produced: the coordinator took it from their rings, into the shuffle
-        # window too (8M tokens by default), which the ranks have not consumed yet
-        produced = sum(source["tokens"] for source in job.status()["sources"])
-    else:  # the DataLoader workers are the ranks' children; what they produced the ranks took
-        worker_pids = [c.pid for p in procs for c in psutil.Process(p.pid).children(recursive=True)]
-        produced = sum(r["all_tokens"] for r in results)
-    cpu = _cpu_seconds(worker_pids)
+    cpu = _cpu_seconds(workers()) - cpu_before
+    if job:
+        produced = written() - written_before
+    else:  # the DataLoader workers produce what their rank takes (a few batches ahead of it)
+        produced = sum(r["all_tokens"] - _taken_at(r["taken"], started) for r in results)
     for pipe in pipes:
         pipe.send("done")
     for proc in procs:

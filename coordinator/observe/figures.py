@@ -131,6 +131,7 @@ class Figures:
             "name": name,
             "docs": intake.docs,
             "tokens": intake.tokens,
+            "tokens_written": sum(ring.work()[1] for ring in rings),  # by its workers, taken or not
             # conversations longer than seq_len since the coordinator started (--long-chats)
             "chats_truncated": intake.chats_truncated,
             "chats_dropped": intake.chats_dropped,
