@@ -1,7 +1,8 @@
 """A rank process for the tests: consume a job and write what it saw as JSON.
 
 Usage: python tests/rank_probe.py OUT.json [MAX_STEPS]   (OMNILOAD_*, RANK, WORLD_SIZE from env;
-PROBE_STEP_S: seconds each step takes, like a training step; PROBE_HANG_AFTER=N: stop consuming
+PROBE_STEP_S: seconds each step takes, like a training step (PROBE_SLOW_AFTER=N: only after
+the first N steps, which go as fast as they can); PROBE_HANG_AFTER=N: stop consuming
 after N batches and sleep, like a rank stuck in a collective; PROBE_NO_CLOSE=1: end without
 close(), as many trainers do). Under torchrun, OUT may contain {rank}; the probe joins the
 gloo process group (needed for broadcast_at=tp). Each step's segments are recorded as
@@ -36,6 +37,7 @@ def main() -> None:
         dist.init_process_group("gloo")
     loader = omniload.connect()
     step_seconds = float(os.environ.get("PROBE_STEP_S", 0))
+    slow_after = int(os.environ.get("PROBE_SLOW_AFTER", 0))
     hang_after = int(os.environ.get("PROBE_HANG_AFTER", 0))
     hashes, sample_ids, source_tokens, steps, waits, step_segments, shapes = [], [], {}, [], [], [], []
     to_bound = []  # each step's max rank cost over its lower bound
@@ -46,7 +48,7 @@ def main() -> None:
     for batch in loader:
         waits.append(loader.wait_seconds - waited)  # how long this batch kept the rank waiting
         waited = loader.wait_seconds
-        time.sleep(step_seconds)
+        time.sleep(step_seconds if len(hashes) >= slow_after else 0.0)
         digest = hashlib.blake2b(digest_size=16)
         for name in sorted(batch):
             digest.update(name.encode() + batch[name].numpy().tobytes())

@@ -84,3 +84,46 @@ def test_autoscaling_moves_workers_without_changing_the_data(corpus, tmp_path):
         assert scaled[rank]["hashes"] == static[rank]["hashes"], f"rank {rank}: autoscaling changed the data"
     assert max(moves, default=0) >= 1, "the autoscaler never moved a worker: the test proved nothing"
     assert counts[0] == 1 and max(counts) == 2, f"the pool should start with one worker and grow to two: {counts}"
+
+
+def test_the_pool_shrinks_when_the_ranks_slow_down_without_changing_the_data(corpus, tmp_path):
+    """--workers auto grows while costly sources starve and shrinks again, stopping a worker,
+    once the ranks take their batches slowly (a long training step) and the workers idle; the
+    batches are those of a static split throughout."""
+    import os
+    import threading
+
+    import omniload
+    from tests.jobs import collect, start_ranks
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs for a budget of 2 workers")
+    sources = [dict(s, name=f"{s['name']}{i}") for i in range(3) for s in mixed_sources(corpus, (1.0, 1.0, 1.0))][:8]
+    for costly in (0, 6):
+        sources[costly]["tokenizer"] = "tests.transforms_for_tests:burn_bytes"
+    base = {"sources": sources, "seq_len": 512, "rows": 4, "seed": 3, "epochs": 0, "steps": 700, "ring_mb": 1}
+    static = run_ranks({**base, "workers": 2}, world=2, out_dir=tmp_path)
+    auto = {**base, "workers": "auto", "reserve_cpus": len(os.sched_getaffinity(0)) - 2, "autoscale_every": 0.5}
+    counts: list[int] = []
+    with omniload.Job(auto) as job:
+        # 600 steps as fast as they can (the pool grows), then 100 of 0.15 s (it shrinks)
+        ranks = start_ranks(job, 2, tmp_path, env={"PROBE_SLOW_AFTER": "600", "PROBE_STEP_S": "0.15"})
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(0.1):
+                try:
+                    counts.append(job.status()["workers"]["count"])
+                except omniload.OmniloadError:
+                    return  # the job ended
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        scaled = collect(ranks, timeout=150)
+        done.set()
+        watcher.join(10)
+    for rank in range(2):
+        assert scaled[rank]["hashes"] == static[rank]["hashes"], f"rank {rank}: the pool's changes changed the data"
+    grown = counts.index(2) if 2 in counts else None
+    assert grown is not None, f"the pool never grew: {counts}"
+    assert 1 in counts[grown:], f"the pool never shrank back to one worker: {counts}"
