@@ -93,6 +93,19 @@ def _serve(config: WorkerConfig, inbox: Connection | None = None) -> None:
         take_on(lane)
     awaiting = False  # it let its last lane go: lanes to take on are on their way
     idle = _IDLE_MIN_S
+
+    def release_asked() -> None:
+        """Let go every lane a re-split gives to another worker. Checked before each lane's
+        burst, for all lanes: one pass over many lanes with a costly transform takes seconds,
+        and the planner waits on a moved lane until its new worker has it."""
+        nonlocal awaiting
+        for j in [j for j in live if rings[j].release_asked()]:
+            live.remove(j)
+            producers[j].close()  # its unwritten record is the next worker's first
+            pending[j] = None
+            rings[j].confirm_release()
+            awaiting = not live
+
     while live or awaiting:
         if inbox is not None and inbox.poll():
             try:
@@ -103,12 +116,8 @@ def _serve(config: WorkerConfig, inbox: Connection | None = None) -> None:
                 inbox = None
         progressed = False
         for i in list(live):
-            if rings[i].release_asked():  # a re-split gives the lane to another worker
-                live.remove(i)
-                producers[i].close()  # its unwritten record is the next worker's first
-                pending[i] = None
-                rings[i].confirm_release()
-                awaiting = not live
+            release_asked()
+            if i not in live:
                 continue
             started, began, tokens = time.thread_time_ns(), time.perf_counter_ns(), 0
             for _ in range(_BURST):
