@@ -82,22 +82,19 @@ def assign_budgets(
     was_carried = first < carried
     old, fresh = np.flatnonzero(was_carried), np.flatnonzero(~was_carried)
     order = np.concatenate([old[_by_cost(item_cost[old])], fresh[_by_cost(item_cost[fresh])]])
-    item_rank = np.full(len(item_len), -1, dtype=np.int64)
-    rank_cost = np.zeros(dp, dtype=np.float64)
-    rank_tokens = np.zeros(dp, dtype=np.int64)
-    _greedy(order, item_len, item_cost, item_rank, rank_cost, rank_tokens, cap)
-    bound = max(rank_cost.sum() / dp, item_cost[item_rank >= 0].max(initial=0.0))
+    p = _Placement(item_len, item_cost, dp, cap, _Padding(pad_to, pad_cost))
+    _greedy(p, order)
+    bound = max(p.rank_cost.sum() / dp, item_cost[p.item_rank >= 0].max(initial=0.0))
     for _ in range(_MOVE_PASSES):
-        if not _move_in_pairs(item_len, item_cost, item_rank, rank_cost, rank_tokens, cap, bound):
+        if not _move_in_pairs(p, bound):
             break
-    padding = _Padding(pad_to, pad_cost)
-    _refine(item_len, item_cost, item_rank, rank_cost, rank_tokens, cap, bound, padding)
+    _refine(p, bound)
     rank = np.full(len(lengths), -1, dtype=np.int64)
     singles = len(item_len) - len(members)
-    rank[first[:singles]] = item_rank[:singles]
-    for group, r in zip(members, item_rank[singles:].tolist()):
+    rank[first[:singles]] = p.item_rank[:singles]
+    for group, r in zip(members, p.item_rank[singles:].tolist()):
         rank[group] = r
-    return Budgets(rank, rank_cost, rank_tokens)
+    return Budgets(rank, p.rank_cost, p.rank_tokens)
 
 
 def _items(lengths: Ints, costs: Floats, groups: Sequence[Ints]) -> tuple[Ints, Floats, Ints, list[Ints]]:
@@ -117,69 +114,6 @@ def _by_cost(costs: Floats) -> Ints:
     return np.argsort(-costs, kind="stable")
 
 
-def _greedy(
-    order: Ints, item_len: Ints, item_cost: Floats, item_rank: Ints, rank_cost: Floats, rank_tokens: Ints, cap: int
-) -> None:
-    """LPT in rounds: the k-th item of a round to the k-th cheapest rank, where it has room.
-    A round has as many items as there are ranks below the target (the lower bound): a rank
-    that holds the step's largest document takes nothing more while others are below it."""
-    dp = len(rank_cost)
-    target = max(item_cost.sum() / dp, item_cost.max(initial=0.0))
-    start = 0
-    while start < len(order):
-        below = int(np.count_nonzero(rank_cost < target)) or dp  # none below: plain rounds
-        items = order[start : start + below]
-        start += len(items)
-        ranks = np.argsort(rank_cost, kind="stable")[: len(items)]
-        fits = rank_tokens[ranks] + item_len[items] <= cap
-        placed, at = items[fits], ranks[fits]
-        item_rank[placed] = at
-        rank_cost[at] += item_cost[placed]
-        rank_tokens[at] += item_len[placed]
-        for i in items[~fits].tolist():  # its rank is full: the cheapest with room, if any
-            room = rank_tokens + item_len[i] <= cap
-            if room.any():
-                r = int(np.argmin(np.where(room, rank_cost, np.inf)))
-                item_rank[i] = r
-                rank_cost[r] += item_cost[i]
-                rank_tokens[r] += item_len[i]
-
-
-def _move_in_pairs(
-    item_len: Ints, item_cost: Floats, item_rank: Ints, rank_cost: Floats, rank_tokens: Ints, cap: int, bound: float
-) -> bool:
-    """One vectorized pass over many ranks at once: the k-th most expensive rank above the
-    bound is paired with the k-th cheapest, and each pair makes the one move of an item that
-    best halves its gap (a pair of ranks at a time, as _improve does, costs ~50 us each: at
-    dp=1024 hundreds of ranks sit just above the bound). False if nothing moved."""
-    by_cost = np.argsort(rank_cost, kind="stable")
-    over = by_cost[::-1][: np.count_nonzero(rank_cost > bound * (1 + _GOOD_ENOUGH))]
-    over = over[: len(rank_cost) // 2]
-    if not len(over):
-        return False
-    under = by_cost[: len(over)]
-    pair_of = np.full(len(rank_cost), -1, dtype=np.int64)
-    pair_of[over] = np.arange(len(over))
-    placed = np.flatnonzero(item_rank >= 0)
-    mine = placed[pair_of[item_rank[placed]] >= 0]
-    pair = pair_of[item_rank[mine]]
-    gap = rank_cost[over] - rank_cost[under]
-    c = item_cost[mine]
-    ok = (c > 0) & (c < gap[pair]) & (rank_tokens[under[pair]] + item_len[mine] <= cap)
-    mine, pair, score = mine[ok], pair[ok], np.abs(c[ok] - gap[pair[ok]] / 2)
-    if not len(mine):
-        return False
-    order = np.lexsort((score, pair))
-    first = order[np.r_[True, pair[order][1:] != pair[order][:-1]]]  # the best item of each pair
-    items, to, frm = mine[first], under[pair[first]], over[pair[first]]
-    item_rank[items] = to
-    np.subtract.at(rank_cost, frm, item_cost[items])
-    np.add.at(rank_cost, to, item_cost[items])
-    np.subtract.at(rank_tokens, frm, item_len[items])
-    np.add.at(rank_tokens, to, item_len[items])
-    return True
-
-
 @dataclass(frozen=True, slots=True)
 class _Padding:
     """What a rank's padding costs: its tokens up to the next multiple of `to` (padded_length
@@ -192,46 +126,109 @@ class _Padding:
         return np.asarray(self.cost * ((-tokens) % self.to), dtype=np.float64) if self.cost else 0.0
 
 
-def _refine(
-    item_len: Ints,
-    item_cost: Floats,
-    item_rank: Ints,
-    rank_cost: Floats,
-    rank_tokens: Ints,
-    cap: int,
-    bound: float,
-    padding: _Padding,
-) -> None:
-    if len(rank_cost) < 2:
+class _Placement:
+    """The items, where each sits (-1: not placed) and what each rank holds, which every stage
+    of the assignment reads and changes in place."""
+
+    def __init__(self, item_len: Ints, item_cost: Floats, dp: int, cap: int, padding: _Padding) -> None:
+        self.item_len, self.item_cost, self.cap, self.padding = item_len, item_cost, cap, padding
+        self.item_rank = np.full(len(item_len), -1, dtype=np.int64)
+        self.rank_cost = np.zeros(dp, dtype=np.float64)
+        self.rank_tokens = np.zeros(dp, dtype=np.int64)
+
+    def paid(self) -> Floats:
+        """Each rank's cost with its padding."""
+        return self.rank_cost + self.padding(self.rank_tokens)
+
+    def move(self, items: Ints, to: Ints) -> None:
+        """Items (placed or not) to ranks `to`, one each; no two of them leave or reach one rank
+        (so plain indexing adds up: a round of LPT, a pass of pairs)."""
+        frm = self.item_rank[items]
+        was = frm >= 0
+        self.rank_cost[frm[was]] -= self.item_cost[items[was]]
+        self.rank_tokens[frm[was]] -= self.item_len[items[was]]
+        self.rank_cost[to] += self.item_cost[items]
+        self.rank_tokens[to] += self.item_len[items]
+        self.item_rank[items] = to
+
+    def move_one(self, item: int, to: int) -> None:
+        frm = int(self.item_rank[item])
+        if frm >= 0:
+            self.rank_cost[frm] -= self.item_cost[item]
+            self.rank_tokens[frm] -= self.item_len[item]
+        self.rank_cost[to] += self.item_cost[item]
+        self.rank_tokens[to] += self.item_len[item]
+        self.item_rank[item] = to
+
+
+def _greedy(p: _Placement, order: Ints) -> None:
+    """LPT in rounds: the k-th item of a round to the k-th cheapest rank, where it has room.
+    A round has as many items as there are ranks below the target (the lower bound): a rank
+    that holds the step's largest document takes nothing more while others are below it."""
+    dp = len(p.rank_cost)
+    target = max(p.item_cost.sum() / dp, p.item_cost.max(initial=0.0))
+    start = 0
+    while start < len(order):
+        below = int(np.count_nonzero(p.rank_cost < target)) or dp  # none below: plain rounds
+        items = order[start : start + below]
+        start += len(items)
+        ranks = np.argsort(p.rank_cost, kind="stable")[: len(items)]
+        fits = p.rank_tokens[ranks] + p.item_len[items] <= p.cap
+        p.move(items[fits], ranks[fits])
+        for i in items[~fits].tolist():  # its rank is full: the cheapest with room, if any
+            room = p.rank_tokens + p.item_len[i] <= p.cap
+            if room.any():
+                p.move_one(i, int(np.argmin(np.where(room, p.rank_cost, np.inf))))
+
+
+def _move_in_pairs(p: _Placement, bound: float) -> bool:
+    """One vectorized pass over many ranks at once: the k-th most expensive rank above the
+    bound is paired with the k-th cheapest, and each pair makes the one move of an item that
+    best halves its gap (a pair of ranks at a time, as _improve does, costs ~50 us each: at
+    dp=1024 hundreds of ranks sit just above the bound). False if nothing moved."""
+    by_cost = np.argsort(p.rank_cost, kind="stable")
+    over = by_cost[::-1][: np.count_nonzero(p.rank_cost > bound * (1 + _GOOD_ENOUGH))]
+    over = over[: len(p.rank_cost) // 2]
+    if not len(over):
+        return False
+    under = by_cost[: len(over)]
+    pair_of = np.full(len(p.rank_cost), -1, dtype=np.int64)
+    pair_of[over] = np.arange(len(over))
+    placed = np.flatnonzero(p.item_rank >= 0)
+    mine = placed[pair_of[p.item_rank[placed]] >= 0]
+    pair = pair_of[p.item_rank[mine]]
+    gap = p.rank_cost[over] - p.rank_cost[under]
+    c = p.item_cost[mine]
+    ok = (c > 0) & (c < gap[pair]) & (p.rank_tokens[under[pair]] + p.item_len[mine] <= p.cap)
+    mine, pair, score = mine[ok], pair[ok], np.abs(c[ok] - gap[pair[ok]] / 2)
+    if not len(mine):
+        return False
+    order = np.lexsort((score, pair))
+    first = order[np.r_[True, pair[order][1:] != pair[order][:-1]]]  # the best item of each pair
+    p.move(mine[first], under[pair[first]])
+    return True
+
+
+def _refine(p: _Placement, bound: float) -> None:
+    if len(p.rank_cost) < 2:
         return
     for _ in range(_MAX_REFINE):
-        paid = rank_cost + padding(rank_tokens)
+        paid = p.paid()
         hi, lo = int(np.argmax(paid)), int(np.argmin(paid))
         if paid[hi] <= bound * (1 + _GOOD_ENOUGH):
             return
-        args = (hi, lo, item_len, item_cost, item_rank, rank_cost, rank_tokens, cap, padding)
-        if not _improve(*args, False) and not _improve(*args, True):
+        if not _improve(p, hi, lo, paid, False) and not _improve(p, hi, lo, paid, True):
             return
 
 
-def _improve(
-    hi: int,
-    lo: int,
-    item_len: Ints,
-    item_cost: Floats,
-    item_rank: Ints,
-    rank_cost: Floats,
-    rank_tokens: Ints,
-    cap: int,
-    padding: _Padding,
-    pairs: bool,
-) -> bool:
+def _improve(p: _Placement, hi: int, lo: int, paid: Floats, pairs: bool) -> bool:
     """The move of one of hi's items to another rank, or its swap with an item there, that
     leaves the higher of the two ranks cheapest (padding counted), within the cap; False if
     none lowers hi without lifting the other rank to hi's cost. The other rank is any rank
     where that is at most _WIDE_CANDIDATES pairs to weigh (a few ranks of few items), else
     the cheapest. With `pairs` (where single moves are stuck, and only among few items) also
     two of hi's items at once, and two items of one of the _PAIR_RANKS cheapest ranks."""
+    item_rank, rank_cost, rank_tokens, padding = p.item_rank, p.rank_cost, p.rank_tokens, p.padding
     xs = np.flatnonzero(item_rank == hi)
     wide = len(xs) * (len(item_rank) + len(rank_cost)) <= _WIDE_CANDIDATES
     if pairs and not wide:
@@ -243,38 +240,32 @@ def _improve(
         ys, partners = np.flatnonzero(item_rank == lo), np.array([lo])
     # rows: one of hi's items, then (pairs) two of them; columns: an item to swap with (on its
     # rank), a move to each partner rank (nothing comes back), then (pairs) two items to swap with
-    give = _singles(xs, 0, item_cost, item_len)
-    take = _singles(ys, len(partners), item_cost, item_len)
+    give = _singles(p, xs, 0)
+    take = _singles(p, ys, len(partners))
     col_rank = np.concatenate([item_rank[ys], partners])
     if pairs:
         a, b = np.triu_indices(len(xs), 1)
-        give = _joined(give, _bundles(xs[a], xs[b], item_cost, item_len))
-        cheap = np.argsort(rank_cost + padding(rank_tokens), kind="stable")[:_PAIR_RANKS]
+        give = _joined(give, _bundles(p, xs[a], xs[b]))
+        cheap = np.argsort(paid, kind="stable")[:_PAIR_RANKS]
         a, b = _same_rank_pairs(ys[np.isin(item_rank[ys], cheap)], item_rank)
-        take = _joined(take, _bundles(a, b, item_cost, item_len))
+        take = _joined(take, _bundles(p, a, b))
         col_rank = np.concatenate([col_rank, item_rank[a]])
     delta = give.cost[:, None] - take.cost[None, :]  # the cost that goes from hi to the other rank
     moved = give.length[:, None] - take.length[None, :]
     hi_tokens, other_tokens = rank_tokens[hi] - moved, rank_tokens[col_rank][None, :] + moved
-    now = rank_cost[hi] + padding(rank_tokens[hi])
     mine = rank_cost[hi] - delta + padding(hi_tokens)
     other = rank_cost[col_rank][None, :] + delta + padding(other_tokens)
-    ok = (mine < now) & (other < now) & (other_tokens <= cap) & (hi_tokens <= cap)
+    ok = (mine < paid[hi]) & (other < paid[hi]) & (other_tokens <= p.cap) & (hi_tokens <= p.cap)
     if not ok.any():
         return False
-    k = int(np.argmin(np.where(ok, np.maximum(mine, other), np.inf)))
-    i, j = divmod(k, len(col_rank))
+    i, j = divmod(int(np.argmin(np.where(ok, np.maximum(mine, other), np.inf))), len(col_rank))
     to = int(col_rank[j])
-    for x in (give.first[i], give.second[i]):
+    for x in (int(give.first[i]), int(give.second[i])):
         if x >= 0:
-            item_rank[x] = to
-    for y in (take.first[j], take.second[j]):
+            p.move_one(x, to)
+    for y in (int(take.first[j]), int(take.second[j])):
         if y >= 0:
-            item_rank[y] = hi
-    rank_cost[hi] -= delta[i, j]
-    rank_cost[to] += delta[i, j]
-    rank_tokens[hi] -= moved[i, j]
-    rank_tokens[to] += moved[i, j]
+            p.move_one(y, hi)
     return True
 
 
@@ -287,19 +278,17 @@ class _Bundles(NamedTuple):
     length: Ints
 
 
-def _singles(items: Ints, empty: int, item_cost: Floats, item_len: Ints) -> _Bundles:
+def _singles(p: _Placement, items: Ints, empty: int) -> _Bundles:
     """Each item alone, then `empty` bundles of none (a move to a rank takes nothing back)."""
     none = np.full(len(items) + empty, -1)
-    if not empty:
-        return _Bundles(items, none, item_cost[items], item_len[items])
     first = np.concatenate([items, none[:empty]])
-    cost = np.concatenate([item_cost[items], np.zeros(empty)])
-    return _Bundles(first, none, cost, np.concatenate([item_len[items], np.zeros(empty, dtype=np.int64)]))
+    cost = np.concatenate([p.item_cost[items], np.zeros(empty)])
+    return _Bundles(first, none, cost, np.concatenate([p.item_len[items], np.zeros(empty, dtype=np.int64)]))
 
 
-def _bundles(first: Ints, second: Ints, item_cost: Floats, item_len: Ints) -> _Bundles:
+def _bundles(p: _Placement, first: Ints, second: Ints) -> _Bundles:
     """Two items each."""
-    return _Bundles(first, second, item_cost[first] + item_cost[second], item_len[first] + item_len[second])
+    return _Bundles(first, second, p.item_cost[first] + p.item_cost[second], p.item_len[first] + p.item_len[second])
 
 
 def _joined(a: _Bundles, b: _Bundles) -> _Bundles:
