@@ -38,58 +38,13 @@ def test_a_different_seed_gives_different_batches(corpus, tmp_path):
     assert a[0]["hashes"] != b[0]["hashes"]
 
 
-def test_autoscaling_moves_workers_without_changing_the_data(corpus, tmp_path):
-    """--workers auto grows the pool and re-splits it by measured cost while the ranks read: the
-    batches are those of a static split. Eight sources (the corpus' files under several names),
-    two of them hundreds of times costlier per token, on a budget of two workers with one lane
-    each: the pool starts with one worker, which the costly sources keep busy while they starve,
-    so it grows to two, and the measured costs part the costly two."""
-    import os
-    import threading
-
-    import omniload
-    from tests.jobs import collect, start_ranks
-
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs 2 CPUs for a budget of 2 workers")
-    sources = [dict(s, name=f"{s['name']}{i}") for i in range(3) for s in mixed_sources(corpus, (1.0, 1.0, 1.0))][:8]
-    # packed by weight: sources 0, 2, 4, 6 on the first worker. The costly two are copies of one
-    # source: burn_bytes costs per document, so its cost per token follows the documents' length
-    for costly in (0, 6):
-        sources[costly]["tokenizer"] = "tests.transforms_for_tests:burn_bytes"
-    base = {"sources": sources, "seq_len": 512, "rows": 4, "seed": 3, "epochs": 0, "steps": 1200, "ring_mb": 1}
-    static = run_ranks({**base, "workers": 2}, world=2, out_dir=tmp_path)
-    auto = {**base, "workers": "auto", "reserve_cpus": len(os.sched_getaffinity(0)) - 2, "autoscale_every": 0.5}
-    moves, counts = [], []
-    with omniload.Job(auto) as job:
-        ranks = start_ranks(job, 2, tmp_path)
-        done = threading.Event()
-
-        def watch() -> None:
-            while not done.wait(0.2):
-                try:
-                    workers = job.status()["workers"]
-                except omniload.OmniloadError:
-                    return  # the job ended
-                moves.append(workers["moves"])
-                counts.append(workers["count"])
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        scaled = collect(ranks)
-        done.set()
-        watcher.join(10)
-    for rank in range(2):
-        assert len(scaled[rank]["hashes"]) == 1200
-        assert scaled[rank]["hashes"] == static[rank]["hashes"], f"rank {rank}: autoscaling changed the data"
-    assert max(moves, default=0) >= 1, "the autoscaler never moved a worker: the test proved nothing"
-    assert counts[0] == 1 and max(counts) == 2, f"the pool should start with one worker and grow to two: {counts}"
-
-
-def test_the_pool_shrinks_when_the_ranks_slow_down_without_changing_the_data(corpus, tmp_path):
-    """--workers auto grows while costly sources starve and shrinks again, stopping a worker,
-    once the ranks take their batches slowly (a long training step) and the workers idle; the
-    batches are those of a static split throughout."""
+def _autoscaled_and_static(corpus, tmp_path, steps: int, env: dict[str, str] | None = None) -> tuple:
+    """Two ranks read a job under --workers auto with a budget of two workers, and again under a
+    static split of two. Eight sources (the corpus' files under several names), two of them
+    hundreds of times costlier per token: packed by weight, sources 0, 2, 4, 6 share a worker.
+    The costly two are copies of one source: burn_bytes costs per document, so its cost per
+    token follows the documents' length. Returns (autoscaled ranks, static ranks, the workers'
+    status read every 0.1 s while the autoscaled job ran)."""
     import os
     import threading
 
@@ -101,19 +56,18 @@ def test_the_pool_shrinks_when_the_ranks_slow_down_without_changing_the_data(cor
     sources = [dict(s, name=f"{s['name']}{i}") for i in range(3) for s in mixed_sources(corpus, (1.0, 1.0, 1.0))][:8]
     for costly in (0, 6):
         sources[costly]["tokenizer"] = "tests.transforms_for_tests:burn_bytes"
-    base = {"sources": sources, "seq_len": 512, "rows": 4, "seed": 3, "epochs": 0, "steps": 700, "ring_mb": 1}
+    base = {"sources": sources, "seq_len": 512, "rows": 4, "seed": 3, "epochs": 0, "steps": steps, "ring_mb": 1}
     static = run_ranks({**base, "workers": 2}, world=2, out_dir=tmp_path)
     auto = {**base, "workers": "auto", "reserve_cpus": len(os.sched_getaffinity(0)) - 2, "autoscale_every": 0.5}
-    counts: list[int] = []
+    readings: list[dict] = []
     with omniload.Job(auto) as job:
-        # 600 steps as fast as they can (the pool grows), then 100 of 0.15 s (it shrinks)
-        ranks = start_ranks(job, 2, tmp_path, env={"PROBE_SLOW_AFTER": "600", "PROBE_STEP_S": "0.15"})
+        ranks = start_ranks(job, 2, tmp_path, env=env)
         done = threading.Event()
 
         def watch() -> None:
             while not done.wait(0.1):
                 try:
-                    counts.append(job.status()["workers"]["count"])
+                    readings.append(job.status()["workers"])
                 except omniload.OmniloadError:
                     return  # the job ended
 
@@ -122,8 +76,32 @@ def test_the_pool_shrinks_when_the_ranks_slow_down_without_changing_the_data(cor
         scaled = collect(ranks, timeout=150)
         done.set()
         watcher.join(10)
+    return scaled, static, readings
+
+
+def test_autoscaling_moves_workers_without_changing_the_data(corpus, tmp_path):
+    """--workers auto grows the pool and re-splits it by measured cost while the ranks read: the
+    batches are those of a static split. The pool starts with one worker, which the costly
+    sources keep busy while they starve, so it grows to two, and the measured costs part the
+    costly two."""
+    scaled, static, readings = _autoscaled_and_static(corpus, tmp_path, steps=1200)
+    for rank in range(2):
+        assert len(scaled[rank]["hashes"]) == 1200
+        assert scaled[rank]["hashes"] == static[rank]["hashes"], f"rank {rank}: autoscaling changed the data"
+    counts = [r["count"] for r in readings]
+    assert max((r["moves"] for r in readings), default=0) >= 1, "the autoscaler never moved a worker"
+    assert counts[0] == 1 and max(counts) == 2, f"the pool should start with one worker and grow to two: {counts}"
+
+
+def test_the_pool_shrinks_when_the_ranks_slow_down_without_changing_the_data(corpus, tmp_path):
+    """--workers auto grows while costly sources starve and shrinks again, stopping a worker,
+    once the ranks take their batches slowly (a long training step) and the workers idle; the
+    batches are those of a static split throughout."""
+    # 600 steps as fast as they can (the pool grows), then 100 of 0.15 s (it shrinks)
+    slow = {"PROBE_SLOW_AFTER": "600", "PROBE_STEP_S": "0.15"}
+    scaled, static, readings = _autoscaled_and_static(corpus, tmp_path, steps=700, env=slow)
     for rank in range(2):
         assert scaled[rank]["hashes"] == static[rank]["hashes"], f"rank {rank}: the pool's changes changed the data"
-    grown = counts.index(2) if 2 in counts else None
-    assert grown is not None, f"the pool never grew: {counts}"
-    assert 1 in counts[grown:], f"the pool never shrank back to one worker: {counts}"
+    counts = [r["count"] for r in readings]
+    assert 2 in counts, f"the pool never grew: {counts}"
+    assert 1 in counts[counts.index(2) :], f"the pool never shrank back to one worker: {counts}"
