@@ -4,7 +4,8 @@ Layout of the segment: a 128-byte header (write position at byte 0, read positio
 so producer and consumer never share a cache line; capacity at byte 8; the producer's CPU
 nanoseconds and tokens written at bytes 16 and 24, which the autoscaler reads; the span at
 byte 32; store retries, bytes fetched from a store and bytes held in the lane's block cache at
-40, 48 and 56, which `status` shows; the lane's handover at byte 72, see below), then
+40, 48 and 56, which `status` shows; the lane's handover at byte 72, see below; the wall
+nanoseconds its producers spent producing at byte 80, which the autoscaler reads), then
 `capacity` bytes of data. Positions are monotonic byte counters; a
 record is an
 8-byte length and its payload padded to 8 bytes, and it may wrap around the end of the data area.
