@@ -217,10 +217,11 @@ def _produce_group(
     member, row = interleave_rows([shard.rows for shard in shards])
     # a group (or a restarted one) reads only the rows this lane still has due: each shard's
     # from the first of them
-    first_due = np.array([shard.rows for shard in shards])
-    for turn in turns:
-        np.minimum.at(first_due, member[turn.start : turn.stop], row[turn.start : turn.stop])
-    rows = [_open_shard(lane, epoch, index, int(first_due[m]), files) for m, (epoch, index) in enumerate(members)]
+    positions = np.concatenate([np.arange(turn.start, turn.stop) for turn in turns])
+    rows = [
+        _open_shard(lane, epoch, index, row[positions[member[positions] == m]], files)
+        for m, (epoch, index) in enumerate(members)
+    ]
     if files is not LOCAL:  # the next group's first bytes come in while this one is read
         for g in group_members(k + 1, len(lane.shards), lane.interleave):
             warm(
@@ -311,17 +312,21 @@ def _produce_group(
 
 
 def _open_shard(
-    lane: LaneConfig, epoch: int, index: int, first_due: int, files: Files = LOCAL
+    lane: LaneConfig, epoch: int, index: int, due: np.ndarray, files: Files = LOCAL
 ) -> _ShardRows | _Unreadable:
-    """A shard's rows from `first_due` on (its first due slice read now, so an unreadable file
-    is known at once), or why it cannot be read."""
+    """A shard's rows at the row positions `due` (its first due slice read now, so an
+    unreadable file is known at once), or why it cannot be read."""
     shard = lane.shards[index]
     order = row_permutation(shard.rows, lane.seed, lane.source_index, epoch, index, shard.slicing)
-    rows = _ShardRows(shard, lane.column, order, lane.image_column, files, lane.pretokenized)
-    if first_due >= shard.rows:  # every row of it was delivered before a restart
+    keep = None
+    if lane.num_lanes > 1:  # the other lanes' rows of a slice are theirs to read: not held here
+        keep = np.zeros(shard.rows, dtype=bool)
+        keep[order[due]] = True
+    rows = _ShardRows(shard, lane.column, order, lane.image_column, files, lane.pretokenized, keep)
+    if not len(due):  # no turn of this lane takes a row of it, or every one was delivered before a restart
         return rows
     try:
-        rows.load(first_due)
+        rows.load(int(due.min()))
     except _ReadFailed as exc:
         return _Unreadable(exc.message, exc.fatal)
     return rows
@@ -365,8 +370,10 @@ class _ShardRows:
         image_column: str | None = None,
         files: Files = LOCAL,
         pretokenized: Pretokenized | None = None,
+        keep: np.ndarray | None = None,
     ) -> None:
         self.order = order
+        self._keep = keep  # by file row: the rows this lane takes (None: all of them)
         self._files, self._pretokenized = files, pretokenized
         self._shard, self._column, self._image_column = shard, column, image_column
         self._slicing = shard.slicing
@@ -399,6 +406,12 @@ class _ShardRows:
             while self._slice < wanted:  # iter_slices checks each slice's rows against the index
                 self._values = next(self._slices)
                 self._slice += 1
+            if self._keep is not None:
+                # several lanes of a source read the same slices, each holding only its own rows:
+                # 4 lanes each holding whole slices cost a worker serving them all 4 copies
+                members = self._slicing.members(wanted)
+                for i in np.flatnonzero(~self._keep[members.start : members.stop : members.step]).tolist():
+                    self._values[i] = None
         except BadFile as exc:
             raise _ReadFailed(f"{self._shard.file}: {exc}") from None
         except StoreError as exc:  # names the object already

@@ -67,3 +67,39 @@ def test_lanes_together_produce_the_one_lane_records_each_row_transformed_once(t
     restarted = _records(dataclasses.replace(base, lane=1, num_lanes=2, start_group=group, start_pos=pos))
     expected = [r for r in one if (r[0], r[1]) >= (group, pos) and (r[0] + r[1] // TURN) % 2 == 1]
     assert restarted == expected
+
+
+def test_a_lane_holds_only_its_own_rows_of_a_slice(tmp_path):
+    """A worker serving all 4 lanes of a source must not hold 4 copies of each slice: a lane
+    keeps the rows its turns take and lets the others' go as the slice is read."""
+    texts = [f"doc {i} " + "y" * 300 for i in range(400)]
+    path = write_parquet(tmp_path / "a.parquet", texts, row_group_size=400)
+    (shard,) = (dataclasses.replace(s, slice_rows=100) for s in index_file(str(path), "parquet", "text", 0))
+    lane = worker.LaneConfig(
+        source_index=0,
+        source_name="web",
+        column="text",
+        tokenizer="tests.transforms_for_tests:counted_bytes",
+        lane=1,
+        num_lanes=4,
+        ring_path="",
+        shards=(shard,),
+        seed=3,
+        epochs=1,
+        interleave=1,
+        start_group=0,
+        start_pos=0,
+        skip_bad_files=False,
+    )
+    due = np.arange(0, 400, 4)  # every 4th row position: a quarter of each slice
+    rows = worker._open_shard(lane, 0, 0, due)
+    assert isinstance(rows, worker._ShardRows)
+    held = [v for v in rows._values if v is not None]
+    first = rows.order[due]
+    slice_of, _ = shard.slicing.locate(first)
+    mine = sorted(texts[f] for f in first[slice_of == slice_of[0]])
+    assert sorted(held) == mine and 0 < len(held) < len(rows._values)
+    # every row it takes is still there, in the order its turns ask for them
+    assert [rows.take(int(r)) for r in due if shard.slicing.locate(int(rows.order[r]))[0] == slice_of[0]] == [
+        texts[f] for f in first[slice_of == slice_of[0]]
+    ]
