@@ -292,8 +292,8 @@ class Spec:
             raise ConfigError(f"metrics-port must be a port number (0: any free port), got {self.metrics_port}")
         if self.senders < -1:
             raise ConfigError(
-                f"senders must be >= 0 (0: the coordinator writes to the ranks itself; -1: one per 8 "
-                f"cores), got {self.senders}"
+                f"senders must be >= 0 (0: the coordinator writes to the ranks itself; -1: one per 64 "
+                f"ranks, at most one per 8 cores), got {self.senders}"
             )
         if not self.rank_timeout >= 0:
             raise ConfigError(f"rank-timeout must be >= 0 seconds (0: wait forever), got {self.rank_timeout}")

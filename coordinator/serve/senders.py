@@ -9,6 +9,11 @@ Control and relay connections stay with the coordinator.
 STARTING (`spawn`, before the event loop) -> SERVING (`start`, then `serve` accepts) ->
 STOPPED (`stop`: the routes close and the senders exit). A sender that dies stops the job
 with an error naming it: its ranks' connections died with it.
+
+The first rank's HELLO says how many ranks the job has, which the senders' count started
+without: `keep(world)` says how many of them to keep, and the others are retired (their routes
+closed, so they exit) before any connection is handed to them. With none kept, the ranks'
+connections are served by the loop, as control and relay connections are.
 """
 
 from __future__ import annotations
@@ -73,9 +78,17 @@ class Accepting:
 
 
 class Senders:
-    def __init__(self, count: int, arena_path: Path, fail: Callable[[str, BaseException], None]) -> None:
-        self._count, self._arena_path, self._fail = count, arena_path, fail
+    def __init__(
+        self,
+        count: int,
+        arena_path: Path,
+        fail: Callable[[str, BaseException], None],
+        keep: Callable[[int], int] = lambda world: world,
+    ) -> None:
+        self._count, self._arena_path, self._fail, self._keep = count, arena_path, fail, keep
         self._senders: list[_Sender] = []
+        self._retired: list[_Sender] = []  # more than the world needs: exiting, or gone
+        self._sized = False  # the first rank's HELLO decided how many senders to keep
         self._accepting: set[asyncio.Task] = set()  # connections whose HELLO is being read
         self._reading: list[asyncio.Task] = []  # each sender's routes
         self._stopping = False
@@ -122,9 +135,14 @@ class Senders:
         """Accept on `listener` until the returned server is closed."""
         return Accepting(listener, asyncio.get_running_loop().create_task(self._accept(listener, session)))
 
+    @property
+    def count(self) -> int:
+        """The senders serving (after the first rank's HELLO, those its world keeps)."""
+        return len(self._senders)
+
     def kill(self) -> None:
         """The last resort, after the loop: no sender outlives the coordinator."""
-        for sender in self._senders:
+        for sender in self._senders + self._retired:
             if sender.process.poll() is None:
                 sender.process.kill()
                 sender.process.wait()
@@ -178,7 +196,9 @@ class Senders:
             return
         finally:
             self._opening -= 1
-        if hello.role != "rank":  # control and relay connections stay here
+        if hello.role == "rank" and not self._sized:
+            self._size_for(hello.world_size)
+        if hello.role != "rank" or not self._senders:  # control and relay connections stay here
             reader, writer = await asyncio.open_connection(sock=sock)
             await session(StreamInbox(reader, first), writer, peer)
             return
@@ -197,6 +217,18 @@ class Senders:
             sock.close()  # the sender holds the connection now
         asyncio.get_running_loop().call_later(_HANDOFF_S, self._check_taken, sender, conn)
 
+    def _size_for(self, world: int) -> None:
+        """Retire the senders a world of `world` ranks does not need: none has a connection yet."""
+        self._sized = True
+        keep = max(0, min(len(self._senders), self._keep(world)))
+        retiring, self._senders = self._senders[keep:], self._senders[:keep]
+        for sender in retiring:
+            self._retired.append(sender)
+            sender.sessions.out.writer.close()  # its routes end: the sender exits (see _on_exit)
+            sender.handoffs.close()
+        if retiring:
+            log.info("%d of %d senders serve %d ranks; the others exit", keep, keep + len(retiring), world)
+
     def _check_taken(self, sender: _Sender, conn: int) -> None:
         if sender.sessions.forget(conn) and not self._stopping:
             self._fail(
@@ -210,6 +242,8 @@ class Senders:
         asyncio.get_running_loop().remove_reader(pidfd)
         os.close(pidfd)
         sender.process.wait()
+        if sender in self._retired and sender.process.returncode == 0:
+            return
         if not self._stopping:
             self._fail(
                 sender.name,

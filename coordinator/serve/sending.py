@@ -35,6 +35,10 @@ log = logging.getLogger("omniload")
 _ARENA_CAPACITY = 4 << 30  # the step arena's address space; the part a job's steps need is allocated
 _ARENA_MIN = 16 << 20
 _CAN_SEND = hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")  # senders need Linux
+# --senders -1 keeps one sender per this many ranks (at most one per 8 cores): below it the
+# loop's own writes keep up (bench_fanout: 16 and 32 lean ranks pulling flat out got 25M token
+# slots/s on 2 cores with or without a sender), and each sender is a ~24 MB process
+RANKS_PER_SENDER = 64
 
 
 class Sending:
@@ -45,19 +49,29 @@ class Sending:
         self.senders: Senders | None = None
         self._arena: StepArena | None = None  # the planned steps' payloads, for the senders
         self._arena_sized = False
+        self._placing = True  # frames go into the arena (while senders serve)
 
     def spawn(self) -> None:
-        """Start the senders (--senders; by default one per 8 CPUs on Linux). Before the loop."""
+        """Start the senders (--senders; by default one per 8 CPUs on Linux, of which the first
+        rank's world keeps one per RANKS_PER_SENDER ranks). Before the loop."""
         count = self._spec.senders if self._spec.senders >= 0 else available_cpus() // 8 if _CAN_SEND else 0
         if not count:
             return
         if not _CAN_SEND:
             raise ConfigError("--senders needs Linux (pidfd_open and SCM_RIGHTS); use --senders 0 here")
         self._arena = StepArena(segment_path(os.getpid(), self._job_id, "arena"), _ARENA_CAPACITY)
-        senders = Senders(count, self._arena.path, self._fail)
+        senders = Senders(count, self._arena.path, self._fail, self._keep)
         senders.spawn()
         log.info("%d senders write batches to the ranks", count)
         self.senders = senders
+
+    def _keep(self, world: int) -> int:
+        """How many senders a world of `world` ranks keeps; with none, no frame goes into the
+        step arena (called on the loop at the first rank's HELLO, before any step is planned)."""
+        keep = self._spec.senders if self._spec.senders >= 0 else world // RANKS_PER_SENDER
+        if keep == 0:  # it stays until the job ends, empty: the retired senders may not have opened it yet
+            self._placing = False
+        return keep
 
     async def listen(self, sessions: Sessions, host: str, port: int) -> asyncio.Server | Accepting:
         """The rank port: accepted by the senders where they serve, else by this loop."""
@@ -97,7 +111,7 @@ class Sending:
 
     def planned(self, frames: Frames) -> None:
         """A step was planned (on the loop): the first one sizes the step arena."""
-        if self._arena is not None and not self._arena_sized:
+        if self._arena is not None and self._placing and not self._arena_sized:
             self._reserve_arena(frames)
 
     def release_through(self, step: int) -> None:
@@ -119,7 +133,7 @@ class Sending:
     def _place(self, number: int, head: bytes, payload: bytes) -> Frame:
         """A frame, its payload copied into the step arena where senders serve and it has room
         (thread-safe: encoding may run on the planner's thread)."""
-        arena = self._arena
+        arena = self._arena if self._placing else None
         placed = arena.put(number, payload) if arena is not None else None
         return (head, *placed) if placed else (head, payload, None)
 

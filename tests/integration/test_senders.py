@@ -10,7 +10,7 @@ import pytest
 
 import omniload
 from tests.corpus import mixed_sources
-from tests.jobs import senders_of, start_ranks
+from tests.jobs import collect, senders_of, start_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -66,3 +66,28 @@ def test_a_rank_that_hangs_up_right_after_hello_can_connect_again(corpus, tmp_pa
                 assert "already connected" in str(exc) and time.monotonic() < deadline, exc
                 time.sleep(0.1)
     assert steps == list(range(40))
+
+
+def test_auto_senders_keep_none_for_a_small_world_and_change_no_byte(corpus, tmp_path, monkeypatch):
+    """--senders -1 starts one sender per 8 cores before it knows the world; two ranks need
+    none, so both exit at the first HELLO (no memory held for nothing) and the coordinator
+    serves the ranks itself, with the bytes of --senders 0."""
+    with omniload.Job(_spec(corpus, 0)) as job:
+        direct = collect(start_ranks(job, 2, tmp_path))
+    monkeypatch.setenv("OMNILOAD_CPUS", "16")  # the job's coordinator sizes its senders for 16 cores
+    monkeypatch.setenv("OMNILOAD_LOG", "info")
+    with omniload.Job(_spec(corpus, -1)) as job:
+        started = senders_of(job)
+        ranks = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.05"})
+        for sender in started:  # (not our child: psutil cannot say its exit code; the log would)
+            sender.wait(30)
+        vias = sorted(rank["via"] for rank in job.status()["ranks"])
+        served = collect(ranks)
+        deadline = time.monotonic() + 10  # the log reaches us on a thread
+        while "senders serve" not in (log := "\n".join(job.log_tail())) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert len(started) == 2, "16 cores start 2 senders"
+    assert "0 of 2 senders serve 2 ranks" in log, log
+    assert "exited with code" not in log, "the senders the world does not need exit cleanly"
+    assert not any(via.startswith("sender") for via in vias), vias
+    assert [r["hashes"] for r in served] == [r["hashes"] for r in direct]
