@@ -36,7 +36,8 @@ _WORKER_JOIN_S = 5.0
 _HELPER_STOP_S = 5.0
 RING_BUDGET_MB = 16  # the read-ahead of all a job's rings together, split over its lanes
 MIN_SPAN_MB = 1  # a lane's read-ahead at least (what the throughput benchmark runs with)
-TURNS_BUDGET_MB = 64  # the same for lanes that take turns (a source's several lanes), split likewise
+TURNS_BUDGET_MB = 32  # the same for lanes that take turns (a source's several lanes), split likewise
+MIN_TURNS_SPAN_KB = 512  # ... at least: about a turn (omniload.order.TURN) of ~1k-token documents
 
 
 # A forkserver child's exit code is read once from its sentinel pipe. Two threads reading it
@@ -258,13 +259,15 @@ def ring_span(ring_mb: int, lanes: int, source_lanes: int = 1) -> int:
     just enough to cover the planner's bursts: its share of the job's RING_BUDGET_MB, at least
     MIN_SPAN_MB, at most --ring-mb (which bounds one record); with many lanes the sum is what
     counts. A source with several lanes splits a larger budget, TURNS_BUDGET_MB: its lanes take
-    turns (omniload.order), and a lane works ahead through the other lanes' turns only as far as
-    its ring holds. A job of few lanes gives them --ring-mb in full; one of many (16 sources x 4
-    lanes on a 16-core budget) 1 MB each, 64 MB in all instead of 256: with that many sources
-    the planner draws from many at once, so one source's lanes need less work-ahead."""
-    budget = TURNS_BUDGET_MB if source_lanes > 1 else RING_BUDGET_MB
-    share = (budget << 20) // max(1, lanes)
-    return min(ring_mb << 20, max(MIN_SPAN_MB << 20, share))
+    turns (omniload.order), and a lane on a worker of its own produces its next turn only once
+    its ring holds it, so the floor is about a turn, MIN_TURNS_SPAN_KB. A job of few lanes gives
+    them --ring-mb in full; one of many (16 sources x 4 lanes on a 16-core budget) half a MB
+    each, 32 MB in all (the rings are most of what such a job holds beyond one of 16 lanes)."""
+    if source_lanes > 1:
+        budget, floor = TURNS_BUDGET_MB << 20, MIN_TURNS_SPAN_KB << 10
+    else:
+        budget, floor = RING_BUDGET_MB << 20, MIN_SPAN_MB << 20
+    return min(ring_mb << 20, max(floor, budget // max(1, lanes)))
 
 
 def _create_rings(

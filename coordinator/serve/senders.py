@@ -135,11 +135,6 @@ class Senders:
         """Accept on `listener` until the returned server is closed."""
         return Accepting(listener, asyncio.get_running_loop().create_task(self._accept(listener, session)))
 
-    @property
-    def count(self) -> int:
-        """The senders serving (after the first rank's HELLO, those its world keeps)."""
-        return len(self._senders)
-
     def kill(self) -> None:
         """The last resort, after the loop: no sender outlives the coordinator."""
         for sender in self._senders + self._retired:

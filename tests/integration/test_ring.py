@@ -148,8 +148,10 @@ def test_many_lanes_share_a_read_ahead_budget_and_a_source_of_several_lanes_keep
     assert ring_span(4, 16) == RING_BUDGET_MB * mb // 16  # 16 sources x 1 lane: the budget split
     assert ring_span(4, 256) == MIN_SPAN_MB * mb  # never below the floor
     assert ring_span(1, 16) == 1 * mb  # never above --ring-mb, which bounds one record
-    assert ring_span(4, 16, source_lanes=4) == 4 * mb  # lanes that take turns: a larger budget split
-    assert ring_span(4, 64, source_lanes=4) == 1 * mb  # 16 sources x 4 lanes: 64 MB in all, not 256
+    assert ring_span(4, 8, source_lanes=4) == 4 * mb  # lanes that take turns: a larger budget split
+    assert ring_span(4, 16, source_lanes=4) == 2 * mb
+    assert ring_span(4, 64, source_lanes=4) == mb // 2  # 16 sources x 4 lanes: 32 MB in all, not 256
+    assert ring_span(4, 256, source_lanes=4) == mb // 2  # never below about a turn
 
 
 def test_a_lanes_work_counters_only_grow_and_outlive_a_reset(ring):
