@@ -238,7 +238,8 @@ def main() -> None:
     print(
         f"machine: {os.cpu_count()} cores; {args.ranks} ranks; baseline: {args.workers_per_rank} DataLoader "
         f"workers per rank; omniload: {workers} workers; {args.sources} sources, tokenizer {args.tokenizer} "
-        f"({single_core:,.0f} tokens/s on one core, measured now); seq_len {args.seq_len} x rows {args.rows}, "
+        f"({single_core:,.0f} tokens per CPU-second on one core, measured now and before each trial); "
+        f"seq_len {args.seq_len} x rows {args.rows}, "
         f"{args.steps} steps per rank; {args.trials} trials alternating"
     )
     print(
@@ -251,8 +252,11 @@ def main() -> None:
         if mix == "heavy":
             mixed[0]["tokenizer"] = "bench_throughput:heavy"
         spec = dict(base, sources=mixed)
-        ratios, per_core = [], []
+        ratios, shares = [], []
         for trial in range(1, args.trials + 1):
+            # the machine's speed drifts: each trial's workers are set against the tokenizer
+            # alone measured right before them, not once for the whole run
+            single_core = 1e6 / us_per_token(tokenizer)
             order = ("baseline", "omniload") if trial % 2 else ("omniload", "baseline")
             r = {
                 side: run(side, spec, args.ranks, args.steps, args.workers_per_rank if side == "baseline" else workers)
@@ -261,15 +265,19 @@ def main() -> None:
             ours, theirs = r["omniload"], r["baseline"]
             delivered = max(delivered, ours["bytes_per_s"])
             ratios.append(ours["tokens_per_s"] / theirs["tokens_per_s"])
-            per_core.append(ours["tokens_per_cpu_s"])
+            shares.append(ours["tokens_per_cpu_s"] / single_core)
             print(
                 f"{mix:<7}{trial:>5}{theirs['tokens_per_s']:>16,.0f}{ours['tokens_per_s']:>16,.0f}{ratios[-1]:>7.2f}"
                 f"{theirs['tokens_per_cpu_s']:>28,.0f}{ours['tokens_per_cpu_s']:>10,.0f}"
                 f"{theirs['ttfb']:>15.2f}s{ours['ttfb']:>9.2f}s",
                 flush=True,
             )
-        share = statistics.median(per_core) / single_core
-        speed = "" if mix == "heavy" else f"; per worker CPU-second {share:.0%} of the tokenizer's single-core speed"
+        speed = (
+            ""
+            if mix == "heavy"
+            else f"; per worker CPU-second {statistics.median(shares):.0%} of the tokenizer's single-core speed "
+            f"(trials {', '.join(f'{s:.0%}' for s in shares)})"
+        )
         print(
             f"{mix}: omniload / baseline median {statistics.median(ratios):.2f}x "
             f"(range {min(ratios):.2f}-{max(ratios):.2f}){speed}"
