@@ -77,7 +77,7 @@ class Coordinator:
         self.source_names = [s.name for s in spec.sources]
         self.role: Primary | Standby = Standby(self) if standby else Primary(self)  # serves only after taking over
         self.tenure = Tenure(self)
-        self.sending = Sending(spec, self.job_id, self.source_names, self.fail)
+        self.sending = Sending(spec, self.job_id, self.source_names, self.fail, self.token)
         self.exit_code = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         # made in run, before the loop:

@@ -112,8 +112,8 @@ def interleave_rows(rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     return member[order], row[order]
 
 
-TURN = 128  # positions a lane produces before the next lane's turn: its ring holds a turn or two of
-# ~1k-token documents (worker_pool.ring_span), so the lanes of a source on several workers produce at once
+TURN = 128  # positions a lane produces before the next lane's turn: its ring holds about a turn of
+# 1k-token documents at least (worker_pool.ring_span), so a source's lanes on several workers produce at once
 
 
 def lane_of(k: int, pos: int, num_lanes: int) -> int:

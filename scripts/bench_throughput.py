@@ -256,7 +256,8 @@ def main() -> None:
         for trial in range(1, args.trials + 1):
             # the machine's speed drifts: each trial's workers are set against the tokenizer
             # alone measured right before them, not once for the whole run
-            single_core = 1e6 / us_per_token(tokenizer)
+            if mix != "heavy":  # (heavy's per-core figure is not reported)
+                single_core = 1e6 / us_per_token(tokenizer)
             order = ("baseline", "omniload") if trial % 2 else ("omniload", "baseline")
             r = {
                 side: run(side, spec, args.ranks, args.steps, args.workers_per_rank if side == "baseline" else workers)

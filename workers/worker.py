@@ -216,7 +216,7 @@ def _produce_group(
         return False
     member, row = interleave_rows([shard.rows for shard in shards])
     # a group (or a restarted one) reads only the rows this lane still has due: each shard's
-    # from the first of them
+    # from the first of them, holding those rows only
     positions = np.concatenate([np.arange(turn.start, turn.stop) for turn in turns])
     rows = [
         _open_shard(lane, epoch, index, row[positions[member[positions] == m]], files)
@@ -232,7 +232,7 @@ def _produce_group(
             )
 
     def due(m: int, pos: int) -> int:  # shard m's rows this lane has from position pos on
-        return sum(int(np.count_nonzero(member[max(t.start, pos) : t.stop] == m)) for t in turns)
+        return int(np.count_nonzero(member[positions[positions >= pos]] == m))
 
     def unreadable(m: int, pos: int) -> tuple:
         gone = rows[m]
@@ -358,7 +358,8 @@ class _ReadFailed(Exception):
 class _ShardRows:
     """One shard's rows in their order (order.row_permutation: the slices one after another,
     each one's rows shuffled), read a slice at a time; a slice is dropped when the next is read,
-    a value once taken."""
+    a value once taken, and the rows of `keep` alone are held (the other lanes' rows are theirs).
+    Token ids held stay views of their slice's one array (readers._to_values)."""
 
     fatal = False  # (an _Unreadable's field: a shard read so far is never fatal)
 

@@ -37,7 +37,7 @@ _HELPER_STOP_S = 5.0
 RING_BUDGET_MB = 16  # the read-ahead of all a job's rings together, split over its lanes
 MIN_SPAN_MB = 1  # a lane's read-ahead at least (what the throughput benchmark runs with)
 TURNS_BUDGET_MB = 32  # the same for lanes that take turns (a source's several lanes), split likewise
-MIN_TURNS_SPAN_KB = 512  # ... at least: about a turn (omniload.order.TURN) of ~1k-token documents
+MIN_TURNS_SPAN_KB = 512  # ... at least: a turn (omniload.order.TURN) of 1k-token documents, in int32
 
 
 # A forkserver child's exit code is read once from its sentinel pipe. Two threads reading it

@@ -10,16 +10,18 @@ STARTING (`spawn`, before the event loop) -> SERVING (`start`, then `serve` acce
 STOPPED (`stop`: the routes close and the senders exit). A sender that dies stops the job
 with an error naming it: its ranks' connections died with it.
 
-The first rank's HELLO says how many ranks the job has, which the senders' count started
-without: `keep(world)` says how many of them to keep, and the others are retired (their routes
-closed, so they exit) before any connection is handed to them. With none kept, the ranks'
-connections are served by the loop, as control and relay connections are.
+The senders are started before the job knows how many ranks will connect. The first
+authenticated HELLO of a rank (which says the world) or of a relay (whose ranks' streams the
+loop serves) decides how many to keep, `keep(world or None)`; the others are RETIRED before
+any connection is handed to them: their routes close and they exit. With none kept, the
+ranks' connections are served by the loop, as control and relay connections are.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import logging
 import os
 import socket
@@ -83,12 +85,14 @@ class Senders:
         count: int,
         arena_path: Path,
         fail: Callable[[str, BaseException], None],
-        keep: Callable[[int], int] = lambda world: world,
+        token: bytes,
+        keep: Callable[[int | None], int],
     ) -> None:
-        self._count, self._arena_path, self._fail, self._keep = count, arena_path, fail, keep
+        self._count, self._arena_path, self._fail = count, arena_path, fail
+        self._token, self._keep = token, keep
         self._senders: list[_Sender] = []
         self._retired: list[_Sender] = []  # more than the world needs: exiting, or gone
-        self._sized = False  # the first rank's HELLO decided how many senders to keep
+        self._sized = False  # the first authenticated rank or relay decided how many to keep
         self._accepting: set[asyncio.Task] = set()  # connections whose HELLO is being read
         self._reading: list[asyncio.Task] = []  # each sender's routes
         self._stopping = False
@@ -160,10 +164,7 @@ class Senders:
         for task in self._accepting:
             task.cancel()
         for sender in self._senders:
-            if sender.sessions is not None:
-                sender.sessions.out.flush()
-                sender.sessions.out.writer.close()
-            sender.handoffs.close()
+            _close_routes(sender)
         for sender in self._senders:
             try:
                 await asyncio.wait_for(loop.run_in_executor(None, sender.process.wait), _STOP_S)
@@ -191,8 +192,8 @@ class Senders:
             return
         finally:
             self._opening -= 1
-        if hello.role == "rank" and not self._sized:
-            self._size_for(hello.world_size)
+        if not self._sized and hello.role != "control" and hmac.compare_digest(hello.token.encode(), self._token):
+            self.retire_beyond(self._keep(hello.world_size if hello.role == "rank" else None))
         if hello.role != "rank" or not self._senders:  # control and relay connections stay here
             reader, writer = await asyncio.open_connection(sock=sock)
             await session(StreamInbox(reader, first), writer, peer)
@@ -212,17 +213,17 @@ class Senders:
             sock.close()  # the sender holds the connection now
         asyncio.get_running_loop().call_later(_HANDOFF_S, self._check_taken, sender, conn)
 
-    def _size_for(self, world: int) -> None:
-        """Retire the senders a world of `world` ranks does not need: none has a connection yet."""
+    def retire_beyond(self, keep: int) -> None:
+        """Keep the first `keep` senders and retire the others; once, before any connection is
+        handed to a sender."""
         self._sized = True
-        keep = max(0, min(len(self._senders), self._keep(world)))
+        keep = max(0, min(len(self._senders), keep))
         retiring, self._senders = self._senders[keep:], self._senders[:keep]
         for sender in retiring:
             self._retired.append(sender)
-            sender.sessions.out.writer.close()  # its routes end: the sender exits (see _on_exit)
-            sender.handoffs.close()
+            _close_routes(sender)  # the sender exits (see _on_exit)
         if retiring:
-            log.info("%d of %d senders serve %d ranks; the others exit", keep, keep + len(retiring), world)
+            log.info("%d of %d senders serve this job's ranks; the others exit", keep, keep + len(retiring))
 
     def _check_taken(self, sender: _Sender, conn: int) -> None:
         if sender.sessions.forget(conn) and not self._stopping:
@@ -237,7 +238,9 @@ class Senders:
         asyncio.get_running_loop().remove_reader(pidfd)
         os.close(pidfd)
         sender.process.wait()
-        if sender in self._retired and sender.process.returncode == 0:
+        if sender in self._retired:  # it served no one: its end is no rank's loss
+            if sender.process.returncode != 0:
+                log.warning("retired %s %s", sender.name, describe_exit(sender.process.returncode))
             return
         if not self._stopping:
             self._fail(
@@ -252,6 +255,14 @@ class Senders:
         exc = None if task.cancelled() else task.exception()
         if exc is not None:
             self._fail(f"the routes of {sender.name}", exc)
+
+
+def _close_routes(sender: _Sender) -> None:
+    """Close the coordinator's end of a sender's routes and handoffs: the sender writes what
+    it holds and exits."""
+    sender.sessions.out.flush()
+    sender.sessions.out.writer.close()
+    sender.handoffs.close()
 
 
 def _set_done(future: asyncio.Future[None]) -> None:

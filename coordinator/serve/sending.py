@@ -2,7 +2,8 @@
 
 Each step is encoded once per kind of rank (`encode_step`, pure: it may run on the planner's
 thread); each frame carries the loader position after the step, which the rank's
-state_dict() returns. Where senders serve (--senders; Linux), a frame's payload is copied into
+state_dict() returns. Where senders serve (--senders; Linux; those the job's first rank or relay
+keeps, see serve/senders.py), a frame's payload is copied into
 the step arena, a shared-memory segment the sender processes read, allocated on a thread once
 the first step says how large steps are; the steps before it is ready, and any it has no room
 for, go over the senders' sockets. Without senders the coordinator's own connections write
@@ -35,17 +36,23 @@ log = logging.getLogger("omniload")
 _ARENA_CAPACITY = 4 << 30  # the step arena's address space; the part a job's steps need is allocated
 _ARENA_MIN = 16 << 20
 _CAN_SEND = hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")  # senders need Linux
-# --senders -1 keeps one sender per this many ranks (at most one per 8 cores): below it the
-# loop's own writes keep up (bench_fanout: 16 and 32 lean ranks pulling flat out got 25M token
-# slots/s on 2 cores with or without a sender), and each sender is a ~24 MB process
-RANKS_PER_SENDER = 64
+# --senders -1 keeps one sender per this many connecting ranks (at most one per 8 cores): below
+# it the loop's own writes keep up (bench_fanout: 16 and 32 lean ranks pulling flat out got 25M
+# token slots/s on 2 cores with or without a sender), and each sender is a ~24 MB process
+_RANKS_PER_SENDER = 64
 
 
 class Sending:
     def __init__(
-        self, spec: Spec, job_id: str, source_names: list[str], fail: Callable[[str, BaseException], None]
+        self,
+        spec: Spec,
+        job_id: str,
+        source_names: list[str],
+        fail: Callable[[str, BaseException], None],
+        token: bytes,
     ) -> None:
         self._spec, self._job_id, self._source_names, self._fail = spec, job_id, source_names, fail
+        self._token = token
         self.senders: Senders | None = None
         self._arena: StepArena | None = None  # the planned steps' payloads, for the senders
         self._arena_sized = False
@@ -53,23 +60,29 @@ class Sending:
 
     def spawn(self) -> None:
         """Start the senders (--senders; by default one per 8 CPUs on Linux, of which the first
-        rank's world keeps one per RANKS_PER_SENDER ranks). Before the loop."""
+        rank's world keeps one per _RANKS_PER_SENDER connecting ranks). Before the loop."""
         count = self._spec.senders if self._spec.senders >= 0 else available_cpus() // 8 if _CAN_SEND else 0
         if not count:
             return
         if not _CAN_SEND:
             raise ConfigError("--senders needs Linux (pidfd_open and SCM_RIGHTS); use --senders 0 here")
         self._arena = StepArena(segment_path(os.getpid(), self._job_id, "arena"), _ARENA_CAPACITY)
-        senders = Senders(count, self._arena.path, self._fail, self._keep)
+        senders = Senders(count, self._arena.path, self._fail, self._token, self.size_senders)
         senders.spawn()
         log.info("%d senders write batches to the ranks", count)
         self.senders = senders
 
-    def _keep(self, world: int) -> int:
-        """How many senders a world of `world` ranks keeps; with none, no frame goes into the
-        step arena (called on the loop at the first rank's HELLO, before any step is planned)."""
-        keep = self._spec.senders if self._spec.senders >= 0 else world // RANKS_PER_SENDER
-        if keep == 0:  # it stays until the job ends, empty: the retired senders may not have opened it yet
+    def size_senders(self, world: int | None) -> int:
+        """How many of the senders to keep for a world of `world` ranks (None: the ranks come
+        through relays, whose streams the loop serves), and with none, stop placing frames in
+        the step arena. Called on the loop at the first rank's or relay's HELLO, before any
+        step is planned."""
+        if self._spec.senders >= 0:
+            return self._spec.senders
+        # with --broadcast-at tp only each tensor-parallel group's first rank connects (Layout.connects)
+        connecting = 0 if world is None else world // self._spec.tp if self._spec.broadcast_at == "tp" else world
+        keep = connecting // _RANKS_PER_SENDER
+        if keep == 0:  # the arena stays until the job ends, empty: a retired sender may still be opening it
             self._placing = False
         return keep
 
