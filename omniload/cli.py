@@ -108,7 +108,7 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [  # (flag, click's kwargs); -
         dict(
             type=int,
             help="Processes that write batches to the ranks' sockets from shared memory "
-            "(0: the coordinator itself; -1: one per 64 ranks, at most one per 8 cores).",
+            "(0: the coordinator itself; -1: one per 64 connecting ranks, at most one per 8 cores; none with relays).",
         ),
     ),
     ("--balance", dict(help="Cost model for balancing ranks: tokens, attention, or module:function.")),
