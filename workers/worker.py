@@ -45,8 +45,10 @@ from omniload.workers.transforms import Transform, load_transform
 _BURST = 64  # records per lane before the worker looks at its other lanes
 # positions transformed at once, never into another lane's turn: the tokenizers library encodes
 # 256 texts a call about 4% faster per token than 64; their int32 tokens (1-4x their text) are
-# held per lane. Samples with images hold their decoded pixels too: fewer of them at once
-_TRANSFORM_ROWS, _IMAGE_ROWS = 256, 64
+# held per lane. Samples with images hold their decoded pixels too: fewer of them at once. A
+# group starts at _FIRST_ROWS and doubles: a restarted worker's first records come out as soon
+# as before, while the planner waits on its ring
+_TRANSFORM_ROWS, _IMAGE_ROWS, _FIRST_ROWS = 256, 64, 32
 _IDLE_MIN_S, _IDLE_MAX_S = 50e-6, 5e-3
 
 
@@ -256,69 +258,77 @@ def _produce_group(
             runs[-1] = range(runs[-1].start, turn.stop)
         else:
             runs.append(turn)
-    at_once = _IMAGE_ROWS if lane.images is not None else _TRANSFORM_ROWS
-    for run in runs:
-        for start in range(run.start, run.stop, at_once):
-            batch = range(start, min(start + at_once, run.stop))
-            values: dict[int, object] = {}  # position: its raw value, for the rows that could be read
-            ordinals: dict[int, int] = {}  # position: its row within its shard's file part
-            for pos in batch:
-                m, r = int(member[pos]), int(row[pos])
-                reading = rows[m]
-                if isinstance(reading, _ShardRows):
-                    try:
-                        values[pos], ordinals[pos] = reading.take(r), int(reading.order[r])
-                    except _ReadFailed as exc:  # part-way through the shard: the rest of it is unreadable
-                        rows[m] = _Unreadable(exc.message, exc.fatal)
-            try:
-                samples = dict(zip(values, _transform(transform, list(values.values())))) if values else {}
-            except Exception as exc:  # the user's transform; its error must reach the user
-                names = ", ".join(sorted({shards[int(member[pos])].file for pos in values}))
-                yield error_record(k, next(iter(values)), f"{names}: transform failed: {_cause(exc)}")
-                return True
-            values.clear()  # the raw values go before the records are written
-            for pos in batch:
-                m = int(member[pos])
-                sample = samples.pop(pos, None)
-                if sample is None:
-                    yield unreadable(m, pos)
-                    if not lane.skip_bad_files or rows[m].fatal:
-                        return True
-                elif isinstance(sample, _BadSample):  # one sample's image: the rest of the file is fine
-                    message = (
-                        f"{shards[m].file}: {part_name(shards[m].format, shards[m].start)}, "
-                        f"row {ordinals[pos]}: {sample.message}"
+    at_most = _IMAGE_ROWS if lane.images is not None else _TRANSFORM_ROWS
+    for batch in _batches(runs, _FIRST_ROWS, at_most):
+        values: dict[int, object] = {}  # position: its raw value, for the rows that could be read
+        ordinals: dict[int, int] = {}  # position: its row within its shard's file part
+        for pos in batch:
+            m, r = int(member[pos]), int(row[pos])
+            reading = rows[m]
+            if isinstance(reading, _ShardRows):
+                try:
+                    values[pos], ordinals[pos] = reading.take(r), int(reading.order[r])
+                except _ReadFailed as exc:  # part-way through the shard: the rest of it is unreadable
+                    rows[m] = _Unreadable(exc.message, exc.fatal)
+        try:
+            samples = dict(zip(values, _transform(transform, list(values.values())))) if values else {}
+        except Exception as exc:  # the user's transform; its error must reach the user
+            names = ", ".join(sorted({shards[int(member[pos])].file for pos in values}))
+            yield error_record(k, next(iter(values)), f"{names}: transform failed: {_cause(exc)}")
+            return True
+        values.clear()  # the raw values go before the records are written
+        for pos in batch:
+            m = int(member[pos])
+            sample = samples.pop(pos, None)
+            if sample is None:
+                yield unreadable(m, pos)
+                if not lane.skip_bad_files or rows[m].fatal:
+                    return True
+            elif isinstance(sample, _BadSample):  # one sample's image: the rest of the file is fine
+                message = (
+                    f"{shards[m].file}: {part_name(shards[m].format, shards[m].start)}, "
+                    f"row {ordinals[pos]}: {sample.message}"
+                )
+                if not lane.skip_bad_files:
+                    yield error_record(
+                        k,
+                        pos,
+                        f"{message} (the job stops on a bad file; --on-bad-file skip skips the sample instead)",
+                        bad_input=True,
                     )
-                    if not lane.skip_bad_files:
-                        yield error_record(
-                            k,
-                            pos,
-                            f"{message} (the job stops on a bad file; --on-bad-file skip skips the sample instead)",
-                            bad_input=True,
-                        )
-                        return True
-                    yield skip_record(k, pos, f"skipped a sample: {message}")
-                elif isinstance(sample, ChatSample):
-                    yield chat_record(
-                        k, pos, shards[m].first_ordinal + ordinals[pos], sample.tokens, sample.mask, sample.truncated
-                    )
-                elif isinstance(sample, _Dropped):
-                    why = (
-                        "longer than" if lane.chat is not None and lane.chat.drop_long else "whose first reply exceeds"
-                    )
-                    said = (
-                        ""
-                        if dropped_said
-                        else f"{shards[m].file}: dropping conversations {why} --seq-len (the first of "
-                        f"{sample.tokens} tokens); omniload status counts them"
-                    )
-                    dropped_said = True
-                    yield skip_record(k, pos, said, dropped=True)
-                else:
-                    yield doc_record(k, pos, shards[m].first_ordinal + ordinals[pos], *sample)
+                    return True
+                yield skip_record(k, pos, f"skipped a sample: {message}")
+            elif isinstance(sample, ChatSample):
+                yield chat_record(
+                    k, pos, shards[m].first_ordinal + ordinals[pos], sample.tokens, sample.mask, sample.truncated
+                )
+            elif isinstance(sample, _Dropped):
+                why = "longer than" if lane.chat is not None and lane.chat.drop_long else "whose first reply exceeds"
+                said = (
+                    ""
+                    if dropped_said
+                    else f"{shards[m].file}: dropping conversations {why} --seq-len (the first of "
+                    f"{sample.tokens} tokens); omniload status counts them"
+                )
+                dropped_said = True
+                yield skip_record(k, pos, said, dropped=True)
+            else:
+                yield doc_record(k, pos, shards[m].first_ordinal + ordinals[pos], *sample)
     rows.clear()
     _release_freed_memory()  # the group's slices, now freed
     return False
+
+
+def _batches(runs: list[range], first: int, at_most: int) -> Iterator[range]:
+    """The positions of `runs` in batches, none across two runs: the first of `first` positions,
+    each next one twice the last, up to `at_most`."""
+    size = first
+    for run in runs:
+        start = run.start
+        while start < run.stop:
+            yield range(start, min(start + size, run.stop))
+            start += size
+            size = min(2 * size, at_most)
 
 
 def _open_shard(
