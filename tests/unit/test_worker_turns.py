@@ -24,6 +24,26 @@ def _records(lane: worker.LaneConfig) -> list[tuple[int, int, int, bytes]]:
     return out
 
 
+def _lane(shards: tuple, interleave: int, lane: int = 0, num_lanes: int = 1) -> worker.LaneConfig:
+    """A lane of source 'web' over `shards` whose transform records every value it sees."""
+    return worker.LaneConfig(
+        source_index=0,
+        source_name="web",
+        column="text",
+        tokenizer="tests.transforms_for_tests:counted_bytes",
+        lane=lane,
+        num_lanes=num_lanes,
+        ring_path="",
+        shards=shards,
+        seed=3,
+        epochs=1,
+        interleave=interleave,
+        start_group=0,
+        start_pos=0,
+        skip_bad_files=False,
+    )
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl", "jsonl.gz"])
 def test_lanes_together_produce_the_one_lane_records_each_row_transformed_once(tmp_path, fmt):
     texts = [f"doc {i} " + "x" * (i % 37) for i in range(3 * TURN + 50)]
@@ -33,22 +53,7 @@ def test_lanes_together_produce_the_one_lane_records_each_row_transformed_once(t
         path = write_jsonl(tmp_path / f"a.{fmt}", texts)
     found = index_file(str(path), fmt.removesuffix(".gz"), "text", 0)
     shards = tuple(dataclasses.replace(s, slice_rows=40) for s in found)
-    base = worker.LaneConfig(
-        source_index=0,
-        source_name="web",
-        column="text",
-        tokenizer="tests.transforms_for_tests:counted_bytes",
-        lane=0,
-        num_lanes=1,
-        ring_path="",
-        shards=shards,
-        seed=3,
-        epochs=1,
-        interleave=2,
-        start_group=0,
-        start_pos=0,
-        skip_bad_files=False,
-    )
+    base = _lane(shards, interleave=2)
     transforms_for_tests.TRANSFORMED.clear()
     one = _records(base)
     assert sorted(r[2] for r in one) == list(range(len(texts)))
@@ -75,22 +80,7 @@ def test_a_lane_holds_only_its_own_rows_of_a_slice(tmp_path):
     texts = [f"doc {i} " + "y" * 300 for i in range(400)]
     path = write_parquet(tmp_path / "a.parquet", texts, row_group_size=400)
     (shard,) = (dataclasses.replace(s, slice_rows=100) for s in index_file(str(path), "parquet", "text", 0))
-    lane = worker.LaneConfig(
-        source_index=0,
-        source_name="web",
-        column="text",
-        tokenizer="tests.transforms_for_tests:counted_bytes",
-        lane=1,
-        num_lanes=4,
-        ring_path="",
-        shards=(shard,),
-        seed=3,
-        epochs=1,
-        interleave=1,
-        start_group=0,
-        start_pos=0,
-        skip_bad_files=False,
-    )
+    lane = _lane((shard,), interleave=1, lane=1, num_lanes=4)
     due = np.arange(0, 400, 4)  # every 4th row position: a quarter of each slice
     rows = worker._open_shard(lane, 0, 0, due)
     assert isinstance(rows, worker._ShardRows)
