@@ -4,6 +4,9 @@
         -- torchrun --nproc-per-node 2 examples/plain/train.py --steps 100 --checkpoint-dir ckpt
     # ...stopped? the same command with --resume goes on from the last checkpoint
 
+Where the node has a GPU for every local rank, each rank trains on its own (LOCAL_RANK) with
+NCCL and asks the loader for batches already there (`device=`); otherwise on CPU with gloo.
+
 Each rank reads its own batches from the coordinator (no DataLoader, no sampler). The loader's
 position is saved with the model and optimizer; loaded before the first batch, it makes the
 resumed run see exactly the batches the uninterrupted run would have (docs/recipes.md).
@@ -35,15 +38,20 @@ def tiny_lm(dim: int = 64) -> nn.Module:
 
 def main() -> None:
     args = parse_args()
-    dist.init_process_group("gloo")  # "nccl" on GPUs
+    device = torch.device("cpu")
+    if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1)):
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(tiny_lm())
+    model = nn.parallel.DistributedDataParallel(tiny_lm().to(device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loader = omniload.connect()
+    # on a GPU the batches arrive there, copied from page-locked memory on the current stream
+    loader = omniload.connect(device=device if device.type == "cuda" else None)
     checkpoint = Path(args.checkpoint_dir) / "checkpoint.pt"
     if args.resume:  # before the first batch: the loader starts where the checkpoint stopped
-        state = torch.load(checkpoint, weights_only=True)
+        state = torch.load(checkpoint, weights_only=True, map_location=device)
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         loader.load_state_dict(state["loader"])
@@ -79,7 +87,7 @@ def save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, loader_
 
 def record(pattern: str, rank: int, step: int, input_ids: torch.Tensor) -> None:
     """One line per step trained: which batch it was (the tests compare runs with it)."""
-    digest = hashlib.blake2b(input_ids.numpy().tobytes(), digest_size=8).hexdigest()
+    digest = hashlib.blake2b(input_ids.cpu().numpy().tobytes(), digest_size=8).hexdigest()
     with open(pattern.format(rank=rank), "a") as f:
         f.write(json.dumps({"step": step, "digest": digest}) + "\n")
 
