@@ -112,10 +112,15 @@ def fits(unit: Unit, step_tokens: dict[DocKey, int], cap: int) -> bool:
 
 
 def compact(tokens: np.ndarray) -> np.ndarray:
-    """The tokens as uint16 when every id fits: a window holds millions of them."""
-    if len(tokens) and tokens.dtype != np.uint16 and 0 <= tokens.min() and tokens.max() <= 0xFFFF:
+    """The tokens (integer ids) as uint16 when every id fits: a window holds millions of them.
+    The bitwise OR of the ids is in [0, 0xFFFF] exactly when each is (a negative one sets the
+    sign bit): one reduction instead of min and max, on the planner's per-document path."""
+    if len(tokens) and tokens.dtype != np.uint16 and 0 <= _bitwise_or(tokens) <= 0xFFFF:
         return tokens.astype(np.uint16)
     return tokens
+
+
+_bitwise_or = np.bitwise_or.reduce  # the ufunc's own reduce: ndarray.max() adds a Python wrapper per call
 
 
 def units_of(doc: Doc, seq_len: int, bucket_rows: int = 0, rows: int = 0) -> list[Unit]:
@@ -125,6 +130,8 @@ def units_of(doc: Doc, seq_len: int, bucket_rows: int = 0, rows: int = 0) -> lis
     them), each chunk holding the images whose placeholders start in it. Raises ValueError
     for a document that cannot be placed."""
     tokens, origin = compact(doc.tokens), doc.origin
+    if 0 < len(tokens) <= seq_len and doc.pixels is None and doc.mask is None:  # most documents: one segment
+        return [(Segment(doc.source, sample_id(doc.source, doc.ordinal, 0), len(tokens), tokens, origin=origin),)]
     bounds = chunk_bounds(len(tokens), seq_len)
     if len(bounds) > MAX_CHUNKS:
         raise ValueError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -109,3 +110,22 @@ def test_bucketed_chunks_stay_together_as_one_unit():
     assert [len(u) for u in units] == [2, 2, 2]
     assert [s.position_start for s in units[1]] == [0, SEQ]
     assert len({s.group for s in units[0]}) == 1
+
+
+@pytest.mark.parametrize("length", [0, 1, SEQ, SEQ + 1, 3 * SEQ])
+@pytest.mark.parametrize("top", [0xFFFF, 0x10000, -1])
+def test_a_document_becomes_its_row_sized_chunks_with_its_ids_unchanged(length, top):
+    """An empty document makes no unit; one of at most a row, one segment; a longer one, a
+    segment per row. Ids are held as uint16 only when every one fits (a negative or larger
+    id keeps the document's dtype), and never change value."""
+    tokens = np.arange(length, dtype=np.int32)
+    if length:
+        tokens[-1] = top
+    units = units_of(Doc(2, 7, tokens, 1, 4), SEQ)
+    assert [len(u) for u in units] == [1] * -(-length // SEQ)
+    segments = [s for u in units for s in u]
+    assert [s.length for s in segments] == [min(SEQ, length - start) for start in range(0, length, SEQ)]
+    assert all(s.origin == (1, 4) and s.source == 2 for s in segments)
+    assert np.array_equal(np.concatenate([s.tokens for s in segments] or [tokens[:0]]).astype(np.int64), tokens)
+    fits = 0 <= top <= 0xFFFF or not length
+    assert all((s.tokens.dtype == np.uint16) == fits for s in segments)
