@@ -90,9 +90,16 @@ def error_record(group: int, pos: int, message: str, bad_input: bool = False) ->
 
 def decode(data: bytes) -> Record:
     group, ordinal, pos, count, kind, flags, images = _HEAD.unpack_from(data)
-    return Record(
-        RecordKind(kind), group, pos, ordinal, count, memoryview(data)[_HEAD.size :], images, RecordFlag(flags)
-    )
+    # once per document on the planner's thread: enum members looked up, not constructed
+    return Record(_KINDS[kind], group, pos, ordinal, count, memoryview(data)[_HEAD.size :], images, _flags(flags))
+
+
+_KINDS = {int(kind): kind for kind in RecordKind}
+_NO_FLAGS = RecordFlag(0)
+
+
+def _flags(value: int) -> RecordFlag:
+    return _NO_FLAGS if not value else RecordFlag(value)
 
 
 def tokens_of(record: Record) -> np.ndarray:
