@@ -62,3 +62,17 @@ def test_bench_standby_runs():
 def test_bench_fanout_runs_with_lean_consumers():
     out = _run("bench_fanout.py", "--worlds", "4", "--tokens", "1e6", "--modes", "direct", "--procs", "1")
     assert "lean clients" in out and "direct" in out
+
+
+def test_bench_planner_runs_and_its_batches_do_not_depend_on_the_round():
+    out = _run("bench_planner.py", "--dp", "4", "--steps", "3", "--rounds", "2")
+    digests = {line.rsplit(" ", 1)[1] for line in out.splitlines() if "ns a token slot" in line}
+    assert len(digests) == 1, out
+
+
+def test_bench_device_runs_its_three_ways_without_a_gpu():
+    """On CPU (--device cpu): the ways' code and the same-batches check, not the GPU figures."""
+    out = _run(
+        "bench_device.py", "--device", "cpu", "--steps", "3", *("--seq-len", "256"), "--rows", "2", "--compute-ms", "0"
+    )
+    assert all(way in out for way in ("plain + .to()", "pin_memory", "device=")) and "the same batches" in out

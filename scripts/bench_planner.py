@@ -1,0 +1,120 @@
+"""The planner alone: CPU time a step of the real Stepper over documents held in memory.
+
+The coordinator's delivery is bound by its planning thread (bench_fanout.py's coordinator CPU
+sits near 100% once the pool keeps up), and planning costs per document: reading its record,
+cutting it into units, the shuffle window, the mixture's draw, balancing and building the
+ranks' arrays. This times that path without rings, workers or sockets, in CPU time (which
+holds better than wall time on a shared machine): 3 sources of documents with lognormal
+lengths (median 600 tokens, as bench_data's text with the byte tokenizer), each step dp ranks
+of rows x seq_len. Prints ms a step, ns a token slot and a digest of every batch array, so two
+commits can be compared for speed and for identical batches.
+
+    python scripts/bench_planner.py [--dp 256] [--steps 30] [--rounds 3]
+
+What it does not show: reading records off the rings (intake.poll, about a quarter of the
+planning thread's time in a py-spy profile of bench_fanout), sending, or the event loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+from omniload.coordinator.plan.stepper import Stepper
+from omniload.coordinator.pool.intake import Doc
+from omniload.spec import Spec
+
+SEQ_LEN, ROWS, SOURCES, MEDIAN_TOKENS = 2048, 4, 3, 600
+
+
+class _MemoryIntake:
+    """One source's documents, read once in order: the intake's interface without rings."""
+
+    def __init__(self, index: int, docs: list[np.ndarray]) -> None:
+        self.catalog = SimpleNamespace(index=index, name=f"s{index}", images=None)
+        self._docs, self.group, self._pos = docs, 0, 0
+
+    @property
+    def cursor(self) -> tuple[int, int]:
+        return self.group, self._pos
+
+    @property
+    def dry(self) -> bool:
+        return self.group >= 1
+
+    def epoch_end(self, group: int) -> int:
+        return group + 1
+
+    def seek(self, group: int, pos: int) -> None:
+        self.group, self._pos = group, pos
+
+    def poll(self, until_group: int | None = None) -> Doc | None:
+        if self.dry or (until_group is not None and self.group >= until_group):
+            return None
+        group, pos = self.group, self._pos
+        self._pos += 1
+        if self._pos == len(self._docs):
+            self.group, self._pos = group + 1, 0
+        return Doc(self.catalog.index, pos, self._docs[pos], group, pos, after=self.cursor)
+
+
+def stepper(dp: int, steps: int) -> Stepper:
+    """A Stepper over enough documents for `steps` steps after the first (which fills the windows)."""
+    rng = np.random.default_rng(0)
+    per_source = dp * ROWS * SEQ_LEN * (steps + 1) * 1.5 / SOURCES
+    intakes = []
+    for source in range(SOURCES):
+        docs, total = [], 0
+        while total < per_source:
+            length = max(1, int(rng.lognormal(np.log(MEDIAN_TOKENS), 0.8)))
+            docs.append(rng.integers(0, 256, length).astype(np.int32))  # int32, as a record's tokens
+            total += length
+        intakes.append(_MemoryIntake(source, docs))
+    spec = Spec.from_dict(
+        {
+            "sources": [{"name": f"s{i}", "path": "unused", "weight": 1.0} for i in range(SOURCES)],
+            "seq_len": SEQ_LEN,
+            "rows": ROWS,
+        }
+    )
+    planner = Stepper(spec, intakes)  # type: ignore[arg-type]  (the intake's interface, in memory)
+    planner.dp = dp
+    return planner
+
+
+def run(dp: int, steps: int) -> tuple[float, str]:
+    """(CPU seconds a step, digest of every array of every step)."""
+    planner = stepper(dp, steps)
+    planner.next_step()  # opens the windows: a start-up cost, not the steady state
+    digest, cpu = hashlib.blake2b(digest_size=8), 0.0
+    for _ in range(steps):
+        start = time.process_time()
+        step = planner.next_step()
+        cpu += time.process_time() - start
+        assert step is not None, "the documents ran out: raise per_source"
+        for batch in step.batches:
+            for name in sorted(batch):
+                digest.update(name.encode())
+                digest.update(batch[name].tobytes())
+    return cpu / steps, digest.hexdigest()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dp", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    slots = args.dp * ROWS * SEQ_LEN
+    print(f"dp {args.dp}, {ROWS} x {SEQ_LEN} a rank, {SOURCES} sources, median {MEDIAN_TOKENS} tokens a document")
+    for _ in range(args.rounds):
+        per_step, digest = run(args.dp, args.steps)
+        print(f"{per_step * 1e3:.1f} ms CPU a step, {per_step / slots * 1e9:.1f} ns a token slot, batches {digest}")
+
+
+if __name__ == "__main__":
+    main()
