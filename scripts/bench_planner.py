@@ -26,6 +26,7 @@ import numpy as np
 
 from omniload.coordinator.plan.stepper import Stepper
 from omniload.coordinator.pool.intake import Doc
+from omniload.formats.records import decode, doc_record, tokens_of
 from omniload.spec import Spec
 
 SEQ_LEN, ROWS, SOURCES, MEDIAN_TOKENS = 2048, 4, 3, 600
@@ -62,6 +63,11 @@ class _MemoryIntake:
         return Doc(self.catalog.index, pos, self._docs[pos], group, pos, after=self.cursor)
 
 
+def _as_records_give_it(tokens: np.ndarray) -> np.ndarray:
+    """The ids as the intake hands them to the planner: through a ring record (dtype included)."""
+    return tokens_of(decode(b"".join(bytes(part) for part in doc_record(0, 0, 0, tokens))))
+
+
 def stepper(dp: int, steps: int) -> Stepper:
     """A Stepper over enough documents for `steps` steps after the first (which fills the windows)."""
     rng = np.random.default_rng(0)
@@ -71,7 +77,7 @@ def stepper(dp: int, steps: int) -> Stepper:
         docs, total = [], 0
         while total < per_source:
             length = max(1, int(rng.lognormal(np.log(MEDIAN_TOKENS), 0.8)))
-            docs.append(rng.integers(0, 256, length).astype(np.int32))  # int32, as a record's tokens
+            docs.append(_as_records_give_it(rng.integers(0, 256, length).astype(np.int32)))
             total += length
         intakes.append(_MemoryIntake(source, docs))
     spec = Spec.from_dict(

@@ -1,7 +1,10 @@
 """The record format on a worker's ring: a 32-byte header and a payload.
 
-DOC carries one document's tokens (int32) and, for a sample with images, where each image's
-placeholders start (int32 per image) and the images' pixels (uint8 [images, 3, H, W]). CHAT
+DOC carries one document's tokens and, for a sample with images, where each image's
+placeholders start (int32 per image) and the images' pixels (uint8 [images, 3, H, W]). The
+tokens are int32, or uint16 with flag UINT16 when every id fits and the record has no images:
+half the ring's bytes, and the planner keeps them as they arrive (a window holds uint16 ids)
+instead of checking and converting each document on its one thread. CHAT
 carries a conversation's tokens (int32) and its label mask (uint8 per token, 1 where the token
 is a trained target: part of an assistant reply), with flag TRUNCATED when it was cut at a turn
 boundary to fit seq_len. SKIP says the row at this position could not be read and is skipped
@@ -35,6 +38,7 @@ class RecordFlag(enum.IntFlag):
     TRUNCATED = 1  # CHAT: cut at a turn boundary to fit seq_len
     DROPPED = 2  # SKIP: a conversation longer than seq_len, dropped
     BAD_INPUT = 4  # ERROR: the data is at fault, not omniload or the machine
+    UINT16 = 8  # DOC without images: the tokens are uint16
 
 
 class Record(NamedTuple):
@@ -58,7 +62,10 @@ def doc_record(
 ) -> tuple[bytes | memoryview, ...]:
     """The record's parts; the first payload part is always the tokens (the worker counts them)."""
     if image_at is None or not len(image_at):
-        return _HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC, 0, 0), tokens.data
+        if len(tokens) and tokens.dtype != np.uint16 and 0 <= _bitwise_or(tokens) <= 0xFFFF:
+            tokens = tokens.astype(np.uint16)  # (an OR of ids is in range exactly when each id is)
+        flags = RecordFlag.UINT16 if tokens.dtype == np.uint16 else 0
+        return _HEAD.pack(group, ordinal, pos, len(tokens), RecordKind.DOC, flags, 0), tokens.data
     if pixels is None:
         raise TypeError("doc_record: image_at given without pixels")
     # ndarray.data is memoryview(array); numpy declares arrays buffers to type checkers only on Python 3.12+
@@ -95,15 +102,19 @@ def decode(data: bytes) -> Record:
 
 
 _KINDS = {int(kind): kind for kind in RecordKind}
-_NO_FLAGS = RecordFlag(0)
+_FLAGS = {value: RecordFlag(value) for value in range(2 * max(RecordFlag))}
+_bitwise_or = np.bitwise_or.reduce
 
 
 def _flags(value: int) -> RecordFlag:
-    return _NO_FLAGS if not value else RecordFlag(value)
+    flags = _FLAGS.get(value)
+    return flags if flags is not None else RecordFlag(value)
 
 
 def tokens_of(record: Record) -> np.ndarray:
-    return np.frombuffer(record.payload, dtype=np.int32, count=record.token_count)
+    """A DOC or CHAT record's token ids: a read-only view of its payload (int32, or uint16)."""
+    dtype = np.uint16 if record.flags & RecordFlag.UINT16 else np.int32
+    return np.frombuffer(record.payload, dtype=dtype, count=record.token_count)
 
 
 def mask_of(record: Record) -> np.ndarray:

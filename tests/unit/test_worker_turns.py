@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from omniload.formats.records import decode
+from omniload.formats.records import decode, tokens_of
 from omniload.order import TURN
 from omniload.workers import worker
 from omniload.workers.readers import index_file
@@ -16,11 +16,11 @@ from tests import transforms_for_tests
 from tests.corpus import write_jsonl, write_parquet
 
 
-def _records(lane: worker.LaneConfig) -> list[tuple[int, int, int, bytes]]:
+def _records(lane: worker.LaneConfig) -> list[tuple[int, int, int, list[int]]]:
     out = []
     for parts in worker._produce(lane):
         record = decode(b"".join(bytes(p) for p in parts))
-        out.append((record.group, record.pos, record.ordinal, bytes(record.payload)))
+        out.append((record.group, record.pos, record.ordinal, tokens_of(record).tolist()))
     return out
 
 
@@ -58,10 +58,7 @@ def test_lanes_together_produce_the_one_lane_records_each_row_transformed_once(t
     one = _records(base)
     assert sorted(r[2] for r in one) == list(range(len(texts)))
     # each record holds its own row's tokens: a wrong index into a slice would pair them wrongly
-    assert all(
-        payload == np.frombuffer(texts[ordinal].encode(), np.uint8).astype(np.int32).tobytes()
-        for _, _, ordinal, payload in one
-    )
+    assert all(tokens == list(texts[ordinal].encode()) for _, _, ordinal, tokens in one)
     for lanes in (2, 3):
         transforms_for_tests.TRANSFORMED.clear()
         produced = [r for lane in range(lanes) for r in _records(dataclasses.replace(base, lane=lane, num_lanes=lanes))]

@@ -1,0 +1,36 @@
+"""The ring's record format alone: what a worker writes is what the planner reads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omniload.formats.records import RecordFlag, RecordKind, chat_record, decode, doc_record, mask_of, tokens_of
+
+
+def _roundtrip(parts: tuple) -> object:
+    return decode(b"".join(bytes(part) for part in parts))
+
+
+@pytest.mark.parametrize(
+    "ids, small",
+    [
+        ([0, 5, 0xFFFF], True),  # every id fits: half the ring's bytes
+        ([0, 0x10000], False),  # a 17-bit id keeps int32
+        ([3, -1], False),  # so does a negative one (a transform's bug, passed on as it is)
+        ([], False),
+    ],
+)
+def test_a_document_reads_back_its_ids_in_uint16_exactly_when_every_id_fits(ids, small):
+    record = _roundtrip(doc_record(7, 8, 9, np.array(ids, dtype=np.int32)))
+    assert (record.kind, record.group, record.pos, record.ordinal) == (RecordKind.DOC, 7, 8, 9)
+    assert tokens_of(record).tolist() == ids
+    assert bool(record.flags & RecordFlag.UINT16) == small
+    assert tokens_of(record).dtype == (np.uint16 if small else np.int32)
+
+
+def test_a_conversation_keeps_int32_ids_beside_its_mask():
+    ids, mask = np.array([1, 2, 3], np.int32), np.array([0, 1, 1], np.uint8)
+    record = _roundtrip(chat_record(1, 2, 3, ids, mask, truncated=True))
+    assert tokens_of(record).tolist() == [1, 2, 3] and mask_of(record).tolist() == [0, 1, 1]
+    assert record.flags == RecordFlag.TRUNCATED
