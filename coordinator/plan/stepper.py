@@ -261,15 +261,20 @@ class Stepper:
                 advance(self.passes, segment.source, segment.length, weights)
         fresh: list[Segment] = []
         live = [not (self._dry(i) and (w is None or w.exhausted)) for i, w in enumerate(self.windows)]
+        cap = self._rank_cap * self.dp
         while need > 0:
             source = next_source(self.passes, weights, live)
             if source is None:
                 break
-            unit = yield from self._draw(source, in_step)
-            if unit is None:
-                live[source] = False
-                continue
-            tokens = sum(s.length for s in unit)
+            block = self.windows[source]
+            if block is not None and not block.exhausted:  # most draws: what _draw does, without a generator
+                unit = block.draw(in_step, cap)
+            else:
+                unit = yield from self._draw(source, in_step)
+                if unit is None:
+                    live[source] = False
+                    continue
+            tokens = unit[0].length if len(unit) == 1 else sum(s.length for s in unit)
             advance(self.passes, source, tokens, weights)
             self.tokens_drawn += tokens
             key = doc_key(unit[0])

@@ -22,7 +22,7 @@ from omniload.order import group_members, groups_per_epoch, lane_of, shard_permu
 log = logging.getLogger("omniload")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, as packer.Segment, and for its reason: one is made per document
 class Doc:
     source: int
     ordinal: int

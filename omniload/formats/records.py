@@ -104,6 +104,7 @@ def decode(data: bytes) -> Record:
 _KINDS = {int(kind): kind for kind in RecordKind}
 _FLAGS = {value: RecordFlag(value) for value in range(2 * max(RecordFlag))}
 _bitwise_or = np.bitwise_or.reduce
+_UINT16 = int(RecordFlag.UINT16)
 
 
 def _flags(value: int) -> RecordFlag:
@@ -113,7 +114,7 @@ def _flags(value: int) -> RecordFlag:
 
 def tokens_of(record: Record) -> np.ndarray:
     """A DOC or CHAT record's token ids: a read-only view of its payload (int32, or uint16)."""
-    dtype = np.uint16 if record.flags & RecordFlag.UINT16 else np.int32
+    dtype = np.uint16 if int(record.flags) & _UINT16 else np.int32  # (int: Flag.__and__ is Python, per document)
     return np.frombuffer(record.payload, dtype=dtype, count=record.token_count)
 
 
