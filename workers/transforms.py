@@ -1,4 +1,4 @@
-"""Transforms turn a shard's values into token arrays (int32), one per value.
+"""Transforms turn a shard's values into token arrays (int32; uint16 from `bytes`), one per value.
 
 `bytes`: UTF-8 bytes as tokens (vocabulary 256). A path to a Hugging Face `tokenizer.json`:
 the `tokenizers` library (extra `omniload[tokenizers]`), no download. `module:function`: the
@@ -57,7 +57,7 @@ def vocab_size(name: str) -> int | None:
 
 def _bytes_transform(values: Sequence[object]) -> list[np.ndarray]:
     return [
-        v if isinstance(v, np.ndarray) else np.frombuffer(_text(v).encode("utf-8"), np.uint8).astype(np.int32)
+        v if isinstance(v, np.ndarray) else np.frombuffer(_text(v).encode("utf-8"), np.uint8).astype(np.uint16)
         for v in values
     ]
 

@@ -451,10 +451,15 @@ def _transform(transform: Callable[[list], list], values: list) -> list:
     samples = transform(values)
     if len(samples) != len(values):
         raise ValueError(f"returned {len(samples)} results for {len(values)} values")
-    return [
-        s if isinstance(s, (tuple, _BadSample, ChatSample, _Dropped)) else (np.ascontiguousarray(s, dtype=np.int32),)
-        for s in samples
-    ]
+    return [s if isinstance(s, (tuple, _BadSample, ChatSample, _Dropped)) else (_ids(s),) for s in samples]
+
+
+def _ids(sample: object) -> np.ndarray:
+    """A transform's token ids as a record takes them: int32, or uint16 as given (the byte
+    transform's: its record then needs no check that every id fits)."""
+    if isinstance(sample, np.ndarray) and sample.dtype == np.uint16:
+        return np.ascontiguousarray(sample)
+    return np.ascontiguousarray(sample, dtype=np.int32)
 
 
 @dataclass(frozen=True, slots=True)
