@@ -1,4 +1,4 @@
-"""Transforms turn a shard's values into token arrays (int32; uint16 from `bytes`), one per value.
+"""Transforms turn a shard's values into token arrays (int32, or uint16 where every id fits), one per value.
 
 `bytes`: UTF-8 bytes as tokens (vocabulary 256). A path to a Hugging Face `tokenizer.json`:
 the `tokenizers` library (extra `omniload[tokenizers]`), no download. `module:function`: the
@@ -76,10 +76,13 @@ def _hf_transform(path: str) -> Transform:
     except Exception as exc:  # the library raises plain Exception for malformed files
         raise ConfigError(f"tokenizer file {path!r} cannot be loaded: {exc}") from None
 
+    # every id of a vocabulary of at most 65,536 fits uint16: the record then needs no check
+    dtype = np.uint16 if tokenizer.get_vocab_size(with_added_tokens=True) <= 0x10000 else np.int32
+
     def transform(values: Sequence[object]) -> list[np.ndarray]:
         texts = [_text(v) for v in values if not isinstance(v, np.ndarray)]
         encoded = iter(tokenizer.encode_batch(texts, add_special_tokens=False))
-        return [v if isinstance(v, np.ndarray) else np.asarray(next(encoded).ids, dtype=np.int32) for v in values]
+        return [v if isinstance(v, np.ndarray) else np.asarray(next(encoded).ids, dtype=dtype) for v in values]
 
     return transform
 
