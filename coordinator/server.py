@@ -133,9 +133,12 @@ class Coordinator:
         self.workforce.supervise(self.fail)
         planner = self.planning.plan_with(self.ranks.encode_step, self.ranks.on_step, self.ranks.on_end)
         self.figures = Figures(self.job_id, self.source_names, self.workforce.intakes, self.workforce.pool, planner)
-        if recovery and not await self.planning.replay(recovery, self.role.replaying(), self.fail):
-            return
-        if not await self.role.follow(recovery):
+        if (recovery and not await self.planning.replay(recovery, self.role.replaying(), self.fail)) or not (
+            await self.role.follow(recovery)
+        ):
+            # a worker's replacement under way ends on this loop: after it, the loop's executor is
+            # shut down and the replacement would fail there, its error logged in place of the cause
+            await self.workforce.close()
             return
         servers = [await self.sending.listen(Sessions(self.ranks), self.host, self.port)]
         if self.spec.metrics_port is not None:
@@ -144,6 +147,9 @@ class Coordinator:
             )
         addr, *metrics = [address_of(server) for server in servers]
         if not await self.role.hold_lease(addr):
+            for server in servers:
+                server.close()
+            await self.workforce.close()  # (as above)
             return
         if metrics:
             log.warning("metrics at http://%s/metrics", metrics[0])
