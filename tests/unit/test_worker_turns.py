@@ -90,3 +90,13 @@ def test_a_lane_holds_only_its_own_rows_of_a_slice(tmp_path):
     assert [rows.take(int(r)) for r in due if shard.slicing.locate(int(rows.order[r]))[0] == slice_of[0]] == [
         texts[f] for f in first[slice_of == slice_of[0]]
     ]
+
+
+def test_a_worker_with_many_lanes_transforms_fewer_positions_at_once_in_each(tmp_path):
+    """Every lane holds its batch of texts, encodings and ids at once: a worker's lanes share
+    one budget of positions, down to the first batch's size; samples with images stay small."""
+    path = write_parquet(tmp_path / "a.parquet", ["x"] * 10, row_group_size=10)
+    lane = _lane(tuple(index_file(str(path), "parquet", "text", 0)), interleave=1)
+    rows = [worker.transform_rows(lane, held) for held in (1, 4, 8, 16, 64)]
+    assert rows == [256, 256, 128, 64, 32]
+    assert worker.transform_rows(dataclasses.replace(lane, images=object()), 1) == 64
