@@ -111,25 +111,13 @@ def fits(unit: Unit, step_tokens: dict[DocKey, int], cap: int) -> bool:
     return held == 0 or held + sum(s.length for s in unit) <= cap
 
 
-def compact(tokens: np.ndarray) -> np.ndarray:
-    """The tokens (integer ids) as uint16 when every id fits: a window holds millions of them.
-    The bitwise OR of the ids is in [0, 0xFFFF] exactly when each is (a negative one sets the
-    sign bit): one reduction instead of min and max, on the planner's per-document path."""
-    if len(tokens) and tokens.dtype != np.uint16 and 0 <= _bitwise_or(tokens) <= 0xFFFF:
-        return tokens.astype(np.uint16)
-    return tokens
-
-
-_bitwise_or = np.bitwise_or.reduce  # the ufunc's own reduce: ndarray.max() adds a Python wrapper per call
-
-
 def units_of(doc: Doc, seq_len: int, bucket_rows: int = 0, rows: int = 0) -> list[Unit]:
     """A document's row-sized chunks, one unit each. With bucket_rows, chunks of a long document
     stay together in units of up to that many whole rows of one rank, positions running on.
     A sample with images is one unit: its chunks stay together on one rank (at most `rows` of
     them), each chunk holding the images whose placeholders start in it. Raises ValueError
     for a document that cannot be placed."""
-    tokens, origin = compact(doc.tokens), doc.origin
+    tokens, origin = doc.tokens, doc.origin  # uint16 where the ids fit: the ring record's (formats/records.py)
     if 0 < len(tokens) <= seq_len and doc.pixels is None and doc.mask is None:  # most documents: one segment
         return [(Segment(doc.source, sample_id(doc.source, doc.ordinal, 0), len(tokens), tokens, origin=origin),)]
     bounds = chunk_bounds(len(tokens), seq_len)
