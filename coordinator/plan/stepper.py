@@ -267,13 +267,12 @@ class Stepper:
             if source is None:
                 break
             block = self.windows[source]
-            if block is not None and not block.exhausted:  # most draws: what _draw does, without a generator
-                unit = block.draw(in_step, cap)
-            else:
-                unit = yield from self._draw(source, in_step)
-                if unit is None:
+            if block is None or block.exhausted:  # (most draws need no generator: their window is open)
+                block = yield from self._open_window(source)
+                if block is None:
                     live[source] = False
                     continue
+            unit = block.draw(in_step, cap)
             tokens = unit[0].length if len(unit) == 1 else sum(s.length for s in unit)
             advance(self.passes, source, tokens, weights)
             self.tokens_drawn += tokens
@@ -328,8 +327,8 @@ class Stepper:
         self.live_changes[:] = in_force(self.live_changes, self.step)  # what replay needs, no history
         return step
 
-    def _draw(self, source: int, in_step: dict[DocKey, int]) -> Requests:
-        """The source's next unit from its window, opening a new window when it is used up;
+    def _open_window(self, source: int) -> Requests:
+        """The source's next window with units left to draw, once its current one is used up;
         None when the source has ended (a window may come back empty at an epoch's end, when
         the epoch's last documents were empty or dropped: the next epoch's window follows)."""
         block = self.windows[source]
@@ -337,7 +336,7 @@ class Stepper:
             if self._dry(source):
                 return None
             block = self.windows[source] = yield from self._fill(source)
-        return block.draw(in_step, self._rank_cap * self.dp)
+        return block
 
     def _fill(self, source: int) -> Requests:
         """The next window: documents from the cursor until it holds the window's size in units
