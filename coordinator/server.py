@@ -131,14 +131,22 @@ class Coordinator:
         self.should_exit, self.ranks = asyncio.Event(), Ranks(self)
         self._install_signal_handlers(loop)
         self.workforce.supervise(self.fail)
+        try:
+            await self._serve(recovery)
+        finally:
+            # on every way out, also before serving (a resume's replay failed, the lease is
+            # another's): a worker's replacement under way ends on this loop; after it, the
+            # loop's executor is shut down and the replacement would fail there, its error logged
+            # in place of the cause
+            await self.workforce.close()
+
+    async def _serve(self, recovery: Recovery | None) -> None:
+        loop = asyncio.get_running_loop()
         planner = self.planning.plan_with(self.ranks.encode_step, self.ranks.on_step, self.ranks.on_end)
         self.figures = Figures(self.job_id, self.source_names, self.workforce.intakes, self.workforce.pool, planner)
-        if (recovery and not await self.planning.replay(recovery, self.role.replaying(), self.fail)) or not (
-            await self.role.follow(recovery)
-        ):
-            # a worker's replacement under way ends on this loop: after it, the loop's executor is
-            # shut down and the replacement would fail there, its error logged in place of the cause
-            await self.workforce.close()
+        if recovery and not await self.planning.replay(recovery, self.role.replaying(), self.fail):
+            return
+        if not await self.role.follow(recovery):
             return
         servers = [await self.sending.listen(Sessions(self.ranks), self.host, self.port)]
         if self.spec.metrics_port is not None:
@@ -149,7 +157,6 @@ class Coordinator:
         if not await self.role.hold_lease(addr):
             for server in servers:
                 server.close()
-            await self.workforce.close()  # (as above)
             return
         if metrics:
             log.warning("metrics at http://%s/metrics", metrics[0])
@@ -165,7 +172,6 @@ class Coordinator:
             await self.planning.stop()
             await self.ranks.hang_up()
             await self.sending.stop()
-            await self.workforce.close()
             await asyncio.gather(ticker, return_exceptions=True)
 
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:
