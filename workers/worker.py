@@ -93,7 +93,7 @@ def _serve(config: WorkerConfig, inbox: Connection | None = None) -> None:
         rings.append(Ring.attach(Path(lane.ring_path)))
         access.append(_files_for(lane))
         published.append((0, 0))
-        producers.append(_produce(lane, access[-1], transform_rows(lane, held)))
+        producers.append(_produce(lane, access[-1], held))
         pending.append(None)
         set_up.append(False)
         live.append(len(lanes) - 1)
@@ -192,9 +192,9 @@ def transform_rows(lane: LaneConfig, lanes: int) -> int:
     return max(_FIRST_ROWS, min(_TRANSFORM_ROWS, _WORKER_ROWS // lanes))
 
 
-def _produce(lane: LaneConfig, files: Files = LOCAL, at_most: int = _TRANSFORM_ROWS) -> Generator[tuple, None, None]:
+def _produce(lane: LaneConfig, files: Files = LOCAL, held: int = 1) -> Generator[tuple, None, None]:
     """Records of this lane in the source's deterministic order, from (start_group, start_pos),
-    transformed up to `at_most` positions at a time. An ERROR record is the lane's last: the
+    in a worker holding `held` lanes (transform_rows). An ERROR record is the lane's last: the
     source cannot go on."""
     transform: Callable[[list], list]
     try:
@@ -210,7 +210,7 @@ def _produce(lane: LaneConfig, files: Files = LOCAL, at_most: int = _TRANSFORM_R
     end = lane.epochs * groups_per_epoch(num_shards, lane.interleave) if lane.epochs else None
     k, first_pos = lane.start_group, lane.start_pos
     while end is None or k < end:
-        if (yield from _produce_group(lane, transform, k, first_pos, files, at_most)):
+        if (yield from _produce_group(lane, transform, k, first_pos, files, transform_rows(lane, held))):
             return
         k += 1
         first_pos = 0
@@ -221,8 +221,8 @@ def _produce_group(
     transform: Callable[[list], list],
     k: int,
     first_pos: int,
-    files: Files = LOCAL,
-    at_most: int = _TRANSFORM_ROWS,
+    files: Files,
+    at_most: int,
 ) -> Generator[tuple, None, bool]:
     """This lane's turns of group k from position first_pos: the group's shards read together,
     their rows taken in turn (omniload.order.interleave_rows), each shard streamed a slice at a
