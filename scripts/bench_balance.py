@@ -282,13 +282,14 @@ def planner_time(sample: Sampler, steps: int, dp: int = 1024, seq_len: int = 327
     }
 
 
-class _ListIntake:
-    """A source whose documents have the given lengths, read once in order: the intake's
-    interface, for the real Stepper without workers (as tests/unit/test_stepper.py does)."""
+class MemoryIntake:
+    """A source of `count` documents, `tokens_at(pos)` the ids of each, read once in order: the
+    intake's interface, for the real Stepper without workers (as tests/unit/test_stepper.py
+    does; bench_planner.py uses it too)."""
 
-    def __init__(self, index: int, lengths: list[int]) -> None:
+    def __init__(self, index: int, count: int, tokens_at: Callable[[int], np.ndarray]) -> None:
         self.catalog = SimpleNamespace(index=index, name=f"s{index}", images=None)
-        self._lengths, self.group, self._p = lengths, 0, 0
+        self._count, self._tokens_at, self.group, self._p = count, tokens_at, 0, 0
 
     @property
     def cursor(self) -> tuple[int, int]:
@@ -309,9 +310,9 @@ class _ListIntake:
             return None
         g, p = self.group, self._p
         self._p += 1
-        if self._p == len(self._lengths):
+        if self._p == self._count:
             self.group, self._p = g + 1, 0
-        return Doc(self.catalog.index, p, np.zeros(self._lengths[p], dtype=np.int32), g, p, after=self.cursor)
+        return Doc(self.catalog.index, p, self._tokens_at(p), g, p, after=self.cursor)
 
 
 def stepper_balance(
@@ -336,7 +337,8 @@ def stepper_balance(
         }
     )
     cost = cost_function("attention", tuple(float(c) for c in coeffs.split(",")), ["x"])
-    intakes = [_ListIntake(i, lengths[source == i].tolist()) for i in range(3)]
+    by_source = [lengths[source == i] for i in range(3)]
+    intakes = [MemoryIntake(i, len(n), lambda p, n=n: np.zeros(n[p], dtype=np.int32)) for i, n in enumerate(by_source)]
     stepper = Stepper(spec, intakes)  # type: ignore[arg-type]  (the intake's interface, in memory)
     stepper.dp = dp
     to_bound, to_tight, carried = [], [], []

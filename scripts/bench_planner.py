@@ -20,47 +20,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import time
-from types import SimpleNamespace
 
 import numpy as np
+from bench_balance import MemoryIntake  # a sibling script (scripts/ is on sys.path)
 
 from omniload.coordinator.plan.stepper import Stepper
-from omniload.coordinator.pool.intake import Doc
 from omniload.formats.records import decode, doc_record, tokens_of
 from omniload.spec import Spec
 
 SEQ_LEN, ROWS, SOURCES, MEDIAN_TOKENS = 2048, 4, 3, 600
-
-
-class _MemoryIntake:
-    """One source's documents, read once in order: the intake's interface without rings."""
-
-    def __init__(self, index: int, docs: list[np.ndarray]) -> None:
-        self.catalog = SimpleNamespace(index=index, name=f"s{index}", images=None)
-        self._docs, self.group, self._pos = docs, 0, 0
-
-    @property
-    def cursor(self) -> tuple[int, int]:
-        return self.group, self._pos
-
-    @property
-    def dry(self) -> bool:
-        return self.group >= 1
-
-    def epoch_end(self, group: int) -> int:
-        return group + 1
-
-    def seek(self, group: int, pos: int) -> None:
-        self.group, self._pos = group, pos
-
-    def poll(self, until_group: int | None = None) -> Doc | None:
-        if self.dry or (until_group is not None and self.group >= until_group):
-            return None
-        group, pos = self.group, self._pos
-        self._pos += 1
-        if self._pos == len(self._docs):
-            self.group, self._pos = group + 1, 0
-        return Doc(self.catalog.index, pos, self._docs[pos], group, pos, after=self.cursor)
 
 
 def _as_records_give_it(tokens: np.ndarray) -> np.ndarray:
@@ -79,7 +47,7 @@ def stepper(dp: int, steps: int) -> Stepper:
             length = max(1, int(rng.lognormal(np.log(MEDIAN_TOKENS), 0.8)))
             docs.append(_as_records_give_it(rng.integers(0, 256, length).astype(np.int32)))
             total += length
-        intakes.append(_MemoryIntake(source, docs))
+        intakes.append(MemoryIntake(source, len(docs), docs.__getitem__))
     spec = Spec.from_dict(
         {
             "sources": [{"name": f"s{i}", "path": "unused", "weight": 1.0} for i in range(SOURCES)],
