@@ -17,8 +17,8 @@ from omniload.batch_arrays import IGNORE_INDEX, PAD_ID, expand  # noqa: F401  (I
 
 # Not frozen, though never changed after it is made (dataclasses.replace makes a changed copy):
 # a frozen dataclass sets each field through object.__setattr__, and one Segment is made per
-# document on the planner's thread (1.2 us frozen, 0.4 us not). unsafe_hash keeps the hash by fields.
-@dataclass(slots=True, unsafe_hash=True)
+# document on the planner's thread (1.2 us frozen, 0.4 us not). Not hashable: none is a key.
+@dataclass(slots=True)
 class Segment:
     """A document or a chunk of one; `tokens` is carried along, never inspected by planning."""
 
