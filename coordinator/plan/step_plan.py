@@ -19,11 +19,12 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from omniload.coordinator.plan.balance import Floats, Ints, assign
 from omniload.coordinator.plan.budgets import assign_budgets, padding_cost
 from omniload.coordinator.plan.cost import CostFn
-from omniload.coordinator.plan.packer import DocKey, Segment, doc_key
+from omniload.coordinator.plan.packer import DocKey, Segment, compact_batches, doc_key
 from omniload.order import CHUNK_BITS
 
 
@@ -49,6 +50,13 @@ class StepPlan:
             list(map(pick, self.order[self.bounds[k] : self.bounds[k + 1]].tolist()))
             for k in range(first, first + self.rows_per_rank)
         ]
+
+    def batches(
+        self, widths: Sequence[int], image_hw: tuple[int, int] | None = None, masked: bool = False
+    ) -> list[dict[str, NDArray[Any]]]:
+        """Every rank's batch as it travels (packer.compact_batches), rank r's rows `widths[r]` long."""
+        ordered = list(map(self.segments.__getitem__, self.order.tolist()))
+        return compact_batches(ordered, self.bounds, self.rows_per_rank, widths, image_hw, masked)
 
     @property
     def rows(self) -> list[list[list[Segment]]]:

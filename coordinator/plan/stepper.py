@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 from omniload.coordinator.plan.budgets import padded_length
 from omniload.coordinator.plan.cost import cost_function
 from omniload.coordinator.plan.mixture import advance, join, next_source
-from omniload.coordinator.plan.packer import DocKey, Segment, compact_batch, doc_key
+from omniload.coordinator.plan.packer import DocKey, Segment, doc_key
 from omniload.coordinator.plan.schedule import in_force, weights_at
 from omniload.coordinator.plan.step_plan import StepPlan, plan_budgets, plan_step
 from omniload.coordinator.plan.window import Block, Unit, block_tokens_for, make_block, restore_block, units_of
@@ -307,9 +307,7 @@ class Stepper:
                     self._plain,
                 )
                 widths = [spec.seq_len] * dp
-            return plan, [
-                compact_batch(plan.rank_rows(r), w, image_hw, masked) for r, w in enumerate(widths)
-            ] if build else []
+            return plan, plan.batches(widths, image_hw, masked) if build else []
 
         plan, batches = yield Compute(balance_and_build)
         self.carry = plan.carry

@@ -2,7 +2,14 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload.coordinator.plan.packer import IGNORE_INDEX, Segment, build_batch, chunk_bounds
+from omniload.coordinator.plan.packer import (
+    IGNORE_INDEX,
+    Segment,
+    build_batch,
+    chunk_bounds,
+    compact_batch,
+    compact_batches,
+)
 
 
 def _segments(lengths, source=0):
@@ -62,3 +69,43 @@ def test_positions_run_on_across_the_rows_of_a_bucketed_document():
     second = Segment(0, 1, 4, tokens[6:], position_start=6, group=0)
     batch = build_batch([[first], [second]], seq_len=6)
     assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 0, 1]]
+
+
+def test_a_steps_batches_built_at_once_are_each_ranks_own():
+    """compact_batches builds every rank of a step in one pass over shared arrays: each rank's
+    arrays (offsets, padding, images and masks included) must be what that rank's rows alone give."""
+    rng = np.random.default_rng(3)
+    hw = (2, 2)
+
+    def segment(i: int, width: int) -> Segment:
+        n = int(rng.integers(1, width + 1))
+        images = rng.integers(0, 255, (int(rng.integers(1, 3)), 3, *hw), dtype=np.uint8) if i % 3 == 0 else None
+        mask = rng.integers(0, 2, n, dtype=np.uint8) if i % 4 == 1 else None
+        tokens = rng.integers(0, 60_000, n).astype(np.uint16 if i % 2 else np.int32)
+        return Segment(i % 3, 100 + i, n, tokens, position_start=i % 5, images=images, mask=mask)
+
+    widths, rows = [8, 5, 12], 2
+    ranks, count = [], 0
+    for width in widths:
+        rank_rows = []
+        for _ in range(rows):
+            row, used = [], 0
+            while rng.random() < 0.7 and used < width:
+                s = segment(count, width - used)
+                count, used = count + 1, used + s.length
+                row.append(s)
+            rank_rows.append(row)
+        ranks.append(rank_rows)
+    segments = [s for rank_rows in ranks for row in rank_rows for s in row]
+    bounds = [0]
+    for rank_rows in ranks:
+        for row in rank_rows:
+            bounds.append(bounds[-1] + len(row))
+    together = compact_batches(segments, bounds, rows, widths, hw, masked=True)
+    for rank_rows, width, wire in zip(ranks, widths, together):
+        alone = compact_batch(rank_rows, width, hw, masked=True)
+        assert wire.keys() == alone.keys()
+        for name in alone:
+            assert wire[name].dtype == alone[name].dtype, name
+            np.testing.assert_array_equal(wire[name], alone[name], err_msg=name)
+    assert sum(len(w["pixel_values"]) for w in together) == sum(s.image_count for s in segments) > 0
