@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 
 from omniload.coordinator.plan.budgets import padded_length
 from omniload.coordinator.plan.cost import cost_function
-from omniload.coordinator.plan.mixture import advance, join, next_source
+from omniload.coordinator.plan.mixture import StrideQueue, advance, join
 from omniload.coordinator.plan.packer import DocKey, Segment, doc_key
 from omniload.coordinator.plan.schedule import in_force, weights_at
 from omniload.coordinator.plan.step_plan import StepPlan, plan_budgets, plan_step
@@ -38,6 +38,7 @@ from omniload.state import STATE_VERSION
 
 _POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
 _BREATHE_S = 0.002  # the longest a step computes between two chances for others to run
+_BREATHE_EVERY = 16  # calls of _breath_due between two readings of the clock
 _WINDOW_PIXELS = 128 << 20  # pixel bytes the shuffle windows hold at most, split by weight (as much again read ahead)
 
 
@@ -143,7 +144,7 @@ class Stepper:
         self._next: list[tuple[int, int]] = [i.cursor for i in intakes]
         self.step = 0
         self.cancel = threading.Event()  # set from another thread to end a wait for records
-        self._breathed = time.monotonic()
+        self._breathed, self._calls = time.monotonic(), 0
         self._saved: _Restoring | None = None  # set by restore until the carry and windows are rebuilt
 
     def export_state(self, fingerprint: str) -> dict[str, Any]:
@@ -261,26 +262,28 @@ class Stepper:
                 advance(self.passes, segment.source, segment.length, weights)
         fresh: list[Segment] = []
         live = [not (self._dry(i) and (w is None or w.exhausted)) for i, w in enumerate(self.windows)]
+        queue = StrideQueue(self.passes, weights, live)
         cap = self._rank_cap * self.dp
         while need > 0:
-            source = next_source(self.passes, weights, live)
+            source = queue.next()
             if source is None:
                 break
             block = self.windows[source]
             if block is None or block.exhausted:  # (most draws need no generator: their window is open)
                 block = yield from self._open_window(source)
                 if block is None:
-                    live[source] = False
+                    queue.drop()
                     continue
             unit = block.draw(in_step, cap)
             tokens = unit[0].length if len(unit) == 1 else sum(s.length for s in unit)
-            advance(self.passes, source, tokens, weights)
+            queue.advance(tokens)
             self.tokens_drawn += tokens
             key = doc_key(unit[0])
             in_step[key] = in_step.get(key, 0) + tokens
             fresh.extend(unit)
             need -= tokens
-            yield from self._breathe()  # a step at dp=1024 draws thousands of units
+            if self._breath_due():  # a step at dp=1024 draws thousands of units
+                yield 0.0
         if not fresh and not self.carry:
             return None
         carry, dp, image_hw, masked = list(self.carry), self.dp, self._image_hw, self._masked
@@ -346,19 +349,26 @@ class Stepper:
         start = self._next[source]
         units: list[Unit] = []
         end, size = intake.epoch_end(start[0]), self._spec.window_segments(self.dp, share)
-        tokens, needed, pixels = 0, 0, 0
+        tokens, longest, needed, pixels = 0, 0, 0, 0
         while (len(units) < size or tokens < needed) and (not pixels or pixels < share * _WINDOW_PIXELS):
-            doc = yield from self._next_doc(intake, until_group=end)  # a window never spans epochs
+            if self._breath_due():
+                yield 0.0
+            doc = self._take(intake, end)  # a window never spans epochs
             if doc is None:
-                break
+                doc = yield from self._await_doc(intake, end)
+                if doc is None:
+                    break
             doc_units = self._units(doc)
             if doc_units is None:
                 self.dropped += 1
                 continue
             units.extend(doc_units)
-            tokens += len(doc.tokens)
-            pixels += 0 if doc.pixels is None else doc.pixels.nbytes
-            needed = max(needed, block_tokens_for(len(doc.tokens), self._spec.max_doc_share))
+            n = len(doc.tokens)
+            tokens += n
+            if doc.pixels is not None:
+                pixels += doc.pixels.nbytes
+            if n > longest:
+                longest, needed = n, block_tokens_for(n, self._spec.max_doc_share)
         return make_block(start, units, self._spec.seed, source) if units else None  # None: the epoch ended
 
     def _units(self, doc: Doc) -> list[Unit] | None:
@@ -370,13 +380,18 @@ class Stepper:
         except ValueError as exc:
             raise SourceFailed(self._names[doc.source], str(exc)) from None
 
-    def _breathe(self) -> Requests:
-        """Every _BREATHE_S of work, a chance for others to run (a window is millions of
-        tokens, a restore re-reads it: the ranks' sessions must not wait for that)."""
+    def _breath_due(self) -> bool:
+        """Whether to let others run now: every _BREATHE_S of work (a window is millions of
+        tokens, a restore re-reads it: the ranks' sessions must not wait for that). The clock
+        is read every _BREATHE_EVERY calls: a call comes every unit or document, microseconds apart."""
+        self._calls += 1
+        if self._calls % _BREATHE_EVERY:
+            return False
         now = time.monotonic()
         if now - self._breathed > _BREATHE_S:
             self._breathed = now
-            yield 0.0
+            return True
+        return False
 
     def _dry(self, source: int) -> bool:
         return self._intakes[source].dry and not self._ahead[source]
@@ -399,18 +414,35 @@ class Stepper:
     def _next_doc(self, intake: SourceIntake, until_group: int | None = None) -> Requests:
         """Wait for the source's next document; None if the source ran dry or its cursor
         reached `until_group`."""
-        yield from self._breathe()
+        if self._breath_due():
+            yield 0.0
+        doc = self._take(intake, until_group)
+        if doc is None:
+            doc = yield from self._await_doc(intake, until_group)
+        return doc
+
+    def _take(self, intake: SourceIntake, until_group: int | None) -> Doc | None:
+        """The source's next document if it is here (read ahead, or in its ring), else None."""
+        index = intake.catalog.index
+        ahead = self._ahead[index]
         doc: Doc | None
-        ahead = self._ahead[intake.catalog.index]
         if ahead:
             if until_group is not None and ahead[0].group >= until_group:
                 return None
             doc = ahead.popleft()
-            self._ahead_pixels[intake.catalog.index] -= 0 if doc.pixels is None else doc.pixels.nbytes
-            self._next[intake.catalog.index] = doc.after
-            return doc
+            self._ahead_pixels[index] -= 0 if doc.pixels is None else doc.pixels.nbytes
+        elif (doc := intake.poll(until_group)) is None:
+            return None
+        self._next[index] = doc.after
+        return doc
+
+    def _await_doc(self, intake: SourceIntake, until_group: int | None) -> Requests:
+        """After _take found nothing: wait for the source's next record; None if the source
+        ran dry, its cursor reached `until_group`, or its read-ahead holds the next group's."""
+        if self._ahead[intake.catalog.index]:
+            return None
         delay, since = _POLL_MIN_S, time.monotonic()
-        while (doc := intake.poll(until_group)) is None:
+        while True:
             if intake.dry or (until_group is not None and intake.group >= until_group):
                 return None
             waited = time.monotonic() - since
@@ -423,5 +455,6 @@ class Stepper:
                 )
             yield delay
             delay = min(delay * 2, _POLL_MAX_S)
-        self._next[intake.catalog.index] = doc.after
-        return doc
+            if (doc := intake.poll(until_group)) is not None:
+                self._next[intake.catalog.index] = doc.after
+                return doc

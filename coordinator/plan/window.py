@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from omniload.coordinator.plan.packer import DocKey, Segment, chunk_bounds, doc_key
+from omniload.coordinator.plan.packer import DocKey, Segment, chunk_bounds
 from omniload.coordinator.pool.intake import Doc
 from omniload.order import MAX_CHUNKS, sample_id
 
@@ -54,6 +54,12 @@ class Block:
         """The next unit whose document stays within `cap` tokens of this step (or has none in
         it yet); the head's unit when none within reach does. The block must not be exhausted."""
         chosen, looked = self.head, 0
+        if fits(self.units[chosen], step_tokens, cap):  # most draws: the head's document is under its cap
+            self.head += 1
+            while self.head in self.taken:
+                self.taken.remove(self.head)
+                self.head += 1
+            return self.units[chosen]
         for i in range(self.head, len(self.units)):
             if looked >= _SCAN:
                 break
@@ -77,7 +83,8 @@ def make_block(start: tuple[int, int], units: Sequence[Unit], seed: int, source:
     """A block of `units` (in the source's order), to be drawn in its seeded permutation."""
     n = len(units)
     new_doc = np.ones(n, dtype=bool)
-    new_doc[1:] = [doc_key(a[0]) != doc_key(b[0]) for a, b in zip(units, units[1:])]
+    origins = [unit[0].origin for unit in units]  # one source's: its documents' (group, pos) tell them apart
+    new_doc[1:] = [a != b for a, b in zip(origins, origins[1:])]
     doc = np.cumsum(new_doc) - 1
     first = np.flatnonzero(new_doc)
     count = np.diff(np.append(first, n))
@@ -107,7 +114,8 @@ def block_tokens_for(longest: int, max_doc_share: float) -> int:
 
 
 def fits(unit: Unit, step_tokens: dict[DocKey, int], cap: int) -> bool:
-    held = step_tokens.get(doc_key(unit[0]), 0)
+    first = unit[0]
+    held = step_tokens.get((first.source, *first.origin), 0)  # doc_key's, inline: a call a draw
     return held == 0 or held + sum(s.length for s in unit) <= cap
 
 

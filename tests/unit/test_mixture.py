@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from omniload.coordinator.plan.mixture import advance, join, next_source
+from omniload.coordinator.plan.mixture import StrideQueue, advance, join, next_source
 
 
 def shares(tokens):
@@ -53,3 +53,27 @@ def test_a_source_that_gets_a_weight_joins_without_a_burst():
     new = [t - b for t, b in zip(tokens, before)]
     assert shares(new) == pytest.approx([0.4, 0.4, 0.2], abs=0.02)
     assert picks[:5].count(2) <= 2
+
+
+def test_the_stride_queue_chooses_as_next_source_does():
+    """The planner's queue must draw the sources next_source would, ties and ended sources included."""
+    rng = np.random.default_rng(7)
+    weights = [0.3, 0.0, 0.3, 0.25, 0.15]
+    passes, queue_passes = [5.0, 0.0, 5.0, 1.0, 0.0], [5.0, 0.0, 5.0, 1.0, 0.0]
+    live = [True, True, True, True, False]
+    queue, picks = StrideQueue(queue_passes, weights, live), []
+    for i in range(2000):
+        s = next_source(passes, weights, live)
+        assert queue.next() == s
+        if s is None:
+            break
+        if i in (500, 1200):  # the source ends: its window came back empty
+            live[s] = False
+            queue.drop()
+            continue
+        n = int(rng.choice([10, 10, 20, 700]))  # equal lengths make ties
+        advance(passes, s, n, weights)
+        queue.advance(n)
+        picks.append(s)
+    assert queue_passes == passes
+    assert len(set(picks)) == 3 and 1 not in picks and 4 not in picks

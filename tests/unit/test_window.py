@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload.coordinator.plan.window import doc_key, make_block, restore_block, units_of
+from omniload.coordinator.plan.packer import doc_key
+from omniload.coordinator.plan.window import make_block, restore_block, units_of
 from omniload.coordinator.pool.intake import Doc
 
 SEQ = 16
