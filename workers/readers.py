@@ -36,12 +36,14 @@ from omniload.storage.files import Files
 from omniload.storage.objects import BLOCK, StoreError
 from omniload.storage.urls import is_remote
 from omniload.workers.token_files import (
+    UINT16_IDS,
     VOCAB_FROM,
     check_tokens,
     flat_rows,
     index_flat,
     index_megatron,
     megatron_rows,
+    record_ids,
 )
 
 LOCAL = Files()  # local paths need no state: one for every caller that reads local files only
@@ -339,7 +341,8 @@ def _to_values(values: pa.Array | pa.ChunkedArray) -> list:
         # copy it, so the rows' arrays never pin an Arrow buffer (or a memory-mapped file)
         offsets = values.offsets.to_numpy()
         child = values.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-        flat = child.to_numpy(zero_copy_only=False).astype(np.int32)
+        flat = child.to_numpy(zero_copy_only=False)
+        flat = flat.astype(np.uint16 if flat.dtype in (np.uint8, np.uint16) else np.int32)  # what a record keeps
         offsets = offsets - offsets[0]
         return [flat[offsets[i] : offsets[i + 1]] for i in range(len(values))]
     return values.to_pylist()
@@ -400,6 +403,8 @@ def iter_slices(
                 )
             if pretokenized is not None and pretokenized.vocab is not None and shard.format not in TOKEN_FILES:
                 _check_vocab(shard, values, slicing.members(j), pretokenized.vocab)
+                if pretokenized.vocab <= UINT16_IDS:
+                    values = [record_ids(v, pretokenized.vocab) if isinstance(v, np.ndarray) else v for v in values]
             j += 1
             yield values
     except (BadFile, StoreError):

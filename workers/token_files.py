@@ -126,17 +126,29 @@ def check_tokens(tokens: np.ndarray, vocab: int | None) -> int | None:
     return int(np.argmax(bad)) if bad.any() else None
 
 
+UINT16_IDS = 0x10000  # a vocabulary of at most this many ids fits uint16
+
 # where a source's vocabulary comes from, and how to change it (catalog.pretokenized_of)
 VOCAB_FROM = "vocab=, else the source's tokenizer's; set vocab= to the vocabulary the ids were made with"
 
 
+def record_ids(tokens: np.ndarray, vocab: int | None) -> np.ndarray:
+    """Checked ids (check_tokens) as a copy in the type a ring record keeps (formats/records.py):
+    uint16 where every id fits it, from a uint8 or uint16 file or below a vocabulary of at most
+    65,536 (half the ring bytes, and the planner's path of tokenized text), else int32."""
+    if tokens.dtype in (np.uint8, np.uint16) or (vocab is not None and vocab <= UINT16_IDS):
+        return tokens.astype(np.uint16)
+    return tokens.astype(np.int32)
+
+
 def _checked(tokens: np.ndarray, vocab: int | None, where: str, offset: int) -> np.ndarray:
-    """The ids as int32; BadFile naming the first bad one's offset (`offset`: the document's first token's)."""
+    """The ids as a record keeps them (record_ids); BadFile naming the first bad one's offset
+    (`offset`: the document's first token's)."""
     bad = check_tokens(tokens, vocab)
     if bad is not None:
         limit = f"the vocabulary size {vocab} ({VOCAB_FROM})" if vocab is not None else "2**31"
         raise BadFile(f"token id {int(tokens[bad])} at token offset {offset + bad} ({where}) is not below {limit}")
-    return tokens.astype(np.int32)
+    return record_ids(tokens, vocab)
 
 
 def _read(file: _RangeFile, offset: int, count: int, dtype: np.dtype) -> np.ndarray:
@@ -200,7 +212,7 @@ def _shard(
 
 
 def megatron_rows(shard: Shard, rows: Sequence[int], files: Files, vocab: int | None) -> list[np.ndarray]:
-    """Documents `rows` (rows of the shard, in increasing order) as int32 token arrays."""
+    """Documents `rows` (rows of the shard, in increasing order) as token arrays (record_ids)."""
     idx = index_path(shard.file)
     with files.mapped(idx) as f:
         header = parse_header(f.read(_HEADER.size), _size(idx, files))
@@ -263,7 +275,7 @@ def index_flat(path: str, layout: Pretokenized, ordinal: int, files: Files) -> l
 
 
 def flat_rows(shard: Shard, rows: Sequence[int], layout: Pretokenized, files: Files) -> list[np.ndarray]:
-    """Documents `rows` of a flat token file's shard as int32 token arrays: the shard's tokens
+    """Documents `rows` of a flat token file's shard as token arrays (record_ids): the shard's tokens
     read and cut at its eos ids again."""
     dtype = np.dtype(layout.dtype)
     with files.mapped(shard.file, shard.size, shard.version) as f:

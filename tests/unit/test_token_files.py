@@ -11,8 +11,8 @@ import pytest
 from omniload.formats.lane_config import Pretokenized
 from omniload.formats.shards import BadFile, detect_format
 from omniload.workers import token_files
-from omniload.workers.readers import LOCAL, index_file, read_shard
-from tests.corpus import write_megatron, write_token_file
+from omniload.workers.readers import LOCAL, index_file, iter_slices, read_shard
+from tests.corpus import write_megatron, write_parquet, write_token_file
 
 
 def _docs(n: int, seed: int, high: int = 50000) -> list[list[int]]:
@@ -136,3 +136,34 @@ def test_check_tokens_finds_the_first_id_out_of_range():
     assert token_files.check_tokens(np.array([3, -1]), 10) == 1
     assert token_files.check_tokens(np.array([2**31]), None) == 0
     assert token_files.check_tokens(np.array([], dtype=np.int64), 1) is None
+
+
+def test_ids_that_fit_uint16_are_read_as_uint16_and_the_others_as_int32(tmp_path):
+    """A record keeps uint16 ids at half the ring bytes: a document's ids come out uint16 when
+    every id must fit (a uint16 file, or a vocabulary of at most 65,536 checked), else int32,
+    the same values either way."""
+    docs = [d for d in _docs(60, seed=9, high=60000) if d]
+    small = write_megatron(tmp_path / "small", [[d] for d in docs])  # uint16 in the file
+    wide = write_megatron(tmp_path / "wide", [[d] for d in docs], dtype=np.int32)
+    cases = [
+        (small, None, np.uint16),
+        (wide, None, np.int32),  # no vocabulary: an int32 file's ids may need 31 bits
+        (wide, Pretokenized(vocab=60000), np.uint16),  # checked below a 60,000-id vocabulary
+        (wide, Pretokenized(vocab=200_000), np.int32),
+    ]
+    for path, layout, dtype in cases:
+        shards = index_file(str(path), "megatron", "text", 0, pretokenized=layout)
+        arrays = [a for shard in shards for a in read_shard(shard, "text", pretokenized=layout)]
+        assert {a.dtype for a in arrays} == {np.dtype(dtype)}, (path.name, layout)
+        assert [a.tolist() for a in arrays] == docs
+
+
+def test_a_token_id_column_below_a_small_vocabulary_is_read_as_uint16(tmp_path):
+    docs = [d for d in _docs(60, seed=10, high=60000) if d]
+    path = write_parquet(tmp_path / "ids.parquet", docs, column="ids")  # list<int64>
+    for layout, dtype in [(None, np.int32), (Pretokenized(vocab=60000), np.uint16)]:
+        shards = index_file(str(path), "parquet", "ids", 0, pretokenized=layout)
+        # the slices a worker's lane reads (iter_slices), where the vocabulary is checked
+        arrays = [a for shard in shards for part in iter_slices(shard, "ids", pretokenized=layout) for a in part]
+        assert {a.dtype for a in arrays} == {np.dtype(dtype)}, layout
+        assert [a.tolist() for a in arrays] == docs
