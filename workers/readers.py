@@ -31,12 +31,12 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from omniload.formats.lane_config import Pretokenized
+from omniload.formats.records import UINT16_VOCAB
 from omniload.formats.shards import TOKEN_FILES, BadFile, Shard, gzipped, part_name
 from omniload.storage.files import Files
 from omniload.storage.objects import BLOCK, StoreError
 from omniload.storage.urls import is_remote
 from omniload.workers.token_files import (
-    UINT16_IDS,
     VOCAB_FROM,
     check_tokens,
     flat_rows,
@@ -403,7 +403,7 @@ def iter_slices(
                 )
             if pretokenized is not None and pretokenized.vocab is not None and shard.format not in TOKEN_FILES:
                 _check_vocab(shard, values, slicing.members(j), pretokenized.vocab)
-                if pretokenized.vocab <= UINT16_IDS:
+                if pretokenized.vocab <= UINT16_VOCAB:
                     values = [record_ids(v, pretokenized.vocab) if isinstance(v, np.ndarray) else v for v in values]
             j += 1
             yield values

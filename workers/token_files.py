@@ -35,6 +35,7 @@ from typing import Protocol
 import numpy as np
 
 from omniload.formats.lane_config import Pretokenized
+from omniload.formats.records import UINT16_VOCAB
 from omniload.formats.shards import BadFile, Shard
 from omniload.storage.files import Files
 
@@ -126,8 +127,6 @@ def check_tokens(tokens: np.ndarray, vocab: int | None) -> int | None:
     return int(np.argmax(bad)) if bad.any() else None
 
 
-UINT16_IDS = 0x10000  # a vocabulary of at most this many ids fits uint16
-
 # where a source's vocabulary comes from, and how to change it (catalog.pretokenized_of)
 VOCAB_FROM = "vocab=, else the source's tokenizer's; set vocab= to the vocabulary the ids were made with"
 
@@ -136,7 +135,7 @@ def record_ids(tokens: np.ndarray, vocab: int | None) -> np.ndarray:
     """Checked ids (check_tokens) as a copy in the type a ring record keeps (formats/records.py):
     uint16 where every id fits it, from a uint8 or uint16 file or below a vocabulary of at most
     65,536 (half the ring bytes, and the planner's path of tokenized text), else int32."""
-    if tokens.dtype in (np.uint8, np.uint16) or (vocab is not None and vocab <= UINT16_IDS):
+    if tokens.dtype in (np.uint8, np.uint16) or (vocab is not None and vocab <= UINT16_VOCAB):
         return tokens.astype(np.uint16)
     return tokens.astype(np.int32)
 

@@ -26,6 +26,7 @@ import orjson
 from omniload.coordinator.pool.forkserver import forkserver_context
 from omniload.errors import ConfigError
 from omniload.formats.lane_config import ChatConfig, ImageConfig, Pretokenized
+from omniload.formats.records import UINT16_VOCAB
 from omniload.formats.shards import BadFile, Shard, detect_format
 from omniload.order import MAX_ORDINAL
 from omniload.spec import (
@@ -61,6 +62,7 @@ class SourceCatalog:
     store: StoreOptions = StoreOptions()  # how to reach its store, if its files are URLs
     pretokenized: Pretokenized | None = None  # set when its files hold token ids
     chat: ChatConfig | None = None  # set when its rows are conversations
+    id_bytes: int = 4  # what a token id takes in its ring records: 2 where they are uint16 (id_bytes_of)
 
 
 def chat_config_of(source: Source, spec: Spec) -> ChatConfig | None:
@@ -71,6 +73,20 @@ def chat_config_of(source: Source, spec: Spec) -> ChatConfig | None:
         return chat_config(source.tokenizer or spec.tokenizer, spec.seq_len, source.train_on, spec.long_chats == "drop")
     except ConfigError as exc:
         raise ConfigError(f"source '{source.name}': {exc}") from None
+
+
+def id_bytes_of(source: Source, tokenizer: str, pretokenized: Pretokenized | None, vocab: int | None) -> int:
+    """Bytes a token id takes in the source's ring records, known before its workers run: 2 where
+    they write uint16 (formats/records.py: the byte tokenizer, a tokenizer.json of at most
+    UINT16_VOCAB ids, token ids of a uint8/uint16 file or checked below such a vocabulary),
+    else 4 (a function's ids, a larger vocabulary; conversations and samples with images, whose
+    masks and pixels the ids do not measure, are counted as before)."""
+    if source.kind == "chat" or source.has_images:
+        return 4
+    if pretokenized is not None:
+        narrow_file = source.format == "tokens" and pretokenized.dtype in ("uint8", "uint16")
+        return 2 if narrow_file or (pretokenized.vocab is not None and pretokenized.vocab <= UINT16_VOCAB) else 4
+    return 2 if tokenizer == "bytes" or (vocab is not None and vocab <= UINT16_VOCAB) else 4
 
 
 def pretokenized_of(source: Source, tokenizer_vocab: int | None) -> Pretokenized | None:
@@ -357,19 +373,21 @@ def _catalog_of(
     if rows >= MAX_ORDINAL:
         raise ConfigError(f"source '{source.name}': {rows} rows exceed the limit of {MAX_ORDINAL}; split the source")
     epochs = spec.epochs if source.epochs is None else source.epochs
+    tokenizer, pretokenized = source.tokenizer or spec.tokenizer, pretokenized_of(source, vocab)
     return SourceCatalog(
         index,
         source.name,
         source.read_column,
-        source.tokenizer or spec.tokenizer,
+        tokenizer,
         tuple(shards),
         rows,
         epochs,
         source.image,
         images,
         source.store_options(),
-        pretokenized_of(source, vocab),
+        pretokenized,
         chat,
+        id_bytes_of(source, tokenizer, pretokenized, vocab),
     )
 
 

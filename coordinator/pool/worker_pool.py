@@ -34,10 +34,12 @@ from omniload.spec import Spec
 log = logging.getLogger("omniload")
 _WORKER_JOIN_S = 5.0
 _HELPER_STOP_S = 5.0
+# Read-ahead budgets in bytes of int32 ids; a source whose ids travel as uint16 gets the same
+# tokens in half the bytes (ring_span's id_bytes).
 RING_BUDGET_MB = 16  # the read-ahead of all a job's rings together, split over its lanes
 MIN_SPAN_MB = 1  # a lane's read-ahead at least (what the throughput benchmark runs with)
 TURNS_BUDGET_MB = 32  # the same for lanes that take turns (a source's several lanes), split likewise
-MIN_TURNS_SPAN_KB = 512  # ... at least: a turn (omniload.order.TURN) of 1k-token documents, in int32
+MIN_TURNS_SPAN_KB = 512  # ... at least: a turn (omniload.order.TURN) of 1k-token documents
 
 
 # A forkserver child's exit code is read once from its sentinel pipe. Two threads reading it
@@ -123,7 +125,7 @@ class WorkerPool:
         self._plan = plan
         self._coordinator_pid = coordinator_pid
         self.lane_counts = [sum(1 for w in plan for s, _ in w if s == src.index) for src in catalog]
-        self.rings = _create_rings(spec, plan, job_id, coordinator_pid)
+        self.rings = _create_rings(spec, plan, job_id, coordinator_pid, [c.id_bytes for c in catalog])
         self._ctx = forkserver_context()
         self.workers: list[WorkerProcess | None] = [None] * len(plan)
         self.restarts = [0] * len(plan)
@@ -254,7 +256,7 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def ring_span(ring_mb: int, lanes: int, source_lanes: int = 1) -> int:
+def ring_span(ring_mb: int, lanes: int, source_lanes: int = 1, id_bytes: int = 4) -> int:
     """Bytes of read-ahead one lane's ring holds (omniload/formats/ring.py). A source's only lane needs
     just enough to cover the planner's bursts: its share of the job's RING_BUDGET_MB, at least
     MIN_SPAN_MB, at most --ring-mb (which bounds one record); with many lanes the sum is what
@@ -262,16 +264,18 @@ def ring_span(ring_mb: int, lanes: int, source_lanes: int = 1) -> int:
     turns (omniload.order), and a lane on a worker of its own produces its next turn only once
     its ring holds it, so the floor is about a turn, MIN_TURNS_SPAN_KB. A job of few lanes gives
     them --ring-mb in full; one of many (16 sources x 4 lanes on a 16-core budget) half a MB
-    each, 32 MB in all (the rings are most of what such a job holds beyond one of 16 lanes)."""
+    each, 32 MB in all (the rings are most of what such a job holds beyond one of 16 lanes).
+    All of these count int32 ids: a source whose records hold uint16 ids (id_bytes 2) gets as
+    many tokens of read-ahead in half the bytes."""
     if source_lanes > 1:
         budget, floor = TURNS_BUDGET_MB << 20, MIN_TURNS_SPAN_KB << 10
     else:
         budget, floor = RING_BUDGET_MB << 20, MIN_SPAN_MB << 20
-    return min(ring_mb << 20, max(floor, budget // max(1, lanes)))
+    return min(ring_mb << 20, max(floor, budget // max(1, lanes)) * id_bytes // 4)
 
 
 def _create_rings(
-    spec: Spec, plan: list[list[tuple[int, int]]], job_id: str, coordinator_pid: int
+    spec: Spec, plan: list[list[tuple[int, int]]], job_id: str, coordinator_pid: int, id_bytes: list[int]
 ) -> dict[tuple[int, int], Ring]:
     """One ring per lane, for records up to --ring-mb, its span (ring_span) allocated; raises
     ConfigError (and leaves no ring) when the shared-memory directory cannot hold them all."""
@@ -281,24 +285,24 @@ def _create_rings(
     try:
         for source, lane in keys:
             path = segment_path(coordinator_pid, job_id, f"s{source}-l{lane}")
-            span = ring_span(spec.ring_mb, len(keys), lanes_of[source])
+            span = ring_span(spec.ring_mb, len(keys), lanes_of[source], id_bytes[source])
             rings[(source, lane)] = Ring.create(path, spec.ring_mb << 20, span)
     except OSError as exc:
         for ring in rings.values():
             ring.close()
             ring.unlink()
-        raise _shm_error(exc, spec, plan) from None
+        raise _shm_error(exc, spec, plan, id_bytes) from None
     return rings
 
 
-def _shm_error(exc: OSError, spec: Spec, plan: list[list[tuple[int, int]]]) -> ConfigError:
+def _shm_error(exc: OSError, spec: Spec, plan: list[list[tuple[int, int]]], id_bytes: list[int]) -> ConfigError:
     lanes = sum(len(worker) for worker in plan)
     if exc.errno != errno.ENOSPC:
         return ConfigError(f"cannot create a shared-memory ring in {SHM_DIR}: {exc}")
     usage = shutil.disk_usage(SHM_DIR)
     fewer = " / --workers" if lanes > len(spec.sources) else ""  # below one lane per source it cannot go
     lanes_of = Counter(source for worker in plan for source, _ in worker)
-    need = sum(ring_span(spec.ring_mb, lanes, n) * n for n in lanes_of.values())
+    need = sum(ring_span(spec.ring_mb, lanes, n, id_bytes[source]) * n for source, n in lanes_of.items())
     each = f"--ring-mb {spec.ring_mb}" if need == lanes * (spec.ring_mb << 20) else "their read-ahead"
     return ConfigError(
         f"{SHM_DIR} is too small for this job's rings: it holds {_mb(usage.total)} with {_mb(usage.free)} free, "

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+UINT16_VOCAB = 0x10000  # every id of a vocabulary of at most this many fits a UINT16 record
 _HEAD = struct.Struct("<QQIIHHI")  # group, ordinal, pos, count, kind, flags, images
 HEAD_SIZE = _HEAD.size  # what decode needs of a record to know its kind and place
 
