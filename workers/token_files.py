@@ -133,8 +133,9 @@ VOCAB_FROM = "vocab=, else the source's tokenizer's; set vocab= to the vocabular
 
 def record_ids(tokens: np.ndarray, vocab: int | None) -> np.ndarray:
     """Checked ids (check_tokens) as a copy in the type a ring record keeps (formats/records.py):
-    uint16 where every id fits it, from a uint8 or uint16 file or below a vocabulary of at most
-    65,536 (half the ring bytes, and the planner's path of tokenized text), else int32."""
+    uint16 where every id must fit it, from a uint8 or uint16 file or below a vocabulary of at
+    most 65,536, else int32. The record narrows int32 ids that fit anyway, after a pass over
+    them per document: ids known to fit skip that pass and a copy."""
     if tokens.dtype in (np.uint8, np.uint16) or (vocab is not None and vocab <= UINT16_VOCAB):
         return tokens.astype(np.uint16)
     return tokens.astype(np.int32)

@@ -76,11 +76,12 @@ def chat_config_of(source: Source, spec: Spec) -> ChatConfig | None:
 
 
 def id_bytes_of(source: Source, tokenizer: str, pretokenized: Pretokenized | None, vocab: int | None) -> int:
-    """Bytes a token id takes in the source's ring records, known before its workers run: 2 where
-    they write uint16 (formats/records.py: the byte tokenizer, a tokenizer.json of at most
-    UINT16_VOCAB ids, token ids of a uint8/uint16 file or checked below such a vocabulary),
-    else 4 (a function's ids, a larger vocabulary; conversations and samples with images, whose
-    masks and pixels the ids do not measure, are counted as before)."""
+    """Bytes a token id takes in the source's ring records, as far as is known before its
+    workers run: 2 where every id must fit uint16 (the byte tokenizer, a tokenizer.json of at
+    most UINT16_VOCAB ids, token ids of a uint8/uint16 file or checked below such a
+    vocabulary), else 4: a function's ids, a larger vocabulary, and conversations and samples
+    with images, whose masks and pixels the ids do not measure. (A record whose ids happen to
+    fit is uint16 whatever this says, formats/records.py: its ring then holds more tokens.)"""
     if source.kind == "chat" or source.has_images:
         return 4
     if pretokenized is not None:
