@@ -31,7 +31,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from omniload.formats.lane_config import Pretokenized
-from omniload.formats.records import UINT16_VOCAB
+from omniload.formats.records import ids_fit_uint16
 from omniload.formats.shards import TOKEN_FILES, BadFile, Shard, gzipped, part_name
 from omniload.storage.files import Files
 from omniload.storage.objects import BLOCK, StoreError
@@ -342,7 +342,7 @@ def _to_values(values: pa.Array | pa.ChunkedArray) -> list:
         offsets = values.offsets.to_numpy()
         child = values.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
         flat = child.to_numpy(zero_copy_only=False)
-        flat = flat.astype(np.uint16 if flat.dtype in (np.uint8, np.uint16) else np.int32)  # what a record keeps
+        flat = flat.astype(np.uint16 if ids_fit_uint16(flat.dtype) else np.int32)  # what a record keeps
         offsets = offsets - offsets[0]
         return [flat[offsets[i] : offsets[i + 1]] for i in range(len(values))]
     return values.to_pylist()
@@ -403,7 +403,7 @@ def iter_slices(
                 )
             if pretokenized is not None and pretokenized.vocab is not None and shard.format not in TOKEN_FILES:
                 _check_vocab(shard, values, slicing.members(j), pretokenized.vocab)
-                if pretokenized.vocab <= UINT16_VOCAB:
+                if ids_fit_uint16(vocab=pretokenized.vocab):
                     values = [record_ids(v, pretokenized.vocab) if isinstance(v, np.ndarray) else v for v in values]
             j += 1
             yield values

@@ -35,7 +35,7 @@ from typing import Protocol
 import numpy as np
 
 from omniload.formats.lane_config import Pretokenized
-from omniload.formats.records import UINT16_VOCAB
+from omniload.formats.records import ids_fit_uint16
 from omniload.formats.shards import BadFile, Shard
 from omniload.storage.files import Files
 
@@ -136,7 +136,7 @@ def record_ids(tokens: np.ndarray, vocab: int | None) -> np.ndarray:
     uint16 where every id must fit it, from a uint8 or uint16 file or below a vocabulary of at
     most 65,536, else int32. The record narrows int32 ids that fit anyway, after a pass over
     them per document: ids known to fit skip that pass and a copy."""
-    if tokens.dtype in (np.uint8, np.uint16) or (vocab is not None and vocab <= UINT16_VOCAB):
+    if ids_fit_uint16(tokens.dtype, vocab):
         return tokens.astype(np.uint16)
     return tokens.astype(np.int32)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from omniload.errors import ConfigError
-from omniload.formats.records import UINT16_VOCAB
+from omniload.formats.records import ids_fit_uint16
 
 Transform = Callable[[Sequence[object]], list[np.ndarray]]
 
@@ -78,7 +78,7 @@ def _hf_transform(path: str) -> Transform:
         raise ConfigError(f"tokenizer file {path!r} cannot be loaded: {exc}") from None
 
     # every id of a vocabulary of at most 65,536 fits uint16: the record then needs no check
-    dtype = np.uint16 if tokenizer.get_vocab_size(with_added_tokens=True) <= UINT16_VOCAB else np.int32
+    dtype = np.uint16 if ids_fit_uint16(vocab=tokenizer.get_vocab_size(with_added_tokens=True)) else np.int32
 
     def transform(values: Sequence[object]) -> list[np.ndarray]:
         texts = [_text(v) for v in values if not isinstance(v, np.ndarray)]

@@ -27,25 +27,26 @@ def next_source(passes: Sequence[float], weights: Sequence[float], live: Sequenc
 class StrideQueue:
     """next_source's choices for a run of draws in which only the drawn source's pass moves
     (a step's draws): the live sources with weight kept as a heap of (pass, index), so ties
-    still go to the lower index, at O(log sources) a draw instead of a pass over them all."""
+    still go to the lower index, at O(log sources) a draw instead of a pass over them all.
+    It advances the caller's `passes` list in place, as advance() does."""
 
     def __init__(self, passes: list[float], weights: Sequence[float], live: Sequence[bool]) -> None:
         self._passes, self._weights = passes, weights
         self._heap = [(p, s) for s, (p, weight, alive) in enumerate(zip(passes, weights, live)) if alive and weight > 0]
         heapq.heapify(self._heap)
 
-    def next(self) -> int | None:
+    def peek(self) -> int | None:
         """The source to draw from next (next_source's), or None when none is left."""
         return self._heap[0][1] if self._heap else None
 
     def advance(self, tokens: int) -> None:
-        """The source next() named has had `tokens` more."""
+        """The source peek() named has had `tokens` more."""
         source = self._heap[0][1]
         self._passes[source] += tokens / self._weights[source]  # advance's, inline: a call a draw
         heapq.heapreplace(self._heap, (self._passes[source], source))
 
     def drop(self) -> None:
-        """The source next() named has ended."""
+        """The source peek() named has ended."""
         heapq.heappop(self._heap)
 
 

@@ -1,8 +1,8 @@
-"""Segments (documents or chunks of them) and a rank's batch arrays built from its rows; pure.
+"""Segments (documents or chunks of them) and the ranks' batch arrays built from their rows; pure.
 
 A document longer than a row is split into row-sized chunks, each its own segment. Where the
-segments go is the planner's decision (step_plan.py, balance.py); this module turns one rank's
-rows of segments into the arrays of the batch schema.
+segments go is the planner's decision (step_plan.py, balance.py); this module turns a step's
+rows of segments, every rank's at once, into the arrays of the batch schema.
 """
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ def compact_batches(
 ) -> list[dict[str, np.ndarray]]:
     """Every rank's compact_batch at once: row k is segments[bounds[k] : bounds[k + 1]], each
     rank `rows` rows of its width (widths: one a rank). A step at dp=256 holds thousands of
-    segments, and building each rank segment by segment cost about a quarter of the planning
-    thread (7.4 ms of 31 at dp=256 in bench_planner; 5.4 ms so); here
-    the per-segment work is reading four attributes, and the tokens are copied by one
+    segments, and a batch built segment by segment was a large share of the planning thread
+    (docs/benchmarks.md, Planning cost); here the per-segment work is reading its attributes
+    into arrays, the offsets and padding are numpy's, and the tokens are copied by one
     np.concatenate. The ranks' arrays are views into the step's: one buffer a step."""
     n = len(segments)
     b = np.asarray(bounds, dtype=np.int64)
@@ -86,6 +86,8 @@ def compact_batches(
     np.cumsum(length, out=ends[1:])
     row_width = np.repeat(np.asarray(widths, dtype=np.int64), rows)
     pad = row_width - (ends[b[1:]] - ends[b[:-1]])
+    if (pad < 0).any():
+        raise ValueError(f"row {int(np.argmax(pad < 0))} holds more tokens than its width")
     # entries (what cu_seqlens bounds): each row's segments, then its padding if it has any
     padded = pad > 0
     pads_before: np.ndarray = np.cumsum(padded) - padded
@@ -130,10 +132,10 @@ def compact_batches(
         if trained is not None:
             wire["label_mask"] = np.packbits(trained[s0:s1])
         if image_hw is not None:
-            mine = np.flatnonzero((image_entry >= e0) & (image_entry < e1)).tolist()
-            pixels = [with_images[i][1] for i in mine]
+            first, stop = np.searchsorted(image_entry, [e0, e1]).tolist()  # entries increase with the rank
+            pixels = [images for _, images in with_images[first:stop]]
             wire["pixel_values"] = np.concatenate(pixels) if pixels else np.zeros((0, 3, *image_hw), np.uint8)
-            wire["image_index"] = np.repeat(image_entry[mine] - e0, [image_counts[i] for i in mine])
+            wire["image_index"] = np.repeat(image_entry[first:stop] - e0, image_counts[first:stop])
         batches.append(wire)
     return batches
 

@@ -206,7 +206,9 @@ class Stepper:
             start = (window[0], window[1]) if window is not None else None
             units: list[Unit] = []
             while intake.cursor < saved.resume_at[index]:
-                doc = yield from self._next_doc(intake)
+                if self._breath_due():
+                    yield 0.0
+                doc = self._take(intake, None) or (yield from self._await_doc(intake, None))
                 if doc is None:
                     break
                 carried = (doc.source, *doc.origin) in wanted
@@ -265,7 +267,7 @@ class Stepper:
         queue = StrideQueue(self.passes, weights, live)
         cap = self._rank_cap * self.dp
         while need > 0:
-            source = queue.next()
+            source = queue.peek()
             if source is None:
                 break
             block = self.windows[source]
@@ -353,11 +355,10 @@ class Stepper:
         while (len(units) < size or tokens < needed) and (not pixels or pixels < share * _WINDOW_PIXELS):
             if self._breath_due():
                 yield 0.0
-            doc = self._take(intake, end)  # a window never spans epochs
+            # a window never spans epochs; a document that is here (the most) costs no generator
+            doc = self._take(intake, end) or (yield from self._await_doc(intake, end))
             if doc is None:
-                doc = yield from self._await_doc(intake, end)
-                if doc is None:
-                    break
+                break
             doc_units = self._units(doc)
             if doc_units is None:
                 self.dropped += 1
@@ -383,7 +384,9 @@ class Stepper:
     def _breath_due(self) -> bool:
         """Whether to let others run now: every _BREATHE_S of work (a window is millions of
         tokens, a restore re-reads it: the ranks' sessions must not wait for that). The clock
-        is read every _BREATHE_EVERY calls: a call comes every unit or document, microseconds apart."""
+        is read every _BREATHE_EVERY calls, one a unit drawn or a document taken: a few us
+        apart, tens for a long document's chunks or a sample's images, so 16 stay well under
+        _BREATHE_S."""
         self._calls += 1
         if self._calls % _BREATHE_EVERY:
             return False
@@ -410,16 +413,6 @@ class Stepper:
                     break
                 ahead.append(doc)
                 self._ahead_pixels[source] += 0 if doc.pixels is None else doc.pixels.nbytes
-
-    def _next_doc(self, intake: SourceIntake, until_group: int | None = None) -> Requests:
-        """Wait for the source's next document; None if the source ran dry or its cursor
-        reached `until_group`."""
-        if self._breath_due():
-            yield 0.0
-        doc = self._take(intake, until_group)
-        if doc is None:
-            doc = yield from self._await_doc(intake, until_group)
-        return doc
 
     def _take(self, intake: SourceIntake, until_group: int | None) -> Doc | None:
         """The source's next document if it is here (read ahead, or in its ring), else None."""

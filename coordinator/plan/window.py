@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from omniload.coordinator.plan.packer import DocKey, Segment, chunk_bounds
+from omniload.coordinator.plan.packer import DocKey, Segment, chunk_bounds, doc_key
 from omniload.coordinator.pool.intake import Doc
 from omniload.order import MAX_CHUNKS, sample_id
 
@@ -114,8 +114,7 @@ def block_tokens_for(longest: int, max_doc_share: float) -> int:
 
 
 def fits(unit: Unit, step_tokens: dict[DocKey, int], cap: int) -> bool:
-    first = unit[0]
-    held = step_tokens.get((first.source, *first.origin), 0)  # doc_key's, inline: a call a draw
+    held = step_tokens.get(doc_key(unit[0]), 0)
     return held == 0 or held + sum(s.length for s in unit) <= cap
 
 

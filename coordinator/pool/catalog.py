@@ -26,7 +26,7 @@ import orjson
 from omniload.coordinator.pool.forkserver import forkserver_context
 from omniload.errors import ConfigError
 from omniload.formats.lane_config import ChatConfig, ImageConfig, Pretokenized
-from omniload.formats.records import UINT16_VOCAB
+from omniload.formats.records import ids_fit_uint16
 from omniload.formats.shards import BadFile, Shard, detect_format
 from omniload.order import MAX_ORDINAL
 from omniload.spec import (
@@ -77,17 +77,19 @@ def chat_config_of(source: Source, spec: Spec) -> ChatConfig | None:
 
 def id_bytes_of(source: Source, tokenizer: str, pretokenized: Pretokenized | None, vocab: int | None) -> int:
     """Bytes a token id takes in the source's ring records, as far as is known before its
-    workers run: 2 where every id must fit uint16 (the byte tokenizer, a tokenizer.json of at
-    most UINT16_VOCAB ids, token ids of a uint8/uint16 file or checked below such a
-    vocabulary), else 4: a function's ids, a larger vocabulary, and conversations and samples
-    with images, whose masks and pixels the ids do not measure. (A record whose ids happen to
-    fit is uint16 whatever this says, formats/records.py: its ring then holds more tokens.)"""
+    workers run (records.ids_fit_uint16): 2 for the byte tokenizer, a tokenizer.json of at most
+    65,536 ids, a flat token file of uint8/uint16 ids or token ids checked below such a
+    vocabulary; else 4: a function's ids, a larger vocabulary, a Megatron file without vocab=
+    (its dtype is in each file), and conversations and samples with images, whose masks and
+    pixels the ids do not measure. Where this says 4 and the ids fit, the records are uint16
+    all the same and the ring holds more tokens; where it says 2 for a text source whose column
+    holds wider ids (a list column read as is, unchecked), half the tokens: read-ahead only."""
     if source.kind == "chat" or source.has_images:
         return 4
     if pretokenized is not None:
-        narrow_file = source.format == "tokens" and pretokenized.dtype in ("uint8", "uint16")
-        return 2 if narrow_file or (pretokenized.vocab is not None and pretokenized.vocab <= UINT16_VOCAB) else 4
-    return 2 if tokenizer == "bytes" or (vocab is not None and vocab <= UINT16_VOCAB) else 4
+        file_dtype = pretokenized.dtype if source.format == "tokens" else None
+        return 2 if ids_fit_uint16(file_dtype, pretokenized.vocab) else 4
+    return 2 if tokenizer == "bytes" or ids_fit_uint16(vocab=vocab) else 4
 
 
 def pretokenized_of(source: Source, tokenizer_vocab: int | None) -> Pretokenized | None:

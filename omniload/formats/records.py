@@ -104,6 +104,15 @@ def error_record(group: int, pos: int, message: str, bad_input: bool = False) ->
     return _HEAD.pack(group, 0, pos, 0, RecordKind.ERROR, flags, 0), message.encode()
 
 
+def ids_fit_uint16(dtype: np.dtype | str | None = None, vocab: int | None = None) -> bool:
+    """Whether every id must fit a UINT16 record before any is seen: ids of an unsigned type of
+    at most 16 bits, or (checked) below a vocabulary of at most UINT16_VOCAB. Decides where ids
+    are made uint16 from the start (tokenizers, token files) and what a ring's read-ahead is
+    sized for; a record whose ids happen to fit is UINT16 anyway (_compact)."""
+    narrow = dtype is not None and np.dtype(dtype) in (np.dtype(np.uint8), np.dtype(np.uint16))
+    return narrow or (vocab is not None and vocab <= UINT16_VOCAB)
+
+
 def decode(data: bytes) -> Record:
     group, ordinal, pos, count, kind, flags, images = _HEAD.unpack_from(data)
     # once per document on the planner's thread: enum members looked up, not constructed

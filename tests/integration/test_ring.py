@@ -158,32 +158,6 @@ def test_many_lanes_share_a_read_ahead_budget_and_a_source_of_several_lanes_keep
     assert ring_span(1, 4, id_bytes=2) == 1 * mb  # --ring-mb still bounds it
 
 
-def test_a_sources_id_width_is_known_before_its_workers_run():
-    """Rings are sized in tokens (ring_span's id_bytes): what each source's workers will write."""
-    from omniload.coordinator.pool.catalog import id_bytes_of, pretokenized_of
-    from omniload.spec import Spec
-
-    spec = Spec.from_dict(
-        {
-            "sources": [
-                {"name": "bytes", "path": "x"},
-                {"name": "fn", "path": "x", "tokenizer": "json:loads"},
-                {"name": "bin", "path": "x", "format": "tokens", "eos": 0},
-                {"name": "wide", "path": "x", "format": "tokens", "eos": 0, "dtype": "int32"},
-                {"name": "checked", "path": "x", "format": "tokens", "eos": 0, "dtype": "int32", "vocab": 50257},
-            ],
-            "seq_len": 64,
-        }
-    )
-    widths = {}
-    for source in spec.sources:
-        tokenizer = source.tokenizer or spec.tokenizer
-        widths[source.name] = id_bytes_of(source, tokenizer, pretokenized_of(source, None), None)
-    assert widths == {"bytes": 2, "fn": 4, "bin": 2, "wide": 4, "checked": 2}
-    text = spec.sources[0]
-    assert id_bytes_of(text, "t.json", None, 50257) == 2 and id_bytes_of(text, "t.json", None, 128256) == 4
-
-
 def test_a_lanes_work_counters_only_grow_and_outlive_a_reset(ring):
     """What the autoscaler reads: CPU time and tokens (cost per token) and busy wall time (to
     grow or shrink the pool), added to by each producer and kept when a restart resets the ring."""

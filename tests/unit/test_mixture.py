@@ -64,7 +64,7 @@ def test_the_stride_queue_chooses_as_next_source_does():
     queue, picks = StrideQueue(queue_passes, weights, live), []
     for i in range(2000):
         s = next_source(passes, weights, live)
-        assert queue.next() == s
+        assert queue.peek() == s
         if s is None:
             break
         if i in (500, 1200):  # the source ends: its window came back empty

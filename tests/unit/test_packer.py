@@ -71,9 +71,49 @@ def test_positions_run_on_across_the_rows_of_a_bucketed_document():
     assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 0, 1]]
 
 
+def _reference_batch(rows, seq_len, image_hw, masked):
+    """The batch schema's wire arrays built segment by segment, as the packer did before it
+    built a step at once: the definition compact_batches must keep."""
+    ids, trained = np.zeros((len(rows), seq_len), np.int32), np.zeros(len(rows) * seq_len, bool)
+    lengths, sources, sample_ids, starts, images, image_index = [], [], [], [], [], []
+    for r, row in enumerate(rows):
+        offset = r * seq_len
+        for s in row:
+            ids.reshape(-1)[offset : offset + s.length] = s.tokens
+            trained[offset : offset + s.length] = True if s.mask is None else s.mask
+            offset += s.length
+            if s.images is not None:
+                images.append(s.images)
+                image_index += [len(lengths)] * len(s.images)
+            lengths.append(s.length)
+            sources.append(s.source)
+            sample_ids.append(s.sample_id)
+            starts.append(s.position_start)
+        if (r + 1) * seq_len > offset:
+            lengths.append((r + 1) * seq_len - offset)
+            sources.append(-1)
+            sample_ids.append(-1)
+            starts.append(0)
+    wire = {
+        "input_ids": ids,
+        "cu_seqlens": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
+        "source": np.array(sources, np.int32),
+        "sample_id": np.array(sample_ids, np.int64),
+    }
+    if any(starts):
+        wire["position_start"] = np.array(starts, np.int32)
+    if masked:
+        wire["label_mask"] = np.packbits(trained)
+    if image_hw is not None:
+        wire["pixel_values"] = np.concatenate(images) if images else np.zeros((0, 3, *image_hw), np.uint8)
+        wire["image_index"] = np.array(image_index, np.int64)
+    return wire
+
+
 def test_a_steps_batches_built_at_once_are_each_ranks_own():
     """compact_batches builds every rank of a step in one pass over shared arrays: each rank's
-    arrays (offsets, padding, images and masks included) must be what that rank's rows alone give."""
+    arrays (offsets, padding, images and masks included) must be what that rank's rows give
+    when built segment by segment, and what compact_batch gives for that rank alone."""
     rng = np.random.default_rng(3)
     hw = (2, 2)
 
@@ -84,7 +124,7 @@ def test_a_steps_batches_built_at_once_are_each_ranks_own():
         tokens = rng.integers(0, 60_000, n).astype(np.uint16 if i % 2 else np.int32)
         return Segment(i % 3, 100 + i, n, tokens, position_start=i % 5, images=images, mask=mask)
 
-    widths, rows = [8, 5, 12], 2
+    widths, rows = [8, 5, 12, 6], 2
     ranks, count = [], 0
     for width in widths:
         rank_rows = []
@@ -96,16 +136,23 @@ def test_a_steps_batches_built_at_once_are_each_ranks_own():
                 row.append(s)
             rank_rows.append(row)
         ranks.append(rank_rows)
+    ranks[-1] = [[], []]  # a rank with no segment: all padding
     segments = [s for rank_rows in ranks for row in rank_rows for s in row]
     bounds = [0]
     for rank_rows in ranks:
         for row in rank_rows:
             bounds.append(bounds[-1] + len(row))
-    together = compact_batches(segments, bounds, rows, widths, hw, masked=True)
-    for rank_rows, width, wire in zip(ranks, widths, together):
-        alone = compact_batch(rank_rows, width, hw, masked=True)
-        assert wire.keys() == alone.keys()
-        for name in alone:
-            assert wire[name].dtype == alone[name].dtype, name
-            np.testing.assert_array_equal(wire[name], alone[name], err_msg=name)
-    assert sum(len(w["pixel_values"]) for w in together) == sum(s.image_count for s in segments) > 0
+    for image_hw, masked in [(hw, True), (None, False), (None, True), (hw, False)]:
+        together = compact_batches(segments, bounds, rows, widths, image_hw, masked)
+        for rank_rows, width, wire in zip(ranks, widths, together):
+            for expected in (
+                _reference_batch(rank_rows, width, image_hw, masked),
+                compact_batch(rank_rows, width, image_hw, masked),
+            ):
+                assert wire.keys() == expected.keys()
+                for name in expected:
+                    assert wire[name].dtype == expected[name].dtype, name
+                    np.testing.assert_array_equal(wire[name], expected[name], err_msg=name)
+        if image_hw is not None:
+            assert sum(len(w["pixel_values"]) for w in together) == sum(s.image_count for s in segments) > 0
+    assert compact_batch([], 4)["input_ids"].shape == (0, 4)  # no rows at all

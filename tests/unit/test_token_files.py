@@ -139,9 +139,9 @@ def test_check_tokens_finds_the_first_id_out_of_range():
 
 
 def test_ids_that_fit_uint16_are_read_as_uint16_and_the_others_as_int32(tmp_path):
-    """A record keeps uint16 ids at half the ring bytes: a document's ids come out uint16 when
-    every id must fit (a uint16 file, or a vocabulary of at most 65,536 checked), else int32,
-    the same values either way."""
+    """A document's ids come out uint16 when every id must fit (a uint16 file, or checked below
+    a vocabulary of at most 65,536), so the worker writes them without another pass; else
+    int32; the same values either way."""
     docs = [d for d in _docs(60, seed=9, high=60000) if d]
     small = write_megatron(tmp_path / "small", [[d] for d in docs])  # uint16 in the file
     wide = write_megatron(tmp_path / "wide", [[d] for d in docs], dtype=np.int32)
