@@ -9,23 +9,33 @@ lengths (median 600 tokens, as bench_data's text with the byte tokenizer), each 
 of rows x seq_len. Prints ms a step, ns a token slot and a digest of every batch array, so two
 commits can be compared for speed and for identical batches.
 
-    python scripts/bench_planner.py [--dp 256] [--steps 30] [--rounds 3]
+    python scripts/bench_planner.py [--dp 256] [--steps 30] [--rounds 3] [--intake memory|rings]
 
-What it does not show: reading records off the rings (intake.poll, about a quarter of the
-planning thread's time in a py-spy profile of bench_fanout), sending, or the event loop.
+--intake rings takes the documents through the coordinator's real intake (SourceIntake over a
+shared-memory ring a source, every record written before the step is timed), so reading and
+decoding records counts too; --intake memory (the default) hands them over from a list. Both
+give the same batches (the digest).
+
+What it does not show: the workers writing the records, sending, or the event loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 from bench_balance import MemoryIntake  # a sibling script (scripts/ is on sys.path)
 
 from omniload.coordinator.plan.stepper import Stepper
+from omniload.coordinator.pool.catalog import SourceCatalog
+from omniload.coordinator.pool.intake import SourceIntake
 from omniload.formats.records import decode, doc_record, tokens_of
+from omniload.formats.ring import Ring
+from omniload.formats.shards import Shard
 from omniload.spec import Spec
 
 SEQ_LEN, ROWS, SOURCES, MEDIAN_TOKENS = 2048, 4, 3, 600
@@ -36,18 +46,35 @@ def _as_records_give_it(tokens: np.ndarray) -> np.ndarray:
     return tokens_of(decode(b"".join(bytes(part) for part in doc_record(0, 0, 0, tokens))))
 
 
-def stepper(dp: int, steps: int) -> Stepper:
-    """A Stepper over enough documents for `steps` steps after the first (which fills the windows)."""
+def _ring_intake(source: int, docs: list[np.ndarray], rings: list[Ring]) -> SourceIntake:
+    """The coordinator's intake over one ring holding every document's record, in order: one
+    shard of len(docs) rows, one pass."""
+    capacity = sum(d.nbytes + 64 for d in docs)
+    ring = Ring.create(Path(f"/dev/shm/omniload-bench-planner-{os.getpid()}-{source}"), capacity)
+    rings.append(ring)
+    for pos, tokens in enumerate(docs):
+        assert ring.try_write(*doc_record(0, pos, pos, tokens)), "the ring must hold every record"
+    shard = Shard("unused", "parquet", 0, 1, len(docs), 0)
+    catalog = SourceCatalog(source, f"s{source}", "text", "bytes", (shard,), len(docs), 1)
+    return SourceIntake(catalog, [ring], 0, 1)
+
+
+def stepper(dp: int, steps: int, rings: list[Ring] | None = None) -> Stepper:
+    """A Stepper over enough documents for `steps` steps after the first (which fills the
+    windows); with `rings` (a list the caller closes and unlinks), through real rings."""
     rng = np.random.default_rng(0)
     per_source = dp * ROWS * SEQ_LEN * (steps + 1) * 1.5 / SOURCES
-    intakes = []
+    intakes: list = []
     for source in range(SOURCES):
         docs, total = [], 0
         while total < per_source:
             length = max(1, int(rng.lognormal(np.log(MEDIAN_TOKENS), 0.8)))
             docs.append(_as_records_give_it(rng.integers(0, 256, length).astype(np.int32)))
             total += length
-        intakes.append(MemoryIntake(source, len(docs), docs.__getitem__))
+        if rings is None:
+            intakes.append(MemoryIntake(source, len(docs), docs.__getitem__))
+        else:
+            intakes.append(_ring_intake(source, docs, rings))
     spec = Spec.from_dict(
         {
             "sources": [{"name": f"s{i}", "path": "unused", "weight": 1.0} for i in range(SOURCES)],
@@ -60,9 +87,18 @@ def stepper(dp: int, steps: int) -> Stepper:
     return planner
 
 
-def run(dp: int, steps: int) -> tuple[float, str]:
+def run(dp: int, steps: int, intake: str = "memory") -> tuple[float, str]:
     """(CPU seconds a step, digest of every array of every step)."""
-    planner = stepper(dp, steps)
+    rings: list[Ring] | None = [] if intake == "rings" else None
+    try:
+        return _timed(stepper(dp, steps, rings), steps)
+    finally:
+        for ring in rings or []:
+            ring.close()
+            ring.unlink()
+
+
+def _timed(planner: Stepper, steps: int) -> tuple[float, str]:
     planner.next_step()  # opens the windows: a start-up cost, not the steady state
     digest, cpu = hashlib.blake2b(digest_size=8), 0.0
     for _ in range(steps):
@@ -82,11 +118,15 @@ def main() -> None:
     parser.add_argument("--dp", type=int, default=256)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--intake", choices=("memory", "rings"), default="memory")
     args = parser.parse_args()
     slots = args.dp * ROWS * SEQ_LEN
-    print(f"dp {args.dp}, {ROWS} x {SEQ_LEN} a rank, {SOURCES} sources, median {MEDIAN_TOKENS} tokens a document")
+    print(
+        f"dp {args.dp}, {ROWS} x {SEQ_LEN} a rank, {SOURCES} sources, median {MEDIAN_TOKENS} tokens a document, "
+        f"intake {args.intake}"
+    )
     for _ in range(args.rounds):
-        per_step, digest = run(args.dp, args.steps)
+        per_step, digest = run(args.dp, args.steps, args.intake)
         print(f"{per_step * 1e3:.1f} ms CPU a step, {per_step / slots * 1e9:.1f} ns a token slot, batches {digest}")
 
 

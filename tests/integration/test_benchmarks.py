@@ -64,9 +64,12 @@ def test_bench_fanout_runs_with_lean_consumers():
     assert "lean clients" in out and "direct" in out
 
 
-def test_bench_planner_runs_and_its_batches_do_not_depend_on_the_round():
-    out = _run("bench_planner.py", "--dp", "4", "--steps", "3", "--rounds", "2")
-    digests = {line.rsplit(" ", 1)[1] for line in out.splitlines() if "ns a token slot" in line}
+def test_bench_planner_runs_and_its_batches_do_not_depend_on_the_round_or_the_intake():
+    """The same batches through the real rings as from memory: the ring mode times the same work."""
+    digests = set()
+    for intake in ("memory", "rings"):
+        out = _run("bench_planner.py", "--dp", "4", "--steps", "3", "--rounds", "2", "--intake", intake)
+        digests |= {line.rsplit(" ", 1)[1] for line in out.splitlines() if "ns a token slot" in line}
     assert len(digests) == 1, out
 
 
