@@ -115,8 +115,10 @@ def ids_fit_uint16(dtype: np.dtype | str | None = None, vocab: int | None = None
 
 def decode(data: bytes) -> Record:
     group, ordinal, pos, count, kind, flags, images = _HEAD.unpack_from(data)
-    # once per document on the planner's thread: enum members looked up, not constructed
-    return Record(_KINDS[kind], group, pos, ordinal, count, memoryview(data)[_HEAD.size :], images, _flags(flags))
+    # once per document on the planner's thread: enum members looked up, not constructed, and
+    # the tuple made by tuple.__new__ (a NamedTuple's own __new__ is Python, ~130 ns more)
+    fields = (_KINDS[kind], group, pos, ordinal, count, memoryview(data)[_HEAD.size :], images, _flags(flags))
+    return tuple.__new__(Record, fields)
 
 
 _KINDS = {int(kind): kind for kind in RecordKind}
@@ -132,24 +134,28 @@ def _flags(value: int) -> RecordFlag:
 
 def tokens_of(record: Record) -> np.ndarray:
     """A DOC or CHAT record's token ids: a read-only view of its payload (uint16 or int32)."""
-    return np.frombuffer(record.payload, dtype=_dtype(record), count=record.token_count)
+    return np.frombuffer(record.payload, _dtype(record), record.token_count)
 
 
 def mask_of(record: Record) -> np.ndarray:
     """A CHAT record's label mask (uint8 per token)."""
-    return np.frombuffer(record.payload, dtype=np.uint8, count=record.token_count, offset=_tokens_nbytes(record))
+    return np.frombuffer(record.payload, _UINT8, record.token_count, _tokens_nbytes(record))
 
 
 def images_of(record: Record, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
     """(where each image's placeholders start in the tokens, pixels uint8 [images, 3, H, W])."""
     after = _tokens_nbytes(record)
-    at = np.frombuffer(record.payload, dtype=np.int32, count=record.images, offset=after)
-    pixels = np.frombuffer(record.payload, dtype=np.uint8, offset=after + 4 * record.images)
+    at = np.frombuffer(record.payload, _INT32_IDS, record.images, after)
+    pixels = np.frombuffer(record.payload, _UINT8, -1, after + 4 * record.images)
     return at, pixels.reshape(record.images, 3, height, width)
 
 
-def _dtype(record: Record) -> type[np.integer]:
-    return np.uint16 if int(record.flags) & _UINT16 else np.int32  # (int: Flag.__and__ is Python, per document)
+# dtype objects, not types: np.frombuffer converts a type to a dtype on every call (~300 ns a document)
+_UINT16_IDS, _INT32_IDS, _UINT8 = np.dtype(np.uint16), np.dtype(np.int32), np.dtype(np.uint8)
+
+
+def _dtype(record: Record) -> np.dtype:
+    return _UINT16_IDS if int(record.flags) & _UINT16 else _INT32_IDS  # (int: Flag.__and__ is Python, per document)
 
 
 def _tokens_nbytes(record: Record) -> int:
