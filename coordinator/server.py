@@ -22,6 +22,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -71,6 +72,7 @@ class Coordinator:
         self.spec = spec
         self.token = token.encode()
         self.host, self.port = host, port
+        self.reserved: socket.socket | None = None  # a standby's port, bound from its start (listening.reserve)
         self.announce = announce
         self.job_id = job_id or os.urandom(4).hex()
         self.parent = os.getppid() if exit_with_parent else None
@@ -148,7 +150,7 @@ class Coordinator:
             return
         if not await self.role.follow(recovery):
             return
-        servers = [await self.sending.listen(Sessions(self.ranks), self.host, self.port)]
+        servers = [await self.sending.listen(Sessions(self.ranks), self.host, self.port, self.reserved)]
         if self.spec.metrics_port is not None:
             servers.append(
                 await listen(serve_metrics(self.ranks.status), self.host, self.spec.metrics_port, "--metrics-port")

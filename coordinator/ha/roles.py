@@ -26,7 +26,7 @@ from omniload.coordinator.ha.lease import job_digest
 from omniload.coordinator.ha.standby import Follower, follow, warm_forkserver
 from omniload.coordinator.plan.stepper import Cancelled
 from omniload.coordinator.serve.delivery import Delivery
-from omniload.coordinator.serve.listening import free_port, reachable
+from omniload.coordinator.serve.listening import reachable, reserve
 from omniload.errors import ConfigError, OmniloadError
 from omniload.formats.ring import remove_stale_segments
 
@@ -100,7 +100,8 @@ class Standby:
                 "and delta log it follows"
             )
         os.makedirs(folder, exist_ok=True)
-        job.port = job.port or free_port(job.host)
+        job.reserved = reserve(job.host, job.port, "--port")  # the announced port, ours until the takeover
+        job.port = job.reserved.getsockname()[1]
         addr = f"{reachable(job.host)}:{job.port}"
         warm_forkserver()
         job.announce(addr, None)

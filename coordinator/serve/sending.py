@@ -25,7 +25,7 @@ from omniload.coordinator.pool.worker_pool import available_cpus
 from omniload.coordinator.serve.arena import StepArena
 from omniload.coordinator.serve.batch_frames import encode_batch, step_fields
 from omniload.coordinator.serve.delivery import Frame, Frames, Variant
-from omniload.coordinator.serve.listening import bind, listen
+from omniload.coordinator.serve.listening import bind
 from omniload.coordinator.serve.senders import Accepting, Senders
 from omniload.coordinator.serve.sessions import Sessions
 from omniload.errors import ConfigError
@@ -86,12 +86,16 @@ class Sending:
             self._placing = False
         return keep
 
-    async def listen(self, sessions: Sessions, host: str, port: int) -> asyncio.Server | Accepting:
-        """The rank port: accepted by the senders where they serve, else by this loop."""
+    async def listen(
+        self, sessions: Sessions, host: str, port: int, reserved: socket.socket | None = None
+    ) -> asyncio.Server | Accepting:
+        """The rank port (`reserved`: already bound, a standby's): accepted by the senders where
+        they serve, else by this loop."""
+        listener = bind(host, port, "--port", reserved)
         if self.senders is not None:
             await self.senders.start(sessions.session)
-            return self.senders.listen(bind(host, port, "--port"), sessions.session)
-        return await listen(sessions.serve, host, port, "--port")
+            return self.senders.listen(listener, sessions.session)
+        return await asyncio.start_server(sessions.serve, sock=listener)
 
     def encode_step(self, step: Step, position: dict, dp: int, frame_kinds: Sequence[Variant]) -> Frames:
         """One frame for each kind of rank (pure: it may run on a thread); each carries the
