@@ -43,7 +43,6 @@ from omniload.workers.token_files import (
     index_flat,
     index_megatron,
     megatron_rows,
-    record_ids,
 )
 
 LOCAL = Files()  # local paths need no state: one for every caller that reads local files only
@@ -403,8 +402,6 @@ def iter_slices(
                 )
             if pretokenized is not None and pretokenized.vocab is not None and shard.format not in TOKEN_FILES:
                 _check_vocab(shard, values, slicing.members(j), pretokenized.vocab)
-                if ids_fit_uint16(vocab=pretokenized.vocab):
-                    values = [record_ids(v, pretokenized.vocab) if isinstance(v, np.ndarray) else v for v in values]
             j += 1
             yield values
     except (BadFile, StoreError):

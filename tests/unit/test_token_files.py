@@ -11,8 +11,8 @@ import pytest
 from omniload.formats.lane_config import Pretokenized
 from omniload.formats.shards import BadFile, detect_format
 from omniload.workers import token_files
-from omniload.workers.readers import LOCAL, index_file, iter_slices, read_shard
-from tests.corpus import write_megatron, write_parquet, write_token_file
+from omniload.workers.readers import LOCAL, index_file, read_shard
+from tests.corpus import write_megatron, write_token_file
 
 
 def _docs(n: int, seed: int, high: int = 50000) -> list[list[int]]:
@@ -155,15 +155,4 @@ def test_ids_that_fit_uint16_are_read_as_uint16_and_the_others_as_int32(tmp_path
         shards = index_file(str(path), "megatron", "text", 0, pretokenized=layout)
         arrays = [a for shard in shards for a in read_shard(shard, "text", pretokenized=layout)]
         assert {a.dtype for a in arrays} == {np.dtype(dtype)}, (path.name, layout)
-        assert [a.tolist() for a in arrays] == docs
-
-
-def test_a_token_id_column_below_a_small_vocabulary_is_read_as_uint16(tmp_path):
-    docs = [d for d in _docs(60, seed=10, high=60000) if d]
-    path = write_parquet(tmp_path / "ids.parquet", docs, column="ids")  # list<int64>
-    for layout, dtype in [(None, np.int32), (Pretokenized(vocab=60000), np.uint16)]:
-        shards = index_file(str(path), "parquet", "ids", 0, pretokenized=layout)
-        # the slices a worker's lane reads (iter_slices), where the vocabulary is checked
-        arrays = [a for shard in shards for part in iter_slices(shard, "ids", pretokenized=layout) for a in part]
-        assert {a.dtype for a in arrays} == {np.dtype(dtype)}, layout
         assert [a.tolist() for a in arrays] == docs
