@@ -53,23 +53,22 @@ class Block:
     def draw(self, step_tokens: dict[DocKey, int], cap: int) -> Unit:
         """The next unit whose document stays within `cap` tokens of this step (or has none in
         it yet); the head's unit when none within reach does. The block must not be exhausted."""
-        chosen, looked = self.head, 0
-        if fits(self.units[chosen], step_tokens, cap):  # most draws: the head's document is under its cap
+        chosen = self.head
+        if not fits(self.units[chosen], step_tokens, cap):  # (most draws take the head)
+            looked = 1
+            for i in range(self.head + 1, len(self.units)):
+                if looked >= _SCAN:
+                    break
+                if i in self.taken:
+                    continue
+                if fits(self.units[i], step_tokens, cap):
+                    chosen = i
+                    break
+                looked += 1
+        if chosen == self.head:
             self.head += 1
-            while self.head in self.taken:
-                self.taken.remove(self.head)
-                self.head += 1
-            return self.units[chosen]
-        for i in range(self.head, len(self.units)):
-            if looked >= _SCAN:
-                break
-            if i in self.taken:
-                continue
-            if fits(self.units[i], step_tokens, cap):
-                chosen = i
-                break
-            looked += 1
-        self.taken.add(chosen)
+        else:
+            self.taken.add(chosen)
         while self.head in self.taken:
             self.taken.remove(self.head)
             self.head += 1

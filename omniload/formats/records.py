@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-UINT16_VOCAB = 0x10000  # every id of a vocabulary of at most this many fits a UINT16 record
+_UINT16_VOCAB = 0x10000  # every id of a vocabulary of at most this many fits a UINT16 record
 _HEAD = struct.Struct("<QQIIHHI")  # group, ordinal, pos, count, kind, flags, images
 HEAD_SIZE = _HEAD.size  # what decode needs of a record to know its kind and place
 
@@ -106,11 +106,11 @@ def error_record(group: int, pos: int, message: str, bad_input: bool = False) ->
 
 def ids_fit_uint16(dtype: np.dtype | str | None = None, vocab: int | None = None) -> bool:
     """Whether every id must fit a UINT16 record before any is seen: ids of an unsigned type of
-    at most 16 bits, or (checked) below a vocabulary of at most UINT16_VOCAB. Decides where ids
+    at most 16 bits, or (checked) below a vocabulary of at most _UINT16_VOCAB. Decides where ids
     are made uint16 from the start (tokenizers, token files) and what a ring's read-ahead is
     sized for; a record whose ids happen to fit is UINT16 anyway (_compact)."""
     narrow = dtype is not None and np.dtype(dtype) in (np.dtype(np.uint8), np.dtype(np.uint16))
-    return narrow or (vocab is not None and vocab <= UINT16_VOCAB)
+    return narrow or (vocab is not None and vocab <= _UINT16_VOCAB)
 
 
 def decode(data: bytes) -> Record:
