@@ -1,0 +1,39 @@
+"""A tokenizer.json source's tokens are exactly the tokenizer's own: the workers encode in
+batches without offsets (encode_batch_fast), which must not change a single id."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omniload.workers.transforms import load_transform
+
+_TEXTS = [
+    "def main():\n    return 42  # the answer",
+    "Grüße aus Köln — naïve café, 東京, emoji 🙂 and tabs\tand  double  spaces",
+    "",
+    "<|endoftext|> is a special token here, written in the text",
+    "x" * 3000,
+]
+
+
+def test_a_bpe_tokenizer_json_gives_the_tokenizers_own_ids(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(_TEXTS * 20, trainer)
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+
+    # a fresh name: load_transform caches per path, and this file is new
+    got = load_transform(str(path))(_TEXTS)
+    want = [tokenizer.encode(text, add_special_tokens=False).ids for text in _TEXTS]
+    assert [ids.tolist() for ids in got] == want
+    assert all(ids.dtype == np.uint16 for ids in got)  # 400 ids fit uint16
+    assert got[3][0] == tokenizer.token_to_id("<|endoftext|>")  # added tokens in the text stay one id
