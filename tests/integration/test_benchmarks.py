@@ -39,6 +39,11 @@ def test_bench_throughput_runs():
     assert "heavy: omniload / baseline" in out and "single-core speed" in out and "loopback TCP copy" in out
 
 
+def test_bench_worker_runs():
+    out = _run("bench_worker.py", "--sources", "2", "--docs", "300", "--rounds", "1", "--tokenizer", "bytes")
+    assert "worker / tokenizer, 2,000 a call: median" in out
+
+
 def test_bench_memory_runs():
     out = _run("bench_memory.py", "--ranks", "1", "--sources", "2", "--docs", "300", "--kinds", "dataloader,omniload")
     assert "DataLoader MB" in out and "omniload at N=1 / at N=1" in out

@@ -1,0 +1,138 @@
+"""A worker's own overhead: its tokens per CPU-second against the tokenizer alone, in one process.
+
+bench_throughput.py sets the workers of a running job against the tokenizer timed alone on a
+quiet core, so its share also holds what the machine's other processes (the coordinator,
+the ranks) cost the workers' CPU-seconds. This takes the machine out: in this one process,
+alternating rounds, it times
+
+- `worker`: the records of one epoch of each bench source, made by the worker's own code
+  (`workers.worker._produce`: reading the files, slicing, the rows' order, transforming,
+  making records), one lane a source, transform batches sized as for a worker holding all of
+  them (`transform_rows`); writing into a ring is left out (a copy of the record);
+- `tokenizer`: the same documents' texts, read beforehand, through the same transform in
+  batches of the same size;
+- `tokenizer, 2,000 a call`: the same, 2,000 texts a call (bench_data.us_per_token's way),
+
+and prints tokens per CPU-second of each and the worker's share of each tokenizer figure:
+what the worker costs on top of tokenizing (goal: >= 90%, i.e. overhead <= 10%).
+
+    python scripts/bench_worker.py [--sources 4] [--docs 4000] [--tokenizer bpe|bytes] [--rounds 5]
+
+What it does not show: the ring's copy, the worker's idle waits on full rings, or the machine's
+other load (bench_throughput.py has those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# one core, as the workers run it: set before the tokenizers library starts its thread pool
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+from omniload.formats.lane_config import LaneConfig  # noqa: E402
+from omniload.workers import worker  # noqa: E402
+from omniload.workers.readers import index_file, iter_slices  # noqa: E402
+from omniload.workers.transforms import load_transform  # noqa: E402
+
+_FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".arrow": "arrow"}
+
+
+def lanes_of(sources: list[dict], tokenizer: str) -> list[LaneConfig]:
+    """One lane a source, over every file of its glob, for one epoch."""
+    lanes = []
+    for index, source in enumerate(sources):
+        shards: list = []
+        for path in sorted(glob.glob(source["path"])):
+            shards += index_file(path, _FORMATS[Path(path).suffix], "text", len(shards))
+        lanes.append(
+            LaneConfig(
+                source_index=index,
+                source_name=source["name"],
+                column="text",
+                tokenizer=tokenizer,
+                lane=0,
+                num_lanes=1,
+                ring_path="",
+                shards=tuple(shards),
+                seed=0,
+                epochs=1,
+                interleave=4,
+                start_group=0,
+                start_pos=0,
+                skip_bad_files=False,
+            )
+        )
+    return lanes
+
+
+def texts_of(lane: LaneConfig) -> list[str]:
+    """Every document's text of the lane's shards (their order does not matter to a tokenizer)."""
+    return [value for shard in lane.shards for values in iter_slices(shard, "text") for value in values]
+
+
+def cpu_timed(run: Callable[[], int]) -> float:
+    """Tokens per CPU-second of `run`, which returns the tokens it made."""
+    started = time.process_time()
+    tokens = run()
+    return tokens / (time.process_time() - started)
+
+
+def main() -> None:
+    from bench_data import bpe_tokenizer, make_sources
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sources", type=int, default=4)
+    parser.add_argument("--docs", type=int, default=4000, help="documents per source")
+    parser.add_argument("--tokenizer", default="bpe", help="bpe (the 32k BPE), bytes, or a tokenizer.json")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds of the three")
+    args = parser.parse_args()
+    tokenizer = bpe_tokenizer() if args.tokenizer == "bpe" else args.tokenizer
+    lanes = lanes_of(make_sources(args.sources, args.docs), tokenizer)
+    transform = load_transform(tokenizer)
+    batch = worker.transform_rows(lanes[0], len(lanes))
+    texts = [text for lane in lanes for text in texts_of(lane)]
+
+    def produce() -> int:
+        return sum(worker._tokens_in(record) for lane in lanes for record in worker._produce(lane, held=len(lanes)))
+
+    def tokenize(per_call: int) -> Callable[[], int]:
+        return lambda: sum(
+            len(ids) for i in range(0, len(texts), per_call) for ids in transform(texts[i : i + per_call])
+        )
+
+    sides = {
+        "worker": produce,
+        f"tokenizer, {batch} a call": tokenize(batch),
+        "tokenizer, 2,000 a call": tokenize(2000),
+    }
+    for run in sides.values():  # warm: the tokenizer loaded, the files in the page cache
+        run()
+    print(
+        f"{args.sources} sources x {args.docs} documents, tokenizer {args.tokenizer}, one lane a source, "
+        f"the worker's transform batches {batch} rows; tokens per CPU-second, {args.rounds} alternating rounds"
+    )
+    speeds: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(args.rounds):
+        for name, run in sides.items():
+            speeds[name].append(cpu_timed(run))
+    for name, values in speeds.items():
+        print(f"{name:<26}{statistics.median(values):>12,.0f}  (range {min(values):,.0f}-{max(values):,.0f})")
+    mine = speeds["worker"]
+    for name in list(sides)[1:]:
+        shares = [w / t for w, t in zip(mine, speeds[name])]
+        print(
+            f"worker / {name}: median {statistics.median(shares):.0%} (rounds {', '.join(f'{s:.0%}' for s in shares)})"
+        )
+
+
+if __name__ == "__main__":
+    main()
