@@ -1,4 +1,4 @@
-"""Delivered tokens/s at the ranks: omniload vs the lean colocated DataLoader baseline.
+"""Sustained tokens/s at the ranks: omniload vs the lean colocated DataLoader baseline.
 
 Same files, same tokenizer, same weights. The baseline is what a user writes by hand
 (colocated.lean_loader): each rank runs a DataLoader with --workers-per-rank workers over every
@@ -169,11 +169,16 @@ def run(kind: str, spec_dict: dict, ranks: int, steps: int, workers: int) -> dic
 
     while not all(warmed[:]):  # steady state from here: every rank past its warm-up
         time.sleep(0.01)
-    started, cpu_before, written_before = time.time(), _cpu_seconds(workers()), written()
+
+    def snapshot() -> tuple[float, float, int]:  # (time, the workers' CPU seconds, tokens written), together
+        return time.time(), _cpu_seconds(workers()), written()
+
+    started, cpu_before, written_before = snapshot()
     results = [pipe.recv() for pipe in pipes]
-    cpu = _cpu_seconds(workers()) - cpu_before
+    ended, cpu_after, written_after = snapshot()
+    cpu = cpu_after - cpu_before
     if job:
-        produced, ended = written() - written_before, time.time()
+        produced = written_after - written_before
     else:  # the DataLoader workers produce what their rank takes (a few batches ahead of it)
         produced = sum(r["all_tokens"] - _taken_at(r["taken"], started) for r in results)
     for pipe in pipes:
@@ -182,14 +187,14 @@ def run(kind: str, spec_dict: dict, ranks: int, steps: int, workers: int) -> dic
         proc.join()
     if job:
         job.stop()
-    delivered = sum(r["tokens"] / r["seconds"] for r in results)
+    taken = sum(r["tokens"] / r["seconds"] for r in results)
     return {
         # what the loader sustains: omniload's ranks also take what its rings and windows held
         # when the timing began (read ahead during the warm-up), which a short run counts as
         # speed; where its workers wrote fewer tokens meanwhile, their rate is the one that
         # lasts. The baseline's workers produce what its ranks take (a few batches ahead).
-        "tokens_per_s": min(delivered, produced / (ended - started)) if job else delivered,
-        "delivered_per_s": delivered,
+        "tokens_per_s": min(taken, produced / (ended - started)) if job else taken,
+        "taken_per_s": taken,
         "bytes_per_s": sum(r["bytes"] / r["seconds"] for r in results),
         "ttfb": max(r["ttfb"] for r in results),
         "tokens_per_cpu_s": produced / max(cpu, 1e-9),
@@ -265,12 +270,13 @@ def main() -> None:
         if mix == "heavy":
             mixed[0]["tokenizer"] = "bench_throughput:heavy"
         spec = dict(base, sources=mixed)
-        ratios, shares, their_shares, delivered_by_trial = [], [], [], []
+        ratios, shares, their_shares, sustained, references = [], [], [], [], []
         for trial in range(1, args.trials + 1):
             # the machine's speed drifts: each trial's workers are set against the tokenizer
             # alone measured right before them, not once for the whole run
             if mix != "heavy":  # (heavy's per-core figure is not reported)
                 single_core = 1e6 / us_per_token(tokenizer)
+                references.append(single_core)
             order = ("baseline", "omniload") if trial % 2 else ("omniload", "baseline")
             r = {
                 side: run(side, spec, args.ranks, args.steps, args.workers_per_rank if side == "baseline" else workers)
@@ -281,11 +287,11 @@ def main() -> None:
             ratios.append(ours["tokens_per_s"] / theirs["tokens_per_s"])
             shares.append(ours["tokens_per_cpu_s"] / single_core)
             their_shares.append(theirs["tokens_per_cpu_s"] / single_core)
-            delivered_by_trial.append(ours["tokens_per_s"])
+            sustained.append(ours["tokens_per_s"])
             print(
                 f"{mix:<7}{trial:>5}{theirs['tokens_per_s']:>16,.0f}{ours['tokens_per_s']:>16,.0f}{ratios[-1]:>7.2f}"
                 f"{theirs['tokens_per_cpu_s']:>28,.0f}{ours['tokens_per_cpu_s']:>10,.0f}"
-                f"{theirs['ttfb']:>15.2f}s{ours['ttfb']:>9.2f}s{ours['delivered_per_s']:>16,.0f}",
+                f"{theirs['ttfb']:>15.2f}s{ours['ttfb']:>9.2f}s{ours['taken_per_s']:>16,.0f}",
                 flush=True,
             )
         speed = (
@@ -294,13 +300,14 @@ def main() -> None:
             # the baseline's workers share the machine too: their figure says what it costs them
             else f"; per worker CPU-second {statistics.median(shares):.0%} of the tokenizer's single-core speed "
             f"(trials {', '.join(f'{s:.0%}' for s in shares)}), the baseline's "
-            f"{statistics.median(their_shares):.0%} (trials {', '.join(f'{s:.0%}' for s in their_shares)})"
+            f"{statistics.median(their_shares):.0%} (trials {', '.join(f'{s:.0%}' for s in their_shares)}); "
+            f"the tokenizer alone {', '.join(f'{r / 1e6:.2f}M' for r in references)} tokens per CPU-second"
         )
         print(
             f"{mix}: omniload / baseline median {statistics.median(ratios):.2f}x "
             f"(range {min(ratios):.2f}-{max(ratios):.2f}); omniload median "
-            f"{statistics.median(delivered_by_trial) / 1e6:.2f}M tokens/s "
-            f"(range {min(delivered_by_trial) / 1e6:.2f}-{max(delivered_by_trial) / 1e6:.2f}M){speed}"
+            f"{statistics.median(sustained) / 1e6:.2f}M tokens/s "
+            f"(range {min(sustained) / 1e6:.2f}-{max(sustained) / 1e6:.2f}M){speed}"
         )
     limit = loopback_bytes_per_s()
     print(

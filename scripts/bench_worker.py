@@ -5,10 +5,12 @@ quiet core, so its share also holds what the machine's other processes (the coor
 the ranks) cost the workers' CPU-seconds. This takes the machine out: in this one process,
 alternating rounds, it times
 
-- `worker`: the records of one epoch of each bench source, made by the worker's own code
-  (`workers.worker._produce`: reading the files, slicing, the rows' order, transforming,
-  making records), one lane a source, transform batches sized as for a worker holding all of
-  them (`transform_rows`); writing into a ring is left out (a copy of the record);
+- `worker`: the records of one epoch of each bench source, made by `workers.worker._produce`
+  (reading the files, slicing, the rows' order, transforming, making records), one lane a
+  source, transform batches sized as for a worker holding all of them (`transform_rows`: a
+  group's batches start at 32 rows and double up to that). Left out: the worker's loop around
+  it (a few clock reads and flag checks every 64 records, sleeps when its rings are full) and
+  the ring's copy of each record;
 - `tokenizer`: the same documents' texts, read beforehand, through the same transform in
   batches of the same size;
 - `tokenizer, 2,000 a call`: the same, 2,000 texts a call (bench_data.us_per_token's way),
@@ -39,11 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 from omniload.formats.lane_config import LaneConfig  # noqa: E402
+from omniload.formats.shards import detect_format  # noqa: E402
 from omniload.workers import worker  # noqa: E402
-from omniload.workers.readers import index_file, iter_slices  # noqa: E402
+from omniload.workers.readers import index_file, iter_slices, use_system_allocator  # noqa: E402
 from omniload.workers.transforms import load_transform  # noqa: E402
-
-_FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".arrow": "arrow"}
 
 
 def lanes_of(sources: list[dict], tokenizer: str) -> list[LaneConfig]:
@@ -52,7 +53,9 @@ def lanes_of(sources: list[dict], tokenizer: str) -> list[LaneConfig]:
     for index, source in enumerate(sources):
         shards: list = []
         for path in sorted(glob.glob(source["path"])):
-            shards += index_file(path, _FORMATS[Path(path).suffix], "text", len(shards))
+            fmt = detect_format(path)
+            assert fmt is not None, f"{path}: not a format bench_data writes"
+            shards += index_file(path, fmt, "text", sum(shard.rows for shard in shards))
         lanes.append(
             LaneConfig(
                 source_index=index,
@@ -95,6 +98,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", default="bpe", help="bpe (the 32k BPE), bytes, or a tokenizer.json")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds of the three")
     args = parser.parse_args()
+    use_system_allocator()  # as a worker does
     tokenizer = bpe_tokenizer() if args.tokenizer == "bpe" else args.tokenizer
     lanes = lanes_of(make_sources(args.sources, args.docs), tokenizer)
     transform = load_transform(tokenizer)
@@ -114,11 +118,13 @@ def main() -> None:
         f"tokenizer, {batch} a call": tokenize(batch),
         "tokenizer, 2,000 a call": tokenize(2000),
     }
-    for run in sides.values():  # warm: the tokenizer loaded, the files in the page cache
-        run()
+    # warm (the tokenizer loaded, the files in the page cache), and both sides make every token
+    made = {name: run() for name, run in sides.items()}
+    assert len(set(made.values())) == 1, f"the sides made different tokens: {made}"
     print(
-        f"{args.sources} sources x {args.docs} documents, tokenizer {args.tokenizer}, one lane a source, "
-        f"the worker's transform batches {batch} rows; tokens per CPU-second, {args.rounds} alternating rounds"
+        f"{args.sources} sources x {args.docs} documents ({made['worker']:,} tokens), tokenizer {args.tokenizer}, "
+        f"one lane a source, the worker's transform batches up to {batch} rows; tokens per CPU-second, "
+        f"{args.rounds} alternating rounds"
     )
     speeds: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(args.rounds):

@@ -82,7 +82,7 @@ def _hf_transform(path: str) -> Transform:
 
     def transform(values: Sequence[object]) -> list[np.ndarray]:
         texts = [_text(v) for v in values if not isinstance(v, np.ndarray)]
-        # no offsets: ids only, the same ids as encode_batch at some 20% less time a token
+        # no offsets (nothing here reads them): the same ids as encode_batch for 15-20% less CPU a token
         encoded = iter(tokenizer.encode_batch_fast(texts, add_special_tokens=False))
         return [v if isinstance(v, np.ndarray) else np.asarray(next(encoded).ids, dtype=dtype) for v in values]
 
