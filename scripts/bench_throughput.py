@@ -311,7 +311,8 @@ def main() -> None:
         )
     limit = loopback_bytes_per_s()
     print(
-        f"omniload handed out {delivered / 1e6:,.0f} MB/s of batch tensors (the wire carries about a sixth: "
+        f"omniload's ranks took up to {delivered / 1e6:,.0f} MB/s of batch tensors (read-ahead included; "
+        f"the wire carries about a sixth: "
         f"see bench_fanout); plain loopback TCP copy "
         f"{limit / 1e6:,.0f} MB/s ({delivered / limit:.1%} of the limit)"
     )
