@@ -42,7 +42,9 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from peers import PEERS, clean_streaming_leftovers, convert, free_port, missing  # noqa: E402
+from peers import PEERS, clean_streaming_leftovers, convert, missing  # noqa: E402
+
+from omniload.coordinator.serve.listening import free_port  # noqa: E402
 
 _KINDS = ("dataloader", "streaming", "litdata", "planned", "omniload")
 _LABELS = {"dataloader": "DataLoader", "streaming": "streaming", "litdata": "LitData", "planned": "planned"}
@@ -178,7 +180,7 @@ def loading_mb(
         job = omniload.Job(dict(spec_dict, workers=workers)).start()
         addr, token = job.addr, job.token
     else:  # a peer's ranks get the folders of its copy of the sources, and a port to meet at
-        addr, token = peer_folders, free_port()
+        addr, token = peer_folders, free_port("127.0.0.1")
     for pipe in pipes:
         pipe.send((addr, token))
     deadline = time.monotonic() + 120 + 30 * n  # 16 ranks starting a peer on 2 cores take minutes

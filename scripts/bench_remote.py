@@ -183,10 +183,10 @@ def _run_peer(
     workers: int,  # noqa: ANN001
     env: dict,
 ) -> dict:
-    from peers import free_port
+    from omniload.coordinator.serve.listening import free_port
 
     weights = [s.get("weight", 1.0) for s in spec["sources"]]
-    port = free_port()
+    port = free_port("127.0.0.1")
     pipes, procs = [], []
     for rank in range(ranks):
         parent, child = ctx.Pipe()

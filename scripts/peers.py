@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.machinery
 import os
-import socket
 import sys
 import types
 from collections.abc import Iterator
@@ -153,12 +152,6 @@ def rank_environment(rank: int, world: int, port: int) -> None:
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def clean_streaming_leftovers() -> None:
