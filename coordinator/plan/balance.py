@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 _MAX_REFINE = 4096
 _RETRY_ROUNDS = 4
+_PYTHON_DP = 8  # _greedy runs as plain Python up to this many ranks
 
 Ints = NDArray[np.int64]  # segment indices, lengths, ranks, rows, free tokens per row
 Floats = NDArray[np.float64]  # costs
@@ -126,29 +127,19 @@ def _greedy(
     may_wait: Mask | None,
 ) -> None:
     """LPT in rounds: the next `dp` segments by cost go to the ranks by cost, most expensive
-    segment to the cheapest rank, each into its best-fitting row; vectorized per round.
-    Segments that do not fit their rank try again, a few times, with the cheapest ranks that
-    still have room for them, then one by one; what fits nowhere is carried."""
-    dp = len(rank_cost)
-    if dp == 1:
-        _fill_rows(order, lengths, costs, rank_of, row_of, free, rank_cost, limit, may_wait)
-        return
-    for start in range(0, len(order), dp):
-        items = order[start : start + dp]
-        if may_wait is not None:
-            waiting = may_wait[items] & (rank_cost.min() + costs[items] > limit)
-            items = items[~waiting]  # even the cheapest rank would go well over the bound: wait
-        ranks = np.argsort(rank_cost, kind="stable")
-        for _ in range(_RETRY_ROUNDS):
-            if not len(items):
-                break
-            items = _place_round(items, ranks[: len(items)], lengths, costs, rank_of, row_of, free, rank_cost)
-            ranks = ranks[free[ranks].max(axis=1) >= lengths[items].min(initial=0)] if len(items) else ranks
-        if len(items):
-            _place_anywhere(items, lengths, costs, rank_of, row_of, free, rank_cost)
+    segment to the cheapest rank, each into its best-fitting row. Segments that do not fit
+    their rank try again with the cheapest ranks, until a try places none (at most
+    _RETRY_ROUNDS), then one by one where there is room; what fits nowhere is carried. (Until
+    this note the retries also meant to skip ranks without room, but that filter compared with
+    `min(initial=0)`, i.e. 0, and kept every rank: dropped as it did nothing, so batches are
+    unchanged.) Vectorized per round for many ranks; in
+    plain Python for a few, where a round of numpy calls (some 20 us) costs more than the
+    loops: at dp=2 the rounds were a fifth of a 2-rank coordinator's CPU."""
+    greedy = _greedy_python if len(rank_cost) <= _PYTHON_DP else _greedy_rounds
+    greedy(order, lengths, costs, rank_of, row_of, free, rank_cost, limit, may_wait)
 
 
-def _fill_rows(
+def _greedy_rounds(
     order: Ints,
     lengths: Ints,
     costs: Floats,
@@ -159,25 +150,80 @@ def _fill_rows(
     limit: float,
     may_wait: Mask | None,
 ) -> None:
-    """_greedy's result for one rank (each segment into its best-fitting row, in order), in
-    plain Python: rounds of one segment would cost a dozen numpy calls each, which made this
-    a third of a dp=1 coordinator's CPU."""
-    room, cost = free[0].tolist(), float(rank_cost[0])
-    waits = may_wait[order].tolist() if may_wait is not None else [False] * len(order)
-    for i, length, c, wait in zip(order.tolist(), lengths[order].tolist(), costs[order].tolist(), waits):
-        if wait and cost + c > limit:
-            continue
-        best = -1
-        for row, left in enumerate(room):
-            if left >= length and (best < 0 or left < room[best]):
+    dp = len(rank_cost)
+    for start in range(0, len(order), dp):
+        items = order[start : start + dp]
+        if may_wait is not None:
+            waiting = may_wait[items] & (rank_cost.min() + costs[items] > limit)
+            items = items[~waiting]  # even the cheapest rank would go well over the bound: wait
+        ranks = np.argsort(rank_cost, kind="stable")
+        for _ in range(_RETRY_ROUNDS):
+            if not len(items):
+                break
+            left = _place_round(items, ranks[: len(items)], lengths, costs, rank_of, row_of, free, rank_cost)
+            if len(left) == len(items):
+                break  # nothing placed: another try would pair the same items with the same ranks
+            items = left
+        if len(items):
+            _place_anywhere(items, lengths, costs, rank_of, row_of, free, rank_cost)
+
+
+def _greedy_python(
+    order: Ints,
+    lengths: Ints,
+    costs: Floats,
+    rank_of: Ints,
+    row_of: Ints,
+    free: Ints,
+    rank_cost: Floats,
+    limit: float,
+    may_wait: Mask | None,
+) -> None:
+    """_greedy_rounds step for step (the same order, the same float additions), so the same
+    assignment: a unit test runs both."""
+    dp = len(rank_cost)
+    room, cost = free.tolist(), rank_cost.tolist()
+    length_of, cost_of = lengths.tolist(), costs.tolist()
+    waits = may_wait.tolist() if may_wait is not None else None
+    order_list = order.tolist()
+
+    def best_row(r: int, length: int) -> int:  # the fullest row that fits (the first of equals), or -1
+        best, rows = -1, room[r]
+        for row, left in enumerate(rows):
+            if left >= length and (best < 0 or left < rows[best]):
                 best = row
-        if best < 0:
-            continue  # fits nowhere: carried
-        room[best] -= length
-        cost += c
-        rank_of[i], row_of[i] = 0, best
-    free[0] = room
-    rank_cost[0] = cost
+        return best
+
+    def place(i: int, r: int, row: int) -> None:
+        room[r][row] -= length_of[i]
+        cost[r] += cost_of[i]
+        rank_of[i], row_of[i] = r, row
+
+    for start in range(0, len(order_list), dp):
+        items = order_list[start : start + dp]
+        if waits is not None:
+            least = min(cost)
+            items = [i for i in items if not (waits[i] and least + cost_of[i] > limit)]
+        ranks = sorted(range(dp), key=cost.__getitem__)  # stable, as argsort(kind="stable")
+        for _ in range(_RETRY_ROUNDS):
+            if not items:
+                break
+            pairs = list(zip(items, ranks))  # item k to rank k: the ranks differ, so rows are found first
+            rows = [best_row(r, length_of[i]) for i, r in pairs]
+            left = [i for (i, _), row in zip(pairs, rows) if row < 0] + items[len(pairs) :]
+            if len(left) == len(items):
+                break
+            for (i, r), row in zip(pairs, rows):
+                if row >= 0:
+                    place(i, r, row)
+            items = left
+        for i in items:  # as _place_anywhere: the cheapest rank with room (the first of equals)
+            candidates = [r for r in range(dp) if max(room[r]) >= length_of[i]]
+            if candidates:
+                r = min(candidates, key=cost.__getitem__)
+                place(i, r, best_row(r, length_of[i]))
+    free[:] = room
+    rank_cost[:] = cost
 
 
 def _place_round(
