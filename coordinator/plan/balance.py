@@ -129,12 +129,10 @@ def _greedy(
     """LPT in rounds: the next `dp` segments by cost go to the ranks by cost, most expensive
     segment to the cheapest rank, each into its best-fitting row. Segments that do not fit
     their rank try again with the cheapest ranks, until a try places none (at most
-    _RETRY_ROUNDS), then one by one where there is room; what fits nowhere is carried. (Until
-    this note the retries also meant to skip ranks without room, but that filter compared with
-    `min(initial=0)`, i.e. 0, and kept every rank: dropped as it did nothing, so batches are
-    unchanged.) Vectorized per round for many ranks; in
-    plain Python for a few, where a round of numpy calls (some 20 us) costs more than the
-    loops: at dp=2 the rounds were a fifth of a 2-rank coordinator's CPU."""
+    _RETRY_ROUNDS), then one by one where there is room; what fits nowhere is carried.
+    Vectorized per round for many ranks; in plain Python for a few, where a round of numpy
+    calls (some 20 us) costs more than the loops: at dp=2 the rounds were a fifth of a 2-rank
+    coordinator's CPU."""
     greedy = _greedy_python if len(rank_cost) <= _PYTHON_DP else _greedy_rounds
     greedy(order, lengths, costs, rank_of, row_of, free, rank_cost, limit, may_wait)
 
