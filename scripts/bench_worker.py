@@ -27,7 +27,6 @@ other load (bench_throughput.py has those).
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import statistics
 import sys
@@ -40,41 +39,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # one core, as the workers run it: set before the tokenizers library starts its thread pool
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
+from omniload.coordinator.pool.catalog import build_catalog  # noqa: E402
+from omniload.coordinator.pool.worker_pool import lane_config, stop_helpers  # noqa: E402
 from omniload.formats.lane_config import LaneConfig  # noqa: E402
-from omniload.formats.shards import detect_format  # noqa: E402
+from omniload.spec import Spec  # noqa: E402
 from omniload.workers import worker  # noqa: E402
-from omniload.workers.readers import index_file, iter_slices, use_system_allocator  # noqa: E402
+from omniload.workers.readers import iter_slices, use_system_allocator  # noqa: E402
 from omniload.workers.transforms import load_transform  # noqa: E402
 
 
 def lanes_of(sources: list[dict], tokenizer: str) -> list[LaneConfig]:
-    """One lane a source, over every file of its glob, for one epoch."""
-    lanes = []
-    for index, source in enumerate(sources):
-        shards: list = []
-        for path in sorted(glob.glob(source["path"])):
-            fmt = detect_format(path)
-            assert fmt is not None, f"{path}: not a format bench_data writes"
-            shards += index_file(path, fmt, "text", sum(shard.rows for shard in shards))
-        lanes.append(
-            LaneConfig(
-                source_index=index,
-                source_name=source["name"],
-                column="text",
-                tokenizer=tokenizer,
-                lane=0,
-                num_lanes=1,
-                ring_path="",
-                shards=tuple(shards),
-                seed=0,
-                epochs=1,
-                interleave=4,
-                start_group=0,
-                start_pos=0,
-                skip_bad_files=False,
-            )
-        )
-    return lanes
+    """One lane a source for one epoch, as a job of these sources (the spec's defaults, the
+    job's own indexing) gives its workers."""
+    spec = Spec.from_dict({"sources": sources, "tokenizer": tokenizer, "epochs": 1})
+    try:
+        catalog = build_catalog(spec)
+    finally:
+        stop_helpers()
+    return [lane_config(spec, src, 0, 1, "", (0, 0)) for src in catalog]
 
 
 def texts_of(lane: LaneConfig) -> list[str]:

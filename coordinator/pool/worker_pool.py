@@ -161,31 +161,8 @@ class WorkerPool:
 
     def lane_config(self, source: int, lane: int, start: tuple[int, int]) -> LaneConfig:
         """What a worker needs to produce lane `lane` of `source` from position `start` on."""
-        src = self._catalog[source]
-        return LaneConfig(
-            source_index=source,
-            source_name=src.name,
-            column=src.column,
-            tokenizer=src.tokenizer,
-            lane=lane,
-            num_lanes=self.lane_counts[source],
-            ring_path=str(self.rings[(source, lane)].path),
-            shards=src.shards,
-            seed=self._spec.seed,
-            epochs=src.epochs,
-            interleave=self._spec.shard_interleave,
-            start_group=start[0],
-            start_pos=start[1],
-            skip_bad_files=self._spec.on_bad_file == "skip",
-            image_column=src.image_column,
-            images=src.images,
-            store=src.store,
-            read_ahead=self._spec.read_ahead,
-            cache_dir=self._spec.cache_dir,
-            cache_limit=self._spec.cache_limit,
-            pretokenized=src.pretokenized,
-            chat=src.chat,
-        )
+        ring = str(self.rings[(source, lane)].path)
+        return lane_config(self._spec, self._catalog[source], lane, self.lane_counts[source], ring, start)
 
     def started(self, worker_id: int) -> WorkerProcess:
         """Worker `worker_id`, which must have been started."""
@@ -313,6 +290,37 @@ def _shm_error(exc: OSError, spec: Spec, plan: list[list[tuple[int, int]]], id_b
 
 def _mb(size: int) -> str:
     return f"{size / (1 << 20):.1f} MB"
+
+
+def lane_config(
+    spec: Spec, src: SourceCatalog, lane: int, num_lanes: int, ring_path: str, start: tuple[int, int]
+) -> LaneConfig:
+    """What a worker needs to produce lane `lane` of `num_lanes` of source `src` into the ring at
+    `ring_path`, from position `start` on."""
+    return LaneConfig(
+        source_index=src.index,
+        source_name=src.name,
+        column=src.column,
+        tokenizer=src.tokenizer,
+        lane=lane,
+        num_lanes=num_lanes,
+        ring_path=ring_path,
+        shards=src.shards,
+        seed=spec.seed,
+        epochs=src.epochs,
+        interleave=spec.shard_interleave,
+        start_group=start[0],
+        start_pos=start[1],
+        skip_bad_files=spec.on_bad_file == "skip",
+        image_column=src.image_column,
+        images=src.images,
+        store=src.store,
+        read_ahead=spec.read_ahead,
+        cache_dir=spec.cache_dir,
+        cache_limit=spec.cache_limit,
+        pretokenized=src.pretokenized,
+        chat=src.chat,
+    )
 
 
 def stop_helpers() -> None:
