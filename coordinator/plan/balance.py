@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 _MAX_REFINE = 4096
 _RETRY_ROUNDS = 4
-_PYTHON_DP = 8  # _greedy runs as plain Python up to this many ranks
+_PYTHON_DP = 8  # assign's greedy pass runs as plain Python up to this many ranks
 
 Ints = NDArray[np.int64]  # segment indices, lengths, ranks, rows, free tokens per row
 Floats = NDArray[np.float64]  # costs
@@ -84,7 +84,8 @@ def assign(
         _place_group(group, costs, rank_of, row_of, free, rank_cost, seq_len)
     order = np.concatenate([_by_cost(costs[:carried]), carried + _by_cost(costs[carried:])])
     order = order[~pinned[order]]
-    _greedy(
+    greedy = _greedy_python if dp <= _PYTHON_DP else _greedy_rounds
+    greedy(
         order,
         lengths,
         costs,
@@ -115,7 +116,7 @@ def _place_group(
     rank_cost[r] += costs[group].sum()
 
 
-def _greedy(
+def _greedy_rounds(
     order: Ints,
     lengths: Ints,
     costs: Floats,
@@ -130,24 +131,9 @@ def _greedy(
     segment to the cheapest rank, each into its best-fitting row. Segments that do not fit
     their rank try again with the cheapest ranks, until a try places none (at most
     _RETRY_ROUNDS), then one by one where there is room; what fits nowhere is carried.
-    Vectorized per round for many ranks; in plain Python for a few, where a round of numpy
-    calls (some 20 us) costs more than the loops: at dp=2 the rounds were a fifth of a 2-rank
-    coordinator's CPU."""
-    greedy = _greedy_python if len(rank_cost) <= _PYTHON_DP else _greedy_rounds
-    greedy(order, lengths, costs, rank_of, row_of, free, rank_cost, limit, may_wait)
-
-
-def _greedy_rounds(
-    order: Ints,
-    lengths: Ints,
-    costs: Floats,
-    rank_of: Ints,
-    row_of: Ints,
-    free: Ints,
-    rank_cost: Floats,
-    limit: float,
-    may_wait: Mask | None,
-) -> None:
+    Vectorized per round, for many ranks; up to _PYTHON_DP, _greedy_python does the same in
+    plain Python, where a round of numpy calls (some 20 us) costs more than the loops: at dp=2
+    the rounds were a fifth of a 2-rank coordinator's CPU."""
     dp = len(rank_cost)
     for start in range(0, len(order), dp):
         items = order[start : start + dp]

@@ -103,7 +103,7 @@ def test_plan_counts_the_delay_of_what_it_carries():
     st.booleans(),
 )
 def test_a_few_ranks_are_placed_as_the_vectorized_rounds_place_them(lengths, dp, rows, limit_share, waits, used, ties):
-    """Up to _PYTHON_DP ranks, _greedy runs as plain Python (the rounds' numpy calls were a fifth
+    """Up to _PYTHON_DP ranks, assign's greedy pass runs as plain Python (the rounds' numpy calls were a fifth
     of a 2-rank coordinator's CPU); the batches must stay what the rounds make, with segments
     that wait, rows already used, equal costs and segments that fit nowhere."""
     from omniload.coordinator.plan import balance
