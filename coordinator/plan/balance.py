@@ -132,7 +132,7 @@ def _greedy_rounds(
     their rank try again with the cheapest ranks, until a try places none (at most
     _RETRY_ROUNDS), then one by one where there is room; what fits nowhere is carried.
     Vectorized per round, for many ranks; up to _PYTHON_DP, _greedy_python does the same in
-    plain Python, where a round of numpy calls (some 20 us) costs more than the loops: at dp=2
+    plain Python, where a round of numpy calls (about 25 us) costs more than the loops: at dp=2
     the rounds were a fifth of a 2-rank coordinator's CPU."""
     dp = len(rank_cost)
     for start in range(0, len(order), dp):
