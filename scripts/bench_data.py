@@ -7,7 +7,9 @@ text compresses like real text. Written once per (name, size) into the cache fol
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -100,3 +102,26 @@ def us_per_token(tokenizer: str) -> float:
     started = time.process_time()
     tokens = sum(len(t) for t in transform(texts))
     return (time.process_time() - started) / tokens * 1e6
+
+
+def tokens_per_cpu_s_together(tokenizer: str, processes: int) -> float:
+    """The tokenizer alone in `processes` forked processes at once (us_per_token in each, started
+    together): the median of their tokens per CPU-second. Processes sharing cores slow each
+    other's CPU-seconds (caches, a core's other hyperthread), so a job's workers, as many as
+    here, can make no more per CPU-second than this on the same machine."""
+    context = multiprocessing.get_context("fork")
+    start, results = context.Barrier(processes), context.SimpleQueue()
+    children = [
+        context.Process(target=_speed_after, args=(tokenizer, start, results), daemon=True) for _ in range(processes)
+    ]
+    for child in children:
+        child.start()
+    speeds = [results.get() for _ in children]
+    for child in children:
+        child.join()
+    return statistics.median(speeds)
+
+
+def _speed_after(tokenizer: str, start, results) -> None:  # noqa: ANN001  (multiprocessing's Barrier and queue)
+    start.wait()
+    results.put(1e6 / us_per_token(tokenizer))

@@ -21,6 +21,11 @@ workers produced meanwhile (omniload's: what they wrote into their rings; the ba
 its ranks took) over the CPU time they spent meanwhile. Over the whole run, as before, it also
 counted the workers' start (imports, loading the tokenizer) and, for omniload, not what was
 left unread in its rings. CPU time, unlike tokens/s, holds on a busy machine.
+Processes sharing cores also slow each other's CPU-seconds (caches, a core's other
+hyperthread): so each trial also measures the tokenizer alone in as many processes at once as
+omniload has workers (bench_data.tokens_per_cpu_s_together), and prints the share against
+that too. It is a ceiling for the job's workers on this machine, not a target: the job's
+coordinator and ranks share the cores as well.
 Also prints the time to first batch and omniload's delivered bytes/s against a plain
 loopback TCP copy measured in the same run.
 
@@ -226,7 +231,7 @@ def loopback_bytes_per_s(total: int = 2 << 30, chunk: int = 1 << 20) -> float:
 
 
 def main() -> None:
-    from bench_data import bpe_tokenizer, make_sources, us_per_token
+    from bench_data import bpe_tokenizer, make_sources, tokens_per_cpu_s_together, us_per_token
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=2)
@@ -271,12 +276,15 @@ def main() -> None:
             mixed[0]["tokenizer"] = "bench_throughput:heavy"
         spec = dict(base, sources=mixed)
         ratios, shares, their_shares, sustained, references = [], [], [], [], []
+        together_shares, their_together_shares, together_references = [], [], []
         for trial in range(1, args.trials + 1):
             # the machine's speed drifts: each trial's workers are set against the tokenizer
             # alone measured right before them, not once for the whole run
             if mix != "heavy":  # (heavy's per-core figure is not reported)
                 single_core = 1e6 / us_per_token(tokenizer)
                 references.append(single_core)
+                together = tokens_per_cpu_s_together(tokenizer, workers)
+                together_references.append(together)
             order = ("baseline", "omniload") if trial % 2 else ("omniload", "baseline")
             r = {
                 side: run(side, spec, args.ranks, args.steps, args.workers_per_rank if side == "baseline" else workers)
@@ -287,6 +295,9 @@ def main() -> None:
             ratios.append(ours["tokens_per_s"] / theirs["tokens_per_s"])
             shares.append(ours["tokens_per_cpu_s"] / single_core)
             their_shares.append(theirs["tokens_per_cpu_s"] / single_core)
+            if mix != "heavy":
+                together_shares.append(ours["tokens_per_cpu_s"] / together)
+                their_together_shares.append(theirs["tokens_per_cpu_s"] / together)
             sustained.append(ours["tokens_per_s"])
             print(
                 f"{mix:<7}{trial:>5}{theirs['tokens_per_s']:>16,.0f}{ours['tokens_per_s']:>16,.0f}{ratios[-1]:>7.2f}"
@@ -301,7 +312,11 @@ def main() -> None:
             else f"; per worker CPU-second {statistics.median(shares):.0%} of the tokenizer's single-core speed "
             f"(trials {', '.join(f'{s:.0%}' for s in shares)}), the baseline's "
             f"{statistics.median(their_shares):.0%} (trials {', '.join(f'{s:.0%}' for s in their_shares)}); "
-            f"the tokenizer alone {', '.join(f'{r / 1e6:.2f}M' for r in references)} tokens per CPU-second"
+            f"the tokenizer alone {', '.join(f'{r / 1e6:.2f}M' for r in references)} tokens per CPU-second; "
+            f"{statistics.median(together_shares):.0%} (trials {', '.join(f'{s:.0%}' for s in together_shares)}) "
+            f"of the tokenizer alone in {workers} processes at once "
+            f"({', '.join(f'{r / 1e6:.2f}M' for r in together_references)} tokens per CPU-second each), "
+            f"the baseline's {statistics.median(their_together_shares):.0%}"
         )
         print(
             f"{mix}: omniload / baseline median {statistics.median(ratios):.2f}x "

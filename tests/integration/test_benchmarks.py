@@ -37,6 +37,7 @@ def test_bench_throughput_runs():
         "bench_throughput.py", "--steps", "5", "--docs", "300", "--sources", "2", "--seq-len", "256", "--trials", "1"
     )
     assert "heavy: omniload / baseline" in out and "single-core speed" in out and "loopback TCP copy" in out
+    assert "processes at once" in out  # the reference under the same contention
 
 
 def test_bench_worker_runs():
