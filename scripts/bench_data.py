@@ -107,8 +107,9 @@ def us_per_token(tokenizer: str) -> float:
 def tokens_per_cpu_s_together(tokenizer: str, processes: int) -> float:
     """The tokenizer alone in `processes` forked processes at once (us_per_token in each, started
     together): the median of their tokens per CPU-second. Processes sharing cores slow each
-    other's CPU-seconds (caches, a core's other hyperthread), so a job's workers, as many as
-    here, can make no more per CPU-second than this on the same machine."""
+    other's CPU-seconds (caches, a core's other hyperthread): with more processes than cores,
+    each core switches between them all the time, which a job's workers, sometimes waiting on
+    full rings, do less. A job's workers' figure falls between this and us_per_token's."""
     context = multiprocessing.get_context("fork")
     start, results = context.Barrier(processes), context.SimpleQueue()
     children = [

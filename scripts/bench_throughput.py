@@ -23,9 +23,10 @@ counted the workers' start (imports, loading the tokenizer) and, for omniload, n
 left unread in its rings. CPU time, unlike tokens/s, holds on a busy machine.
 Processes sharing cores also slow each other's CPU-seconds (caches, a core's other
 hyperthread): so each trial also measures the tokenizer alone in as many processes at once as
-omniload has workers (bench_data.tokens_per_cpu_s_together), and prints the share against
-that too. It is a ceiling for the job's workers on this machine, not a target: the job's
-coordinator and ranks share the cores as well.
+omniload has workers (bench_data.tokens_per_cpu_s_together), and prints the shares against
+that too. It is the other end of the bracket, not a target: all of those processes run at
+once, where the job's workers share the cores with its coordinator and ranks and now and then
+wait on full rings.
 Also prints the time to first batch and omniload's delivered bytes/s against a plain
 loopback TCP copy measured in the same run.
 
