@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 _MAX_REFINE = 4096
 _RETRY_ROUNDS = 4
-_PYTHON_DP = 8  # assign's greedy pass runs as plain Python up to this many ranks
+_PYTHON_DP = 32  # assign's greedy pass runs as plain Python up to this many ranks (the rounds win from ~48)
 
 Ints = NDArray[np.int64]  # segment indices, lengths, ranks, rows, free tokens per row
 Floats = NDArray[np.float64]  # costs

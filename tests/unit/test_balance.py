@@ -95,7 +95,7 @@ def test_plan_counts_the_delay_of_what_it_carries():
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.integers(1, 64), max_size=60),
-    st.integers(1, 10),
+    st.integers(1, 40),
     st.integers(1, 5),
     st.floats(0.1, 1.5),
     st.booleans(),
