@@ -111,18 +111,27 @@ def tokens_per_cpu_s_together(tokenizer: str, processes: int) -> float:
     each core switches between them all the time, which a job's workers, sometimes waiting on
     full rings, do less. A job's workers' figure falls between this and us_per_token's."""
     context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(processes), context.SimpleQueue()
+    start, results = context.Barrier(processes), context.Queue()
     children = [
         context.Process(target=_speed_after, args=(tokenizer, start, results), daemon=True) for _ in range(processes)
     ]
     for child in children:
         child.start()
-    speeds = [results.get() for _ in children]
-    for child in children:
-        child.join()
+    try:
+        speeds = [results.get(timeout=300) for _ in children]
+    finally:
+        for child in children:
+            child.join(timeout=10)
+            child.kill()
+    failed = [s for s in speeds if isinstance(s, str)]
+    if failed:
+        raise RuntimeError(f"timing the tokenizer in {processes} processes at once failed: {failed[0]}")
     return statistics.median(speeds)
 
 
 def _speed_after(tokenizer: str, start, results) -> None:  # noqa: ANN001  (multiprocessing's Barrier and queue)
-    start.wait()
-    results.put(1e6 / us_per_token(tokenizer))
+    try:
+        start.wait(timeout=60)
+        results.put(1e6 / us_per_token(tokenizer))
+    except Exception as exc:  # the parent says what failed, instead of waiting on a result
+        results.put(f"{type(exc).__name__}: {exc}")
