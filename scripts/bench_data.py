@@ -11,6 +11,9 @@ import multiprocessing
 import os
 import statistics
 import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import numpy as np
@@ -94,44 +97,82 @@ def us_per_token(tokenizer: str) -> float:
     (as omniload's workers call it on a slice's values): CPU microseconds a token, the unit the
     throughput benchmark counts workers in (wall time would count the other processes that
     share the core). Set TOKENIZERS_PARALLELISM=false first for one core's speed."""
+    return _tokenizer_timing(tokenizer)()
+
+
+def _tokenizer_timing(tokenizer: str) -> Callable[[], float]:
+    """us_per_token's measurement made ready (the tokenizer loaded and warmed, the texts made), so
+    that processes timed together start timing together."""
     from omniload.workers.transforms import load_transform
 
     transform = load_transform(tokenizer)
     texts = documents(2000, 99, 600)
     transform(texts[:100])
-    started = time.process_time()
-    tokens = sum(len(t) for t in transform(texts))
-    return (time.process_time() - started) / tokens * 1e6
+
+    def timed() -> float:
+        started = time.process_time()
+        tokens = sum(len(t) for t in transform(texts))
+        return (time.process_time() - started) / tokens * 1e6
+
+    return timed
+
+
+_TOGETHER_S = 300.0  # for each process's word: it imports, loads the tokenizer, then times ~1 s of tokens
 
 
 def tokens_per_cpu_s_together(tokenizer: str, processes: int) -> float:
-    """The tokenizer alone in `processes` forked processes at once (us_per_token in each, started
-    together): the median of their tokens per CPU-second. Processes sharing cores slow each
-    other's CPU-seconds (caches, a core's other hyperthread): with more processes than cores,
-    each core switches between them all the time, which a job's workers, sometimes waiting on
-    full rings, do less. A job's workers' figure falls between this and us_per_token's."""
-    context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(processes), context.Queue()
-    children = [
-        context.Process(target=_speed_after, args=(tokenizer, start, results), daemon=True) for _ in range(processes)
-    ]
-    for child in children:
+    """The tokenizer alone in `processes` processes at once (us_per_token's measurement in each,
+    the timing started together): the median of their tokens per CPU-second. More processes
+    than cores time-slice the cores, and each one's CPU-seconds make fewer tokens (caches
+    refilled after every switch, presumably). TOKENIZERS_PARALLELISM=false must be in the
+    environment, as for us_per_token: the processes inherit it."""
+    # spawned, not forked: a caller may have threads running (a Job's stderr relays). Pipes, not
+    # a Barrier and a Queue: their semaphores would start multiprocessing's resource tracker,
+    # a process that outlives this call
+    context = multiprocessing.get_context("spawn")
+    links, children = [], []
+    for _ in range(processes):
+        ours, theirs = context.Pipe()
+        child = context.Process(target=_time_when_told, args=(tokenizer, theirs), daemon=True)
         child.start()
+        theirs.close()  # so that a child's death reads as the end of its pipe
+        links.append(ours)
+        children.append(child)
     try:
-        speeds = [results.get(timeout=300) for _ in children]
+        for link, child in zip(links, children):
+            _word_from(link, child, processes)  # ready: loaded and warmed
+        for link in links:
+            link.send("go")
+        speeds = [1e6 / _word_from(link, child, processes) for link, child in zip(links, children)]
     finally:
         for child in children:
             child.join(timeout=10)
-            child.kill()
-    failed = [s for s in speeds if isinstance(s, str)]
-    if failed:
-        raise RuntimeError(f"timing the tokenizer in {processes} processes at once failed: {failed[0]}")
+            if child.is_alive():
+                child.kill()
+                child.join()
     return statistics.median(speeds)
 
 
-def _speed_after(tokenizer: str, start, results) -> None:  # noqa: ANN001  (multiprocessing's Barrier and queue)
+def _word_from(link: Connection, child: BaseProcess, processes: int) -> float:
+    """What a timing process sent: its microseconds a token, 0.0 for ready; raises with its cause."""
+    failed = f"timing the tokenizer in {processes} processes at once failed"
+    if not link.poll(_TOGETHER_S):
+        raise RuntimeError(f"{failed}: process {child.pid} said nothing for {_TOGETHER_S:.0f} s")
     try:
-        start.wait(timeout=60)
-        results.put(1e6 / us_per_token(tokenizer))
-    except Exception as exc:  # the parent says what failed, instead of waiting on a result
-        results.put(f"{type(exc).__name__}: {exc}")
+        word = link.recv()
+    except EOFError:
+        child.join(timeout=10)
+        raise RuntimeError(f"{failed}: process {child.pid} exited with code {child.exitcode}") from None
+    if isinstance(word, str):
+        raise RuntimeError(f"{failed}: {word}")
+    return float(word)
+
+
+def _time_when_told(tokenizer: str, link: Connection) -> None:
+    try:
+        timed = _tokenizer_timing(tokenizer)
+        link.send(0.0)
+        link.recv()
+        link.send(timed())
+    except Exception as exc:  # the parent says what failed, instead of waiting on a figure
+        link.send(f"{type(exc).__name__}: {exc}")

@@ -21,11 +21,12 @@ workers produced meanwhile (omniload's: what they wrote into their rings; the ba
 its ranks took) over the CPU time they spent meanwhile. Over the whole run, as before, it also
 counted the workers' start (imports, loading the tokenizer) and, for omniload, not what was
 left unread in its rings. CPU time, unlike tokens/s, holds on a busy machine.
-Processes sharing cores also slow each other's CPU-seconds (caches, a core's other
-hyperthread): so each trial also measures the tokenizer alone in as many processes at once as
-omniload has workers (bench_data.tokens_per_cpu_s_together), and prints the shares against
-that too. It is the other end of the bracket, not a target: all of those processes run at
-once, where the job's workers share the cores with its coordinator and ranks and now and then
+Processes sharing cores also make fewer tokens per CPU-second (4 on 2 cores time-slice them):
+so each trial also times the tokenizer alone in as many processes at once as omniload has
+workers (bench_data.tokens_per_cpu_s_together), all of them busy all the time, and prints both
+sides' shares against that too (the baseline's against the same figure: with --workers other
+than ranks x workers-per-rank its process count differs). A reference for the crowding, not a
+target: a job's workers also share the cores with its coordinator and ranks, and now and then
 wait on full rings.
 Also prints the time to first batch and omniload's delivered bytes/s against a plain
 loopback TCP copy measured in the same run.

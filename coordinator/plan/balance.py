@@ -25,7 +25,9 @@ from numpy.typing import NDArray
 
 _MAX_REFINE = 4096
 _RETRY_ROUNDS = 4
-_PYTHON_DP = 32  # assign's greedy pass runs as plain Python up to this many ranks (the rounds win from ~48)
+# assign's greedy pass runs as plain Python up to this many ranks: on 2 cores a whole planning
+# step cost less so in 14 of 16 pairs at dp 12-32, more at 48, even at 64 (docs/benchmarks.md)
+_PYTHON_DP = 32
 
 Ints = NDArray[np.int64]  # segment indices, lengths, ranks, rows, free tokens per row
 Floats = NDArray[np.float64]  # costs

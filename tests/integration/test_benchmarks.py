@@ -3,6 +3,7 @@ speed and memory goals live in the benchmarks, never in timed tests)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -85,3 +86,25 @@ def test_bench_device_runs_its_three_ways_without_a_gpu():
         "bench_device.py", "--device", "cpu", "--steps", "3", *("--seq-len", "256"), "--rows", "2", "--compute-ms", "0"
     )
     assert all(way in out for way in ("plain + .to()", "pin_memory", "device=")) and "the same batches" in out
+
+
+@pytest.mark.parametrize(
+    "tokenizer, cause",
+    [("missing-tokenizer.json", "does not exist"), ("tests.transforms_for_tests:exit3", "exited with code 3")],
+)
+def test_timing_the_tokenizer_in_processes_at_once_says_why_it_failed(tokenizer, cause):
+    """bench_throughput's crowded reference: a process that cannot time the tokenizer, by an
+    error or by dying, fails the benchmark with the cause instead of leaving it waiting. (In a
+    process of its own: spawning starts multiprocessing's resource tracker, which stays.)"""
+    call = f"import bench_data; bench_data.tokens_per_cpu_s_together({tokenizer!r}, 2)"
+    result = subprocess.run(
+        [sys.executable, "-c", call],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,  # the spawned processes import the test transform from here
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), str(ROOT)])},
+    )
+    assert result.returncode != 0
+    assert "RuntimeError: timing the tokenizer in 2 processes at once failed" in result.stderr
+    assert cause in result.stderr

@@ -102,7 +102,7 @@ def test_plan_counts_the_delay_of_what_it_carries():
     st.integers(0, 63),
     st.booleans(),
 )
-def test_a_few_ranks_are_placed_as_the_vectorized_rounds_place_them(lengths, dp, rows, limit_share, waits, used, ties):
+def test_the_python_pass_places_segments_as_the_vectorized_rounds_do(lengths, dp, rows, limit_share, waits, used, ties):
     """Up to _PYTHON_DP ranks, assign's greedy pass runs as plain Python (the rounds' numpy calls were a fifth
     of a 2-rank coordinator's CPU); the batches must stay what the rounds make, with segments
     that wait, rows already used, equal costs and segments that fit nowhere."""
