@@ -26,8 +26,9 @@ from numpy.typing import NDArray
 _MAX_REFINE = 4096
 _RETRY_ROUNDS = 4
 # assign's greedy pass runs as plain Python up to this many ranks: on 2 cores a whole planning
-# step cost less so in 14 of 16 pairs at dp 12-32, more at 48, even at 64 (docs/benchmarks.md)
-_PYTHON_DP = 32
+# step cost less so at dp 12-24 with 1, 4 and 16 rows a rank, at dp 32 only with 4, and more
+# at 48 (docs/benchmarks.md, Planning cost)
+_PYTHON_DP = 24
 
 Ints = NDArray[np.int64]  # segment indices, lengths, ranks, rows, free tokens per row
 Floats = NDArray[np.float64]  # costs
