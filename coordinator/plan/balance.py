@@ -195,15 +195,15 @@ def _greedy_python(
         for _ in range(_RETRY_ROUNDS):
             if not items:
                 break
-            pairs = list(zip(items, ranks))  # item k to rank k: the ranks differ, so rows are found first
-            rows = [best_row(r, length_of[i]) for i, r in pairs]
-            left = [i for (i, _), row in zip(pairs, rows) if row < 0] + items[len(pairs) :]
-            if len(left) == len(items):
-                break
-            for (i, r), row in zip(pairs, rows):
+            # item k to rank k: the ranks differ, so every row is found before any is filled
+            rows = [best_row(r, length_of[i]) for i, r in zip(items, ranks)]
+            missed = rows.count(-1)
+            if missed == len(rows):
+                break  # another try would pair the same items with the same ranks
+            for i, r, row in zip(items, ranks, rows):
                 if row >= 0:
                     place(i, r, row)
-            items = left
+            items = [i for i, row in zip(items, rows) if row < 0] if missed else []
         for i in items:  # as _place_anywhere: the cheapest rank with room (the first of equals)
             candidates = [r for r in range(dp) if max(room[r]) >= length_of[i]]
             if candidates:
