@@ -145,6 +145,8 @@ def tokens_per_cpu_s_together(tokenizer: str, processes: int) -> float:
             link.send("go")
         speeds = [1e6 / _word_from(link, child, processes) for link, child in zip(links, children)]
     finally:
+        for link in links:  # a process still waiting for "go" (another one failed) reads the end
+            link.close()
         for child in children:
             child.join(timeout=10)
             if child.is_alive():
@@ -174,5 +176,7 @@ def _time_when_told(tokenizer: str, link: Connection) -> None:
         link.send(0.0)
         link.recv()
         link.send(timed())
+    except EOFError:
+        pass  # the parent stopped waiting: another process failed
     except Exception as exc:  # the parent says what failed, instead of waiting on a figure
         link.send(f"{type(exc).__name__}: {exc}")
