@@ -277,12 +277,13 @@ def main() -> None:
         if mix == "heavy":
             mixed[0]["tokenizer"] = "bench_throughput:heavy"
         spec = dict(base, sources=mixed)
+        per_core = mix != "heavy"  # heavy's tokens per CPU-second are not set against the tokenizer's
         ratios, shares, their_shares, sustained, references = [], [], [], [], []
         together_shares, their_together_shares, together_references = [], [], []
         for trial in range(1, args.trials + 1):
             # the machine's speed drifts: each trial's workers are set against the tokenizer
             # alone measured right before them, not once for the whole run
-            if mix != "heavy":  # (heavy's per-core figure is not reported)
+            if per_core:
                 single_core = 1e6 / us_per_token(tokenizer)
                 references.append(single_core)
                 together = tokens_per_cpu_s_together(tokenizer, workers)
@@ -295,9 +296,9 @@ def main() -> None:
             ours, theirs = r["omniload"], r["baseline"]
             delivered = max(delivered, ours["bytes_per_s"])
             ratios.append(ours["tokens_per_s"] / theirs["tokens_per_s"])
-            shares.append(ours["tokens_per_cpu_s"] / single_core)
-            their_shares.append(theirs["tokens_per_cpu_s"] / single_core)
-            if mix != "heavy":
+            if per_core:
+                shares.append(ours["tokens_per_cpu_s"] / single_core)
+                their_shares.append(theirs["tokens_per_cpu_s"] / single_core)
                 together_shares.append(ours["tokens_per_cpu_s"] / together)
                 their_together_shares.append(theirs["tokens_per_cpu_s"] / together)
             sustained.append(ours["tokens_per_s"])
@@ -309,7 +310,7 @@ def main() -> None:
             )
         speed = (
             ""
-            if mix == "heavy"
+            if not per_core
             # the baseline's workers share the machine too: their figure says what it costs them
             else f"; per worker CPU-second {statistics.median(shares):.0%} of the tokenizer's single-core speed "
             f"(trials {', '.join(f'{s:.0%}' for s in shares)}), the baseline's "
