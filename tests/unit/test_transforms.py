@@ -4,7 +4,7 @@ batches without offsets (encode_batch_fast), which must not change a single id."
 from __future__ import annotations
 
 import numpy as np
-import pytest
+import tokenizers
 
 from omniload.workers.transforms import load_transform
 
@@ -18,7 +18,6 @@ _TEXTS = [
 
 
 def test_a_bpe_tokenizer_json_gives_the_tokenizers_own_ids(tmp_path):
-    tokenizers = pytest.importorskip("tokenizers", minversion="0.21")
     tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = tokenizers.decoders.ByteLevel()
