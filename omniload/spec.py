@@ -437,6 +437,10 @@ class Spec:
         total = self.shuffle_window or max(_AUTO_WINDOW_TOKENS // self.seq_len, _AUTO_WINDOW_BATCHES * dp * self.rows)
         return max(1, math.ceil(total * share))
 
+    def tokenizer_of(self, source: Source) -> str:
+        """The tokenizer `source` uses: its own, else the job's."""
+        return source.tokenizer or self.tokenizer
+
     def weights(self) -> list[float]:
         total = sum(s.weight for s in self.sources)
         return [s.weight / total for s in self.sources]

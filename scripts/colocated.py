@@ -124,7 +124,7 @@ class LeanDataset(IterableDataset):
         spec = self.spec
         streams = [self._texts(src, part, parts) for src in self.catalog]
         # each document tokenized when it is taken, by its source's tokenizer (as omniload's workers do)
-        transforms = [load_transform(source.tokenizer or spec.tokenizer) for source in spec.sources]
+        transforms = [load_transform(spec.tokenizer_of(source)) for source in spec.sources]
         tokens = (transforms[s]([value])[0] for s, value in mix_texts(streams, spec.weights()))
         yield from pack_tokens(tokens, spec.rows, spec.seq_len)
 

@@ -70,7 +70,7 @@ def chat_config_of(source: Source, spec: Spec) -> ChatConfig | None:
     if source.kind != "chat":
         return None
     try:
-        return chat_config(source.tokenizer or spec.tokenizer, spec.seq_len, source.train_on, spec.long_chats == "drop")
+        return chat_config(spec.tokenizer_of(source), spec.seq_len, source.train_on, spec.long_chats == "drop")
     except ConfigError as exc:
         raise ConfigError(f"source '{source.name}': {exc}") from None
 
@@ -117,7 +117,7 @@ def build_catalog(spec: Spec) -> list[SourceCatalog]:
     chats = [chat_config_of(source, spec) for source in spec.sources]  # a bad chat template fails first
     found = [_find_files(source, spec) for source in spec.sources]
     remote = any(is_remote(p) for source in spec.sources for p in source.path)
-    tokenizers = {source.name: source.tokenizer or spec.tokenizer for source in spec.sources}
+    tokenizers = {source.name: spec.tokenizer_of(source) for source in spec.sources}
     with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
         vocabs = child.submit(check_tokenizers, tokenizers).result()
         cached = _cached_catalog(spec) if remote else None
@@ -376,7 +376,7 @@ def _catalog_of(
     if rows >= MAX_ORDINAL:
         raise ConfigError(f"source '{source.name}': {rows} rows exceed the limit of {MAX_ORDINAL}; split the source")
     epochs = spec.epochs if source.epochs is None else source.epochs
-    tokenizer, pretokenized = source.tokenizer or spec.tokenizer, pretokenized_of(source, vocab)
+    tokenizer, pretokenized = spec.tokenizer_of(source), pretokenized_of(source, vocab)
     return SourceCatalog(
         index,
         source.name,

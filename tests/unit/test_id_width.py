@@ -34,9 +34,7 @@ def _written_flags(ids: np.ndarray) -> RecordFlag:
 
 def test_each_kind_of_source_gets_the_width_its_ids_must_fit():
     spec = _spec()
-    widths = {
-        s.name: id_bytes_of(s, s.tokenizer or spec.tokenizer, pretokenized_of(s, None), None) for s in spec.sources
-    }
+    widths = {s.name: id_bytes_of(s, spec.tokenizer_of(s), pretokenized_of(s, None), None) for s in spec.sources}
     assert widths == {"bytes": 2, "fn": 4, "bin": 2, "wide": 4, "checked": 2}
     text = spec.sources[0]
     assert id_bytes_of(text, "t.json", None, 50257) == 2 and id_bytes_of(text, "t.json", None, 128256) == 4
