@@ -12,11 +12,15 @@ import functools
 import importlib
 import os
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from omniload.errors import ConfigError
 from omniload.formats.records import ids_fit_uint16
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 Transform = Callable[[Sequence[object]], list[np.ndarray]]
 
@@ -45,15 +49,30 @@ def load_transform(name: str) -> Transform:
     return _per_value(fn)
 
 
-@functools.cache  # sources often share one tokenizer: parse its file once
 def vocab_size(name: str) -> int | None:
     """The vocabulary of a tokenizer.json (added tokens included); None for the others: `bytes`
-    is the default, not a declaration, and a function's vocabulary is not known."""
+    is the default, not a declaration, and a function's vocabulary is not known. Raises
+    ConfigError as load_transform does."""
     if not name.endswith(".json"):
         return None
-    from tokenizers import Tokenizer  # load_transform has checked that it loads
+    return int(_tokenizer_file(name).get_vocab_size(with_added_tokens=True))
 
-    return int(Tokenizer.from_file(name).get_vocab_size(with_added_tokens=True))
+
+@functools.cache  # parsed once a process, for its transform and its vocabulary alike
+def _tokenizer_file(path: str) -> Tokenizer:
+    """The `tokenizers.Tokenizer` of a tokenizer.json; raises ConfigError saying what to fix."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"tokenizer file {path!r} does not exist")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ConfigError(
+            f"tokenizer {path!r} needs the tokenizers library: pip install 'omniload[tokenizers]'"
+        ) from None
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as exc:  # the library raises plain Exception for malformed files
+        raise ConfigError(f"tokenizer file {path!r} cannot be loaded: {exc}") from None
 
 
 def _bytes_transform(values: Sequence[object]) -> list[np.ndarray]:
@@ -64,21 +83,9 @@ def _bytes_transform(values: Sequence[object]) -> list[np.ndarray]:
 
 
 def _hf_transform(path: str) -> Transform:
-    if not os.path.isfile(path):
-        raise ConfigError(f"tokenizer file {path!r} does not exist")
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise ConfigError(
-            f"tokenizer {path!r} needs the tokenizers library: pip install 'omniload[tokenizers]'"
-        ) from None
-    try:
-        tokenizer = Tokenizer.from_file(path)
-    except Exception as exc:  # the library raises plain Exception for malformed files
-        raise ConfigError(f"tokenizer file {path!r} cannot be loaded: {exc}") from None
-
+    tokenizer = _tokenizer_file(path)
     # every id of a vocabulary of at most 65,536 fits uint16: the record then needs no check
-    dtype = np.uint16 if ids_fit_uint16(vocab=tokenizer.get_vocab_size(with_added_tokens=True)) else np.int32
+    dtype = np.uint16 if ids_fit_uint16(vocab=vocab_size(path)) else np.int32
 
     def transform(values: Sequence[object]) -> list[np.ndarray]:
         texts = [_text(v) for v in values if not isinstance(v, np.ndarray)]
