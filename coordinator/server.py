@@ -37,6 +37,7 @@ from omniload.coordinator.observe.metrics import serve_metrics
 from omniload.coordinator.plan.driver import Planning
 from omniload.coordinator.pool.autoscale import initial_plan
 from omniload.coordinator.pool.catalog import build_catalog, job_identity
+from omniload.coordinator.pool.forkserver import share_tokenizers
 from omniload.coordinator.pool.worker_pool import available_cpus
 from omniload.coordinator.pool.workforce import Workforce
 from omniload.coordinator.serve.listening import address_of, listen
@@ -96,9 +97,11 @@ class Coordinator:
         """Run the job to its end; returns the process exit code. Call with no loop running."""
         for path in remove_stale_segments():
             log.info("removed %s, left by a job that died", path.name)
-        catalog = build_catalog(self.spec)
         spec = self.spec
         plan = initial_plan(spec.weights(), spec.workers, spec.reserve_cpus, available_cpus(), spec.autoscale_every > 0)
+        # workers that may run at once (a budget's slots) share each tokenizer; one keeps its own
+        share_tokenizers(spec.tokenizer_of(source) for source in spec.sources if len(plan) > 1)
+        catalog = build_catalog(spec)
         self.positions = Positions(self.spec, job_identity(self.spec, catalog), self.fail)
         code = self.role.wait_for_turn()
         if code is not None:

@@ -101,6 +101,12 @@ def workers_of(job: omniload.Job) -> list[psutil.Process]:
     return [p for server in coordinator.children() for p in server.children()]
 
 
+def forkserver_of(job: omniload.Job) -> list[psutil.Process]:
+    """The forkserver the coordinator's workers come from (one, once the job has started)."""
+    coordinator = psutil.Process(job._process.pid)
+    return [p for p in coordinator.children() if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+
+
 def omniload_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "omniload.cli", *args],

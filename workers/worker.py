@@ -333,7 +333,7 @@ def _produce_group(
             else:
                 yield doc_record(k, pos, shards[m].first_ordinal + ordinals[pos], *sample)
     rows.clear()
-    _release_freed_memory()  # the group's slices, now freed
+    release_freed_memory()  # the group's slices, now freed
     return False
 
 
@@ -542,9 +542,9 @@ def _with_images(transform: Transform, decode: ImageTransform, config: ImageConf
     return samples
 
 
-def _release_freed_memory() -> None:
-    """Give the shard's freed buffers back to the OS: a worker's memory is the shard it holds,
-    not the largest shard it ever read (glibc keeps freed heap otherwise)."""
+def release_freed_memory() -> None:
+    """Give freed buffers back to the OS: a worker's memory is the shard it holds, not the
+    largest shard it ever read (glibc keeps freed heap otherwise)."""
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
 

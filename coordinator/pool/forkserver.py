@@ -8,14 +8,31 @@ a worker is told at start is omniload/formats/lane_config.py.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
+from collections.abc import Iterable
 from multiprocessing.connection import Connection
 
-from omniload.formats.lane_config import WorkerConfig
+from omniload.formats.lane_config import PRELOADED_TOKENIZERS_ENV, WorkerConfig
 
 # This module too: a worker's process target (`run`) lives here, so the forkserver has it
 # loaded before it forks, as it had when `run` sat beside the worker's configuration.
-FORKSERVER_PRELOAD = ["omniload.workers.worker", "omniload.coordinator.pool.forkserver"]
+# tokenizer_preload loads the tokenizers share_tokenizers names, once for every worker.
+FORKSERVER_PRELOAD = [
+    "omniload.workers.worker",
+    "omniload.coordinator.pool.forkserver",
+    "omniload.workers.tokenizer_preload",
+]
+
+
+def share_tokenizers(names: Iterable[str]) -> None:
+    """Have the forkserver load the tokenizer.json files among `names` before it forks any
+    worker, so its workers share one copy of each (workers/tokenizer_preload.py); no names:
+    each worker loads its own. Call before the forkserver starts (build_catalog starts it):
+    a started one keeps what it has. Worth it where more than one worker may run, as the
+    forkserver then holds each tokenizer too."""
+    os.environ[PRELOADED_TOKENIZERS_ENV] = json.dumps(sorted(set(names)))
 
 
 def forkserver_context() -> multiprocessing.context.ForkServerContext:

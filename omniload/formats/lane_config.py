@@ -1,4 +1,5 @@
-"""What a worker process is told at start: its lanes, and how a source's images are decoded.
+"""What a worker process is told at start: its lanes, how a source's images are decoded, and
+(through its forkserver) the tokenizers loaded before it is forked.
 
 The coordinator builds these and the worker reads them (workers/worker.py), so they live here,
 owned by neither side. Starting the worker process is the pool's:
@@ -11,6 +12,10 @@ from dataclasses import dataclass
 
 from omniload.formats.shards import Shard
 from omniload.storage.urls import StoreOptions
+
+# The tokenizers the workers' forkserver loads before it forks them, a JSON list: the
+# forkserver takes module names from the coordinator and, besides them, only its environment
+PRELOADED_TOKENIZERS_ENV = "_OMNILOAD_FORKSERVER_TOKENIZERS"
 
 
 @dataclass(frozen=True, slots=True)

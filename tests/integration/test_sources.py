@@ -3,18 +3,31 @@ token files), Hugging Face tokenizers; bad token files stop the job naming sourc
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 import zlib
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 import omniload
 from omniload.order import split_sample_id
 from omniload.workers.transforms import load_transform
 from tests.corpus import write_arrow, write_jsonl, write_megatron, write_parquet, write_token_file
-from tests.jobs import PROBE, collect, omniload_cli, run_ranks, start_ranks
+from tests.jobs import (
+    PROBE,
+    ROOT,
+    collect,
+    forkserver_of,
+    omniload_cli,
+    run_ranks,
+    start_ranks,
+    wait_connected,
+    workers_of,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -73,6 +86,65 @@ def test_the_vocabulary_is_the_workers_never_the_coordinators(tmp_path):
         coordinator_maps = Path(f"/proc/{job._process.pid}/maps").read_text()
     assert sum(rank["source_tokens"].values()) == 3 * 20 * 3
     assert "tokenizers" not in coordinator_maps
+
+
+def test_the_workers_of_a_job_share_the_tokenizer_their_forkserver_loaded(tmp_path):
+    """With more than one worker, the forkserver parses the tokenizer.json before it forks any
+    and the workers keep that copy: one restarted after the file is gone carries on. With one
+    worker the forkserver loads nothing (it would hold a second copy)."""
+    path = _word_tokenizer(tmp_path)
+    for name in ("a", "b"):
+        write_arrow(tmp_path / f"{name}.arrow", ["hello world omniload"] * 20)
+    spec = {"sources": [f"{n}={tmp_path}/{n}.arrow" for n in "ab"], "seq_len": 8, "rows": 2, "tokenizer": str(path)}
+    with omniload.Job({**spec, "workers": 1, "steps": 5}) as job:
+        ranks = start_ranks(job, 1, tmp_path)
+        (forkserver,) = forkserver_of(job)
+        assert "tokenizers" not in Path(f"/proc/{forkserver.pid}/maps").read_text()
+        collect(ranks)
+    with omniload.Job({**spec, "workers": 2, "epochs": 0, "steps": 60, "seed": 1}) as job:
+        ranks = start_ranks(job, 1, tmp_path, env={"PROBE_STEP_S": "0.02"})
+        wait_connected(job, 1)
+        path.unlink()
+        victim = workers_of(job)[0]
+        victim.send_signal(signal.SIGKILL)
+        psutil.wait_procs([victim], timeout=5)
+        (rank,) = collect(ranks)
+        log = "\n".join(job.log_tail())
+    assert "was killed by SIGKILL; restarting it at the source cursor" in log, log
+    assert len(rank["hashes"]) == 60, log
+
+
+_CACHED_IN_A_FORKED_CHILD = """
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from omniload.coordinator.pool.forkserver import forkserver_context, share_tokenizers
+from omniload.coordinator.pool.worker_pool import stop_helpers
+from omniload.workers.transforms import load_transform
+
+share_tokenizers(sys.argv[1:])
+with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
+    # the tokenizers already in the cache of a child forked from the forkserver
+    print(child.submit(eval, "load_transform.cache_info().currsize", {"load_transform": load_transform}).result())
+stop_helpers()
+"""
+
+
+def test_the_forkserver_loads_only_tokenizer_files_and_lives_through_those_that_fail(tmp_path):
+    """A bad file is the indexing child's to report (naming the source): the forkserver must
+    neither die of it nor stop loading the rest. Functions are never loaded there: the user's
+    module may start threads on import, and the forkserver forks."""
+    good = str(_word_tokenizer(tmp_path))
+    (tmp_path / "broken.json").write_text("{not json")
+    names = [str(tmp_path / "missing.json"), str(tmp_path / "broken.json"), good, "tests.transforms_for_tests:exit3"]
+    done = subprocess.run(
+        [sys.executable, "-c", _CACHED_IN_A_FORKED_CHILD, *names, "bytes"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1"]  # the good file, loaded before the child was forked
 
 
 def _token_docs(n: int, seed: int, high: int) -> list[list[int]]:
