@@ -100,7 +100,7 @@ class Coordinator:
         spec = self.spec
         plan = initial_plan(spec.weights(), spec.workers, spec.reserve_cpus, available_cpus(), spec.autoscale_every > 0)
         # workers that may run at once (a budget's slots) share each tokenizer; one keeps its own
-        share_tokenizers(spec.tokenizer_of(source) for source in spec.sources if len(plan) > 1)
+        share_tokenizers(map(spec.tokenizer_of, spec.sources) if len(plan) > 1 else ())
         catalog = build_catalog(spec)
         self.positions = Positions(self.spec, job_identity(self.spec, catalog), self.fail)
         code = self.role.wait_for_turn()

@@ -103,8 +103,14 @@ def workers_of(job: omniload.Job) -> list[psutil.Process]:
 
 def forkserver_of(job: omniload.Job) -> list[psutil.Process]:
     """The forkserver the coordinator's workers come from (one, once the job has started)."""
-    coordinator = psutil.Process(job._process.pid)
-    return [p for p in coordinator.children() if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+    found = []
+    for child in psutil.Process(job._process.pid).children():
+        try:
+            if "multiprocessing.forkserver" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:  # a child that left meanwhile (a sender not needed): not the forkserver
+            pass
+    return found
 
 
 def omniload_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -22,7 +22,11 @@ from omniload.workers.worker import release_freed_memory
 
 def load_named_tokenizers() -> None:
     """Load every tokenizer.json the environment names; skip whatever fails to load."""
-    names = [n for n in json.loads(os.environ.get(PRELOADED_TOKENIZERS_ENV) or "[]") if n.endswith(".json")]
+    try:
+        named = json.loads(os.environ.get(PRELOADED_TOKENIZERS_ENV) or "[]")
+    except ValueError:  # not share_tokenizers' list: a process that inherited the variable garbled
+        named = []
+    names = [n for n in named if isinstance(n, str) and n.endswith(".json")] if isinstance(named, list) else []
     # the library's thread pool must never start in a process that forks (loading does not use it)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     for name in names:

@@ -28,7 +28,7 @@ Transform = Callable[[Sequence[object]], list[np.ndarray]]
 @functools.cache
 def load_transform(name: str) -> Transform:
     """Resolve a tokenizer name; raises ConfigError saying what to fix. Once per process: a
-    worker's lanes share one tokenizer (a 32k BPE holds some 15 MB)."""
+    worker's lanes share one tokenizer (a 32k BPE holds some 7.5 MB once parsed)."""
     if name == "bytes":
         return _bytes_transform
     if name.endswith(".json"):
@@ -71,7 +71,9 @@ def _tokenizer_file(path: str) -> Tokenizer:
         ) from None
     try:
         return Tokenizer.from_file(path)
-    except Exception as exc:  # the library raises plain Exception for malformed files
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # plain Exception for malformed files; a Rust panic is a BaseException
         raise ConfigError(f"tokenizer file {path!r} cannot be loaded: {exc}") from None
 
 

@@ -3,9 +3,14 @@ batches without offsets (encode_batch_fast), which must not change a single id."
 
 from __future__ import annotations
 
+import sys
+import types
+
 import numpy as np
+import pytest
 import tokenizers
 
+from omniload.errors import ConfigError
 from omniload.workers.transforms import load_transform, vocab_size
 
 _TEXTS = [
@@ -52,3 +57,22 @@ def test_a_tokenizer_json_is_parsed_once_a_process_for_its_transform_and_its_voc
     load_transform(str(path))
     path.unlink()
     assert vocab_size(str(path)) == 4  # the added token counts
+
+
+class _Panic(BaseException):
+    """What the tokenizers library raises when its Rust code panics (pyo3's PanicException)."""
+
+
+def test_a_tokenizer_that_panics_while_loading_is_a_config_error_naming_the_file(tmp_path, monkeypatch):
+    """A panic is not an Exception: it must still reach the user as the file's fault (the
+    indexing child names the source), and never end the forkserver that preloads the file."""
+
+    def panic(path: str) -> None:
+        raise _Panic("called `Option::unwrap()` on a `None` value")
+
+    path = tmp_path / "panics.json"
+    path.write_text("{}")
+    library = types.SimpleNamespace(Tokenizer=types.SimpleNamespace(from_file=panic))
+    monkeypatch.setitem(sys.modules, "tokenizers", library)
+    with pytest.raises(ConfigError, match="panics.json' cannot be loaded: called `Option::unwrap"):
+        load_transform(str(path))
