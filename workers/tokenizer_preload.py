@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 
+from omniload.errors import ConfigError
 from omniload.formats.lane_config import PRELOADED_TOKENIZERS_ENV
 from omniload.workers.transforms import load_transform
 from omniload.workers.worker import release_freed_memory
@@ -23,18 +24,13 @@ from omniload.workers.worker import release_freed_memory
 def load_named_tokenizers() -> None:
     """Load every tokenizer.json the environment names; skip whatever fails to load."""
     try:
-        named = json.loads(os.environ.get(PRELOADED_TOKENIZERS_ENV) or "[]")
-    except ValueError:  # not share_tokenizers' list: a process that inherited the variable garbled
-        named = []
-    names = [n for n in named if isinstance(n, str) and n.endswith(".json")] if isinstance(named, list) else []
-    # the library's thread pool must never start in a process that forks (loading does not use it)
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        names = [n for n in json.loads(os.environ.get(PRELOADED_TOKENIZERS_ENV) or "[]") if n.endswith(".json")]
+    except (ValueError, TypeError, AttributeError):  # not share_tokenizers' list: the forkserver must live on
+        names = []
     for name in names:
         try:
-            load_transform(name)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException:  # a Rust panic is a BaseException too; the forkserver must live on
+            load_transform(name)  # a panic while loading is a ConfigError too (transforms._tokenizer_file)
+        except ConfigError:
             pass
     if names:
         release_freed_memory()  # parsing the JSON left some 12 MB of free heap that no worker needs
