@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+import tokenizers
 
 import omniload
 from omniload.order import split_sample_id
@@ -52,7 +53,6 @@ def test_pretokenized_list_column_is_used_as_is(tmp_path):
 
 
 def _word_tokenizer(folder: Path) -> Path:
-    tokenizers = pytest.importorskip("tokenizers")
     vocab = {"[UNK]": 0, "hello": 1, "world": 2, "omniload": 3}
     tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
