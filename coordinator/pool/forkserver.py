@@ -19,8 +19,11 @@ from omniload.formats.lane_config import PRELOADED_TOKENIZERS_ENV, WorkerConfig
 # This module too: a worker's process target (`run`) lives here, so the forkserver has it
 # loaded before it forks, as it had when `run` sat beside the worker's configuration.
 # tokenizer_preload loads the tokenizers share_tokenizers names, once for every worker.
+# numpy.random: numpy imports it on first use, which is every worker's first shard (its row
+# order); imported in each worker it cost some 2 MB PSS a worker.
 FORKSERVER_PRELOAD = [
     "omniload.workers.worker",
+    "numpy.random",
     "omniload.coordinator.pool.forkserver",
     "omniload.workers.tokenizer_preload",
 ]

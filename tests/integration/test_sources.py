@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 
@@ -90,8 +91,9 @@ def test_the_vocabulary_is_the_workers_never_the_coordinators(tmp_path):
 
 def test_the_workers_of_a_job_share_the_tokenizer_their_forkserver_loaded(tmp_path):
     """With more than one worker, the forkserver parses the tokenizer.json before it forks any
-    and the workers keep that copy: one restarted after the file is gone carries on. With one
-    worker the forkserver loads nothing (it would hold a second copy)."""
+    and the workers keep that copy: one restarted after the file is gone carries on, and no
+    worker loads a library the forkserver lacks. With one worker the forkserver loads no
+    tokenizer (it would hold a second copy)."""
     path = _word_tokenizer(tmp_path)
     for name in ("a", "b"):
         write_arrow(tmp_path / f"{name}.arrow", ["hello world omniload"] * 20)
@@ -104,6 +106,11 @@ def test_the_workers_of_a_job_share_the_tokenizer_their_forkserver_loaded(tmp_pa
     with omniload.Job({**spec, "workers": 2, "epochs": 0, "steps": 60, "seed": 1}) as job:
         ranks = start_ranks(job, 1, tmp_path, env={"PROBE_STEP_S": "0.02"})
         wait_connected(job, 1)
+        while job.status()["steps"]["planned"] < 5:  # both workers have read and tokenized
+            time.sleep(0.02)
+        (forkserver,) = forkserver_of(job)
+        preloaded = _libraries(forkserver.pid)
+        loaded_after_fork = {worker.pid: _libraries(worker.pid) - preloaded for worker in workers_of(job)}
         path.unlink()
         victim = workers_of(job)[0]
         victim.send_signal(signal.SIGKILL)
@@ -112,6 +119,15 @@ def test_the_workers_of_a_job_share_the_tokenizer_their_forkserver_loaded(tmp_pa
         log = "\n".join(job.log_tail())
     assert "was killed by SIGKILL; restarting it at the source cursor" in log, log
     assert len(rank["hashes"]) == 60, log
+    # what the workers import, the forkserver has imported once for all of them (numpy.random
+    # among it: some 2 MB a worker)
+    assert loaded_after_fork and not any(loaded_after_fork.values()), loaded_after_fork
+
+
+def _libraries(pid: int) -> set[str]:
+    """The shared objects process `pid` has mapped."""
+    paths = (line.split(maxsplit=5)[-1].strip() for line in Path(f"/proc/{pid}/maps").read_text().splitlines())
+    return {path for path in paths if ".so" in Path(path).name}
 
 
 _CACHED_IN_A_FORKED_CHILD = """
