@@ -32,7 +32,15 @@ from omniload.formats.lane_config import ChatConfig, ImageConfig, LaneConfig, Pr
 from omniload.formats.records import chat_record, doc_record, error_record, skip_record
 from omniload.formats.ring import RecordTooLarge, Ring
 from omniload.formats.shards import BadFile, Shard, part_name
-from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at, turns_of_lane
+from omniload.order import (
+    group_members,
+    groups_per_epoch,
+    index_dtype,
+    interleave_rows,
+    row_permutation,
+    shard_at,
+    turns_of_lane,
+)
 from omniload.storage.disk_cache import DiskCache
 from omniload.storage.files import Files
 from omniload.storage.objects import StoreError
@@ -241,7 +249,8 @@ def _produce_group(
     member, row = interleave_rows([shard.rows for shard in shards])
     # a group (or a restarted one) reads only the rows this lane still has due: each shard's
     # from the first of them, holding those rows only
-    positions = np.concatenate([np.arange(turn.start, turn.stop) for turn in turns])
+    dtype = index_dtype(turns[-1].stop)
+    positions = np.concatenate([np.arange(turn.start, turn.stop, dtype=dtype) for turn in turns])
     rows = [
         _open_shard(lane, epoch, index, row[positions[member[positions] == m]], files)
         for m, (epoch, index) in enumerate(members)
