@@ -86,6 +86,7 @@ def run_worker(config: WorkerConfig, inbox: Connection | None = None) -> None:
 
 def _serve(config: WorkerConfig, inbox: Connection | None = None) -> None:
     use_system_allocator()
+    map_large_buffers()
     lanes: list[LaneConfig] = []
     rings: list[Ring] = []
     access: list[Files] = []
@@ -556,6 +557,20 @@ def release_freed_memory() -> None:
     largest shard it ever read (glibc keeps freed heap otherwise)."""
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_MAPPED_FROM = 256 << 10
+
+
+def map_large_buffers() -> None:
+    """Serve every allocation of 256 KB or more (a slice's decoded column, a group's row
+    indexes) from a mapping of its own, unmapped when freed. glibc's default raises that
+    threshold to the largest buffer freed so far (up to 32 MB); the buffers then come from the
+    heap, and the holes they leave stay resident: a worker over 100,000-row row groups held
+    95 MB with this, 100-115 MB without, from run to run (tokens per CPU-second unchanged)."""
+    if _LIBC is not None:
+        _LIBC.mallopt(_M_MMAP_THRESHOLD, _MAPPED_FROM)
 
 
 def _load_libc() -> ctypes.CDLL | None:
