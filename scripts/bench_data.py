@@ -43,9 +43,14 @@ def documents(n: int, seed: int, median_bytes: int) -> list[str]:
     return [" ".join(flat[bounds[i] : bounds[i + 1]]) for i in range(n)]
 
 
-def make_sources(k: int, docs_per_source: int, median_bytes: int = 600, files_per_source: int = 2) -> list[dict]:
-    """K sources (cycling through the formats); returns Spec source dicts with equal weights."""
+def make_sources(
+    k: int, docs_per_source: int, median_bytes: int = 600, files_per_source: int = 2, group_rows: int = 1000
+) -> list[dict]:
+    """K sources (cycling through the formats); returns Spec source dicts with equal weights.
+    `group_rows`: rows of a parquet row group or an Arrow record batch (a shard)."""
     root = CACHE / f"k{k}-d{docs_per_source}-m{median_bytes}-f{files_per_source}"
+    if group_rows != 1000:  # the caches written before the option keep their names
+        root = root.with_name(f"{root.name}-g{group_rows}")
     sources = []
     for s in range(k):
         fmt = _FORMATS[s % len(_FORMATS)]
@@ -55,23 +60,23 @@ def make_sources(k: int, docs_per_source: int, median_bytes: int = 600, files_pe
             texts = documents(docs_per_source, s, median_bytes)
             per_file = -(-len(texts) // files_per_source)
             for f in range(files_per_source):
-                _write(folder / f"part{f}", fmt, texts[f * per_file : (f + 1) * per_file])
+                _write(folder / f"part{f}", fmt, texts[f * per_file : (f + 1) * per_file], group_rows)
             (folder / ".complete").touch()
         sources.append({"name": f"s{s}", "path": str(folder / "part*"), "weight": 1.0})
     return sources
 
 
-def _write(stem: Path, fmt: str, texts: list[str]) -> None:
+def _write(stem: Path, fmt: str, texts: list[str], group_rows: int) -> None:
     if fmt == "parquet":
-        pq.write_table(pa.table({"text": texts}), stem.with_suffix(".parquet"), row_group_size=1000)
+        pq.write_table(pa.table({"text": texts}), stem.with_suffix(".parquet"), row_group_size=group_rows)
     elif fmt == "jsonl":
         with open(stem.with_suffix(".jsonl"), "w") as f:
             f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
     else:
         table = pa.table({"text": texts})
         with pa.OSFile(str(stem.with_suffix(".arrow")), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-            for start in range(0, len(table), 1000):
-                w.write_batch(table.slice(start, 1000).to_batches()[0])
+            for start in range(0, len(table), group_rows):
+                w.write_batch(table.slice(start, group_rows).to_batches()[0])
 
 
 def bpe_tokenizer() -> str:
