@@ -31,8 +31,14 @@ wait on full rings.
 Also prints the time to first batch and omniload's delivered bytes/s against a plain
 loopback TCP copy measured in the same run.
 
+The peers, MosaicML streaming and LitData (scripts/peers.py: each rank reads every source
+with the peer's dataset in a DataLoader of --workers-per-rank workers, tokenizing and packing
+as the lean baseline does), run in the `bpe` mix of each trial too, in turn with the two
+sides; a peer that is not installed is skipped with a message (pip install mosaicml-streaming
+litdata, in a venv of their own: they pull another torch).
+
     python scripts/bench_throughput.py [--ranks 2] [--workers-per-rank 2] [--workers N] [--steps 1500]
-                                       [--tokenizer bpe|bytes] [--trials 3]
+                                       [--tokenizer bpe|bytes] [--trials 3] [--peers streaming,litdata]
 """
 
 from __future__ import annotations
@@ -53,8 +59,12 @@ HERE = Path(__file__).resolve().parent
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
 sys.path.insert(0, str(HERE))
 
+from peers import PEERS, clean_streaming_leftovers, convert, missing  # noqa: E402
+
+from omniload.coordinator.serve.listening import free_port  # noqa: E402
 
 _WARMUP_STEPS = 50
+_LABELS = {"streaming": "streaming", "litdata": "LitData"}
 
 
 _heavy: dict = {}
@@ -79,6 +89,8 @@ def _rank(kind: str, spec_dict: dict, rank: int, world: int, steps: int, workers
 
     if kind == "omniload":
         import omniload
+    elif kind in PEERS:
+        from peers import peer_loader, rank_environment
     else:  # only the baseline's ranks load the readers and the planner
         from colocated import lean_loader
 
@@ -87,6 +99,12 @@ def _rank(kind: str, spec_dict: dict, rank: int, world: int, steps: int, workers
     t0, addr, token = conn.recv()
     if kind == "omniload":
         loader = omniload.connect(addr, token, rank=rank, world_size=world)
+    elif kind in PEERS:  # addr: the folders of the peer's copy of the sources; token: a port to meet at
+        rank_environment(rank, world, token)
+        sources = spec_dict["sources"]
+        weights = [s.get("weight", 1.0) for s in sources]
+        rows, seq_len = spec_dict["rows"], spec_dict["seq_len"]
+        loader = peer_loader(kind, addr, weights, rows, seq_len, workers, sources[0]["tokenizer"])
     else:
         loader = lean_loader(Spec.from_dict(spec_dict), rank, world, workers)
     batches = iter(loader)
@@ -141,8 +159,11 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def run(kind: str, spec_dict: dict, ranks: int, steps: int, workers: int) -> dict:
-    """One side: `workers` is omniload's job total, or the baseline's DataLoader workers per rank."""
+def run(
+    kind: str, spec_dict: dict, ranks: int, steps: int, workers: int, peer_folders: list[str] | None = None
+) -> dict:
+    """One side: `workers` is omniload's job total, or the baseline's (a peer's) DataLoader
+    workers per rank; a peer reads `peer_folders`."""
     ctx = multiprocessing.get_context("spawn")
     pipes, procs = [], []
     warmed = ctx.Array("b", ranks)  # each rank has taken its warm-up steps
@@ -160,6 +181,8 @@ def run(kind: str, spec_dict: dict, ranks: int, steps: int, workers: int) -> dic
 
         job = omniload.Job(dict(spec_dict, workers=workers)).start()
         addr, token = job.addr, job.token
+    elif kind in PEERS:
+        addr, token = peer_folders, free_port("127.0.0.1")
     else:
         addr = token = None
     for pipe in pipes:
@@ -194,6 +217,8 @@ def run(kind: str, spec_dict: dict, ranks: int, steps: int, workers: int) -> dic
         proc.join()
     if job:
         job.stop()
+    if kind == "streaming":
+        clean_streaming_leftovers()
     taken = sum(r["tokens"] / r["seconds"] for r in results)
     return {
         # what the loader sustains: omniload's ranks also take what its rings and windows held
@@ -233,7 +258,7 @@ def loopback_bytes_per_s(total: int = 2 << 30, chunk: int = 1 << 20) -> float:
 
 
 def main() -> None:
-    from bench_data import bpe_tokenizer, make_sources, tokens_per_cpu_s_together, us_per_token
+    from bench_data import CACHE, bpe_tokenizer, make_sources, tokens_per_cpu_s_together, us_per_token
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=2)
@@ -248,7 +273,17 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=20000, help="documents per source")
     parser.add_argument("--tokenizer", default="bpe", help="bpe (the 32k BPE), bytes, or a tokenizer.json")
     parser.add_argument("--trials", type=int, default=3, help="runs of each side per mix, alternating")
+    parser.add_argument(
+        "--peers", default=",".join(PEERS), help="peers to run in the bpe mix where installed ('' for none)"
+    )
     args = parser.parse_args()
+    peers = [p for p in args.peers.split(",") if p]
+    if unknown := sorted(set(peers) - set(PEERS)):
+        parser.error(f"--peers: unknown {unknown}; pick from {','.join(PEERS)}")
+    for peer in list(peers):
+        if (why := missing(peer)) is not None:
+            print(f"skipping {peer}: {why}")
+            peers.remove(peer)
     # one core per worker on every side (omniload's workers set it themselves): the tokenizers
     # library's thread pool in each DataLoader worker would make the baseline heavier than users run it
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -278,6 +313,11 @@ def main() -> None:
             mixed[0]["tokenizer"] = "bench_throughput:heavy"
         spec = dict(base, sources=mixed)
         per_core = mix != "heavy"  # heavy's tokens per CPU-second are not set against the tokenizer's
+        # the peers take one tokenizer for every source: the bpe mix only
+        mix_peers = peers if mix == "bpe" else []
+        cache = CACHE / f"peers-tp-k{args.sources}-d{args.docs}"
+        folders = {peer: convert(peer, spec, cache) for peer in mix_peers}
+        against: dict[str, list[float]] = {peer: [] for peer in mix_peers}
         ratios, shares, their_shares, sustained, references = [], [], [], [], []
         together_shares, their_together_shares, together_references = [], [], []
         for trial in range(1, args.trials + 1):
@@ -288,9 +328,18 @@ def main() -> None:
                 references.append(single_core)
                 together = tokens_per_cpu_s_together(tokenizer, workers)
                 together_references.append(together)
-            order = ("baseline", "omniload") if trial % 2 else ("omniload", "baseline")
+            # every side in turn, each trial starting one further along: the machine drifts
+            sides = ["baseline", "omniload", *mix_peers]
+            order = sides[(trial - 1) % len(sides) :] + sides[: (trial - 1) % len(sides)]
             r = {
-                side: run(side, spec, args.ranks, args.steps, args.workers_per_rank if side == "baseline" else workers)
+                side: run(
+                    side,
+                    spec,
+                    args.ranks,
+                    args.steps,
+                    workers if side == "omniload" else args.workers_per_rank,
+                    folders.get(side),
+                )
                 for side in order
             }
             ours, theirs = r["omniload"], r["baseline"]
@@ -308,6 +357,14 @@ def main() -> None:
                 f"{theirs['ttfb']:>15.2f}s{ours['ttfb']:>9.2f}s{ours['taken_per_s']:>16,.0f}",
                 flush=True,
             )
+            for peer in mix_peers:
+                against[peer].append(ours["tokens_per_s"] / r[peer]["tokens_per_s"])
+                print(
+                    f"{'':<7}{'':>5}  {_LABELS[peer]}: {r[peer]['tokens_per_s']:,.0f} tokens/s, omniload / "
+                    f"{_LABELS[peer]} {against[peer][-1]:.2f}x; tokens per worker CPU-second "
+                    f"{r[peer]['tokens_per_cpu_s']:,.0f}; ttfb {r[peer]['ttfb']:.2f}s",
+                    flush=True,
+                )
         speed = (
             ""
             if not per_core
@@ -327,6 +384,11 @@ def main() -> None:
             f"{statistics.median(sustained) / 1e6:.2f}M tokens/s "
             f"(range {min(sustained) / 1e6:.2f}-{max(sustained) / 1e6:.2f}M){speed}"
         )
+        for peer, peer_ratios in against.items():
+            print(
+                f"{mix}: omniload / {_LABELS[peer]} median {statistics.median(peer_ratios):.2f}x "
+                f"(range {min(peer_ratios):.2f}-{max(peer_ratios):.2f})"
+            )
     limit = loopback_bytes_per_s()
     print(
         f"omniload's ranks took up to {delivered / 1e6:,.0f} MB/s of batch tensors (read-ahead included; "
