@@ -59,10 +59,6 @@ HERE = Path(__file__).resolve().parent
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
 sys.path.insert(0, str(HERE))
 
-from peers import PEERS, clean_streaming_leftovers, convert, missing  # noqa: E402
-
-from omniload.coordinator.serve.listening import free_port  # noqa: E402
-
 _WARMUP_STEPS = 50
 _LABELS = {"streaming": "streaming", "litdata": "LitData"}
 
@@ -87,9 +83,11 @@ def heavy(text: str) -> list[int]:
 def _rank(kind: str, spec_dict: dict, rank: int, world: int, steps: int, workers: int, conn, warmed) -> None:
     import torch  # noqa: F401  (a real rank has it imported before the loader starts)
 
+    # each side imports its own loader only: a rank that imported them all would be heavier
+    # than users run, and its forked DataLoader workers slower to start
     if kind == "omniload":
         import omniload
-    elif kind in PEERS:
+    elif kind != "baseline":  # a peer
         from peers import peer_loader, rank_environment
     else:  # only the baseline's ranks load the readers and the planner
         from colocated import lean_loader
@@ -99,7 +97,7 @@ def _rank(kind: str, spec_dict: dict, rank: int, world: int, steps: int, workers
     t0, addr, token = conn.recv()
     if kind == "omniload":
         loader = omniload.connect(addr, token, rank=rank, world_size=world)
-    elif kind in PEERS:  # addr: the folders of the peer's copy of the sources; token: a port to meet at
+    elif kind != "baseline":  # a peer. addr: the folders of its copy of the sources; token: a port to meet at
         rank_environment(rank, world, token)
         sources = spec_dict["sources"]
         weights = [s.get("weight", 1.0) for s in sources]
@@ -181,7 +179,9 @@ def run(
 
         job = omniload.Job(dict(spec_dict, workers=workers)).start()
         addr, token = job.addr, job.token
-    elif kind in PEERS:
+    elif kind != "baseline":  # a peer
+        from omniload.coordinator.serve.listening import free_port
+
         addr, token = peer_folders, free_port("127.0.0.1")
     else:
         addr = token = None
@@ -218,6 +218,8 @@ def run(
     if job:
         job.stop()
     if kind == "streaming":
+        from peers import clean_streaming_leftovers
+
         clean_streaming_leftovers()
     taken = sum(r["tokens"] / r["seconds"] for r in results)
     return {
@@ -259,6 +261,7 @@ def loopback_bytes_per_s(total: int = 2 << 30, chunk: int = 1 << 20) -> float:
 
 def main() -> None:
     from bench_data import CACHE, bpe_tokenizer, make_sources, tokens_per_cpu_s_together, us_per_token
+    from peers import PEERS, convert, missing
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=2)
