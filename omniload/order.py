@@ -81,7 +81,9 @@ def row_permutation(
     another, each one's rows shuffled; the coordinator's shuffle window mixes across slices."""
     rng = np.random.default_rng([seed, source, epoch, shard, 0x2057])
     if slicing is None or slicing.count == 1:
-        return rng.permutation(num_rows).astype(index_dtype(num_rows))
+        rows = np.arange(num_rows, dtype=index_dtype(num_rows))
+        rng.shuffle(rows)  # Generator.permutation's own way, without its int64 copy
+        return rows
     keys = rng.random(num_rows)
     return np.lexsort((keys, slicing.locate(np.arange(num_rows))[0])).astype(index_dtype(num_rows))
 
@@ -89,7 +91,8 @@ def row_permutation(
 def index_dtype(size: int) -> np.dtype:
     """The dtype of the indexes into `size` rows or positions a worker holds for each shard and
     group it reads (row_permutation, interleave_rows): int32 where they fit, half of int64's
-    memory. A worker of 4 lanes over 100,000-row row groups held 24 MB of them as int64."""
+    memory, which large row groups make a worker's largest arrays (docs/benchmarks.md, Loader
+    memory)."""
     return np.dtype(np.int32 if size < 2**31 else np.int64)
 
 

@@ -42,7 +42,7 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from peers import PEERS, clean_streaming_leftovers, convert, missing  # noqa: E402
+from peers import PEERS, cache_for, clean_streaming_leftovers, convert, missing  # noqa: E402
 
 from omniload.coordinator.serve.listening import free_port  # noqa: E402
 
@@ -228,7 +228,7 @@ def loading_mb(
 
 
 def main() -> None:
-    from bench_data import CACHE, bpe_tokenizer, make_sources
+    from bench_data import bpe_tokenizer, make_sources
 
     from omniload.coordinator.pool.worker_pool import available_cpus
 
@@ -287,8 +287,7 @@ def main() -> None:
         sources = make_sources(k, args.docs, median_bytes=args.median_bytes, files_per_source=2)
         sources = [dict(s, tokenizer=tokenizer) for s in sources]
         spec = {"sources": sources, "seq_len": 1024, "rows": 2, "seed": 0, "epochs": 0}
-        cache = CACHE / f"peers-k{k}-d{args.docs}-m{args.median_bytes}"
-        folders = {peer: convert(peer, spec, cache) for peer in kinds if peer in PEERS}
+        folders = {peer: convert(peer, spec, cache_for(sources)) for peer in kinds if peer in PEERS}
         print(f"\nK={k} sources")
         header = "".join(f"{_LABELS.get(kind, kind) + ' MB':>15}" for kind in kinds)
         ratios = "".join(f"{'vs ' + _LABELS[kind]:>15}" for kind in others) if "omniload" in kinds else ""

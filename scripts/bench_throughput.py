@@ -260,8 +260,8 @@ def loopback_bytes_per_s(total: int = 2 << 30, chunk: int = 1 << 20) -> float:
 
 
 def main() -> None:
-    from bench_data import CACHE, bpe_tokenizer, make_sources, tokens_per_cpu_s_together, us_per_token
-    from peers import PEERS, convert, missing
+    from bench_data import bpe_tokenizer, make_sources, tokens_per_cpu_s_together, us_per_token
+    from peers import PEERS, cache_for, convert, missing
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=2)
@@ -318,8 +318,7 @@ def main() -> None:
         per_core = mix != "heavy"  # heavy's tokens per CPU-second are not set against the tokenizer's
         # the peers take one tokenizer for every source: the bpe mix only
         mix_peers = peers if mix == "bpe" else []
-        cache = CACHE / f"peers-tp-k{args.sources}-d{args.docs}"
-        folders = {peer: convert(peer, spec, cache) for peer in mix_peers}
+        folders = {peer: convert(peer, spec, cache_for(sources)) for peer in mix_peers}
         against: dict[str, list[float]] = {peer: [] for peer in mix_peers}
         ratios, shares, their_shares, sustained, references = [], [], [], [], []
         together_shares, their_together_shares, together_references = [], [], []

@@ -40,7 +40,7 @@ def pss_by_mapping(pid: int) -> collections.Counter:
 
 def main() -> None:
     from bench_data import bpe_tokenizer, make_sources
-    from bench_memory import _roles
+    from bench_memory import _pss, _roles
 
     import omniload
 
@@ -69,19 +69,19 @@ def main() -> None:
         for _ in range(args.steps):
             next(batches)
         sampled: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
-        for sample in range(args.samples):
+        for sample in range(args.samples if args.samples > 1 else 0):
             for _ in range(10 if sample else 0):
                 next(batches)
             for role, pids in _roles(job._process.pid).items():
-                for pid in pids:
-                    sampled[role, pid].append(sum(pss_by_mapping(pid).values()) / 1024)
+                for pid in pids:  # a worker the pool let go meanwhile counts 0 in that sample
+                    sampled[role, pid].append(_pss([pid]))
         print(f"{args.sources} sources, {args.workers} workers, tokenizer {args.tokenizer}; PSS MB, largest mappings")
         for role, pids in _roles(job._process.pid).items():
             for pid in pids:
                 by = pss_by_mapping(pid)
                 top = ", ".join(f"{name[:32]} {kb / 1024:.1f}" for name, kb in by.most_common(5))
                 print(f"{role:<12}{pid:>8}{sum(by.values()) / 1024:>7.0f}  {top}")
-        if args.samples > 1:
+        if sampled:
             print(f"over {args.samples} samples 10 steps apart: PSS MB, median (min-max)")
             for (role, pid), values in sampled.items():
                 print(f"{role:<12}{pid:>8}{statistics.median(values):>7.1f}  ({min(values):.1f}-{max(values):.1f})")

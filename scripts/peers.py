@@ -71,6 +71,13 @@ def source_texts(spec_dict: dict) -> list[list[str]]:
     ]
 
 
+def cache_for(sources: list[dict]) -> Path:
+    """Where the peers' copies of bench_data.make_sources' sources go: beside them, named as
+    their folder (which names everything that makes them), so each copy is written once."""
+    folder = Path(sources[0]["path"]).parent.parent
+    return folder.with_name(f"peers-{folder.name}")
+
+
 def convert(peer: str, spec_dict: dict, cache: Path) -> list[str]:
     """The peer's copy of every source (written once), one folder per source."""
     texts = None

@@ -86,6 +86,17 @@ def wait_connected(job: omniload.Job, count: int, timeout: float = 60) -> None:
     raise AssertionError(f"{count} ranks did not connect in {timeout:.0f}s")
 
 
+def wait_written(job: omniload.Job, timeout: float = 60) -> None:
+    """Wait until the workers of every source have written tokens into its rings."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(source["tokens_written"] > 0 for source in job.status()["sources"]):
+            return
+        time.sleep(0.05)
+    tail = "\n".join(job.log_tail())
+    raise AssertionError(f"a source's workers wrote nothing in {timeout:.0f}s; the job's log:\n{tail}")
+
+
 def senders_of(job: omniload.Job) -> list[psutil.Process]:
     """The coordinator's sender processes (--senders)."""
     return [

@@ -35,7 +35,6 @@ from omniload.formats.shards import BadFile, Shard, part_name
 from omniload.order import (
     group_members,
     groups_per_epoch,
-    index_dtype,
     interleave_rows,
     row_permutation,
     shard_at,
@@ -250,8 +249,7 @@ def _produce_group(
     member, row = interleave_rows([shard.rows for shard in shards])
     # a group (or a restarted one) reads only the rows this lane still has due: each shard's
     # from the first of them, holding those rows only
-    dtype = index_dtype(turns[-1].stop)
-    positions = np.concatenate([np.arange(turn.start, turn.stop, dtype=dtype) for turn in turns])
+    positions = np.concatenate([np.arange(turn.start, turn.stop, dtype=row.dtype) for turn in turns])
     rows = [
         _open_shard(lane, epoch, index, row[positions[member[positions] == m]], files)
         for m, (epoch, index) in enumerate(members)
@@ -564,13 +562,13 @@ _MAPPED_FROM = 256 << 10
 
 
 def map_large_buffers() -> None:
-    """Serve every allocation of 256 KB or more (a slice's decoded column, a group's row
-    indexes) from a mapping of its own, unmapped when freed. glibc's default raises that
-    threshold to the largest buffer freed so far (up to 32 MB); the buffers then come from the
-    heap, and the holes they leave stay resident: a worker over 100,000-row row groups held
-    95 MB with this, 100-115 MB without, from run to run (tokens per CPU-second unchanged)."""
+    """Map a buffer of 256 KB or more (a slice's decoded column, a group's row indexes) rather
+    than grow the heap for it, and unmap it when freed. glibc's default raises that threshold
+    to the largest buffer freed so far (up to 32 MB); such buffers then come from the heap, and
+    the holes they leave stay resident, more or less from run to run (docs/benchmarks.md,
+    Loader memory)."""
     if _LIBC is not None:
-        _LIBC.mallopt(_M_MMAP_THRESHOLD, _MAPPED_FROM)
+        _LIBC.mallopt(_M_MMAP_THRESHOLD, _MAPPED_FROM)  # best effort: 0 (refused) leaves glibc's default
 
 
 def _load_libc() -> ctypes.CDLL | None:

@@ -20,7 +20,7 @@ from omniload.formats.lane_config import PRELOADED_TOKENIZERS_ENV, WorkerConfig
 # loaded before it forks, as it had when `run` sat beside the worker's configuration.
 # tokenizer_preload loads the tokenizers share_tokenizers names, once for every worker.
 # numpy.random: numpy imports it on first use, which is every worker's first shard (its row
-# order); imported in each worker it cost some 2 MB PSS a worker.
+# order); each worker would import it again, into memory of its own.
 FORKSERVER_PRELOAD = [
     "omniload.workers.worker",
     "numpy.random",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 import zlib
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from tests.jobs import (
     run_ranks,
     start_ranks,
     wait_connected,
+    wait_written,
     workers_of,
 )
 
@@ -106,8 +106,7 @@ def test_the_workers_of_a_job_share_the_tokenizer_their_forkserver_loaded(tmp_pa
     with omniload.Job({**spec, "workers": 2, "epochs": 0, "steps": 60, "seed": 1}) as job:
         ranks = start_ranks(job, 1, tmp_path, env={"PROBE_STEP_S": "0.02"})
         wait_connected(job, 1)
-        while job.status()["steps"]["planned"] < 5:  # both workers have read and tokenized
-            time.sleep(0.02)
+        wait_written(job)  # each source's worker has read and tokenized
         (forkserver,) = forkserver_of(job)
         preloaded = _libraries(forkserver.pid)
         loaded_after_fork = {worker.pid: _libraries(worker.pid) - preloaded for worker in workers_of(job)}
@@ -119,8 +118,8 @@ def test_the_workers_of_a_job_share_the_tokenizer_their_forkserver_loaded(tmp_pa
         log = "\n".join(job.log_tail())
     assert "was killed by SIGKILL; restarting it at the source cursor" in log, log
     assert len(rank["hashes"]) == 60, log
-    # what the workers import, the forkserver has imported once for all of them (numpy.random
-    # among it: some 2 MB a worker)
+    # what the workers import, the forkserver has imported once for all of them to share
+    # (numpy.random among it, which numpy imports only on first use)
     assert loaded_after_fork and not any(loaded_after_fork.values()), loaded_after_fork
 
 

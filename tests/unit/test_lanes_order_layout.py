@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from omniload.coordinator.pool.lane_split import assign_lanes, lanes_per_source
@@ -8,6 +9,7 @@ from omniload.order import (
     Slicing,
     group_members,
     groups_per_epoch,
+    index_dtype,
     interleave_rows,
     lane_of,
     row_permutation,
@@ -99,11 +101,13 @@ def test_world_not_divisible_by_the_layout():
 
 
 def test_a_workers_row_indexes_take_four_bytes_a_row():
-    """A worker holds these for every shard and group it reads: one of 4 lanes over
-    100,000-row row groups held 24 MB of them at eight bytes."""
+    """A worker holds these for every shard and group it reads; large row groups make them its
+    largest arrays. Eight bytes a row only where four cannot count the rows."""
     rows = 100_000
-    order = row_permutation(rows, 7, 0, 0, 3, Slicing(rows, rows // 16, strided=True))
-    assert order.nbytes == 4 * rows and sorted(order.tolist()) == list(range(rows))
+    for slicing in (None, Slicing(rows, rows // 16, strided=True)):
+        order = row_permutation(rows, 7, 0, 0, 3, slicing)
+        assert order.nbytes == 4 * rows and sorted(order.tolist()) == list(range(rows))
     member, row = interleave_rows([rows, rows])
     assert member.nbytes + row.nbytes == 8 * 2 * rows
     assert row.max() == rows - 1
+    assert index_dtype(2**31 - 1) == np.int32 and index_dtype(2**31) == np.int64
