@@ -32,14 +32,7 @@ from omniload.formats.lane_config import ChatConfig, ImageConfig, LaneConfig, Pr
 from omniload.formats.records import chat_record, doc_record, error_record, skip_record
 from omniload.formats.ring import RecordTooLarge, Ring
 from omniload.formats.shards import BadFile, Shard, part_name
-from omniload.order import (
-    group_members,
-    groups_per_epoch,
-    interleave_rows,
-    row_permutation,
-    shard_at,
-    turns_of_lane,
-)
+from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at, turns_of_lane
 from omniload.storage.disk_cache import DiskCache
 from omniload.storage.files import Files
 from omniload.storage.objects import StoreError
