@@ -44,7 +44,7 @@ from omniload.coordinator.pool.worker_pool import lane_config, stop_helpers  # n
 from omniload.formats.lane_config import LaneConfig  # noqa: E402
 from omniload.spec import Spec  # noqa: E402
 from omniload.workers import worker  # noqa: E402
-from omniload.workers.readers import iter_slices, use_system_allocator  # noqa: E402
+from omniload.workers.readers import iter_slices  # noqa: E402
 from omniload.workers.transforms import load_transform  # noqa: E402
 
 
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", default="bpe", help="bpe (the 32k BPE), bytes, or a tokenizer.json")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds of the three")
     args = parser.parse_args()
-    use_system_allocator()  # as a worker does
+    worker.set_up_allocators()  # as a worker does
     tokenizer = bpe_tokenizer() if args.tokenizer == "bpe" else args.tokenizer
     lanes = lanes_of(make_sources(args.sources, args.docs), tokenizer)
     transform = load_transform(tokenizer)

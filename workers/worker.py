@@ -77,8 +77,7 @@ def run_worker(config: WorkerConfig, inbox: Connection | None = None) -> None:
 
 
 def _serve(config: WorkerConfig, inbox: Connection | None = None) -> None:
-    use_system_allocator()
-    map_large_buffers()
+    set_up_allocators()
     lanes: list[LaneConfig] = []
     rings: list[Ring] = []
     access: list[Files] = []
@@ -554,12 +553,15 @@ _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 _MAPPED_FROM = 256 << 10
 
 
-def map_large_buffers() -> None:
-    """Map a buffer of 256 KB or more (a slice's decoded column, a group's row indexes) rather
-    than grow the heap for it, and unmap it when freed. glibc's default raises that threshold
-    to the largest buffer freed so far (up to 32 MB); such buffers then come from the heap, and
-    the holes they leave stay resident, more or less from run to run (docs/benchmarks.md,
-    Loader memory)."""
+def set_up_allocators() -> None:
+    """How a worker allocates, so that its memory follows what it holds now: Arrow's buffers
+    from the system allocator (readers.use_system_allocator), and a buffer of 256 KB or more
+    (a slice's decoded column, a group's row indexes) mapped rather than grown from the heap,
+    and unmapped when freed. glibc's default raises that threshold to the largest buffer freed
+    so far (up to 32 MB); such buffers then come from the heap, and the holes they leave stay
+    resident, more or less from run to run (docs/benchmarks.md, Loader memory). Call at
+    process start."""
+    use_system_allocator()
     if _LIBC is not None:
         _LIBC.mallopt(_M_MMAP_THRESHOLD, _MAPPED_FROM)  # best effort: 0 (refused) leaves glibc's default
 

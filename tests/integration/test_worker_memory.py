@@ -24,7 +24,7 @@ class Info(ctypes.Structure):
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = Info
 if sys.argv[1] == "worker":
-    worker.map_large_buffers()
+    worker.set_up_allocators()
 big = bytearray(4 << 20)
 del big
 before = libc.mallinfo2().hblkhd
