@@ -44,6 +44,7 @@ from omniload.coordinator.serve.listening import address_of, listen
 from omniload.coordinator.serve.ranks import Ranks
 from omniload.coordinator.serve.sending import Sending
 from omniload.coordinator.serve.sessions import Sessions
+from omniload.coordinator.spill import Spill
 from omniload.errors import ConfigError, OmniloadError, SourceFailed
 from omniload.formats.ring import remove_stale_segments
 from omniload.protocol import Kind, Message
@@ -108,8 +109,9 @@ class Coordinator:
             return code
         recovery = self.role.recover()
         self.workforce = Workforce(self.spec, catalog, plan, self.job_id)
+        self.spill = Spill(spec.shuffle_dir)
         try:
-            self.planning = Planning(self.spec, self.workforce.read_rings(), self.positions.fingerprint)
+            self.planning = Planning(self.spec, self.workforce.read_rings(), self.positions.fingerprint, self.spill)
             self.planning.place(recovery)
             self.workforce.start()
             self.positions.open()
@@ -124,6 +126,7 @@ class Coordinator:
             run_loop(self._main(recovery))
         finally:
             self.workforce.stop()
+            self.spill.close()
             self.sending.close()
             self.positions.close()
             self.tenure.release(self.exit_code)  # once the folder holds the last position: standbys leave

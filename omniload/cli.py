@@ -165,9 +165,17 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [  # (flag, click's kwargs); -
         "--shuffle-window",
         dict(
             type=int,
-            help="Segments in the job's shuffle window, split among sources by weight; a "
-            "long document's chunks spread over it (0: 8M / seq-len, at least "
-            "4 x dp x rows).",
+            help="The job's shuffle horizon in segments of seq-len tokens, split among sources "
+            "by weight: each unit waits a seeded share of it, a long document's chunks spread "
+            "evenly over it (0: 2**28 tokens, at least 64 global batches).",
+        ),
+    ),
+    (
+        "--shuffle-dir",
+        dict(
+            metavar="PATH",
+            help="Local disk where documents wait for the shuffle (about the horizon's tokens "
+            "at 2-4 bytes each); the system's temporary folder when unset.",
         ),
     ),
     (
@@ -477,9 +485,18 @@ def status(addr: str, token: str, as_json: bool, once: bool, interval: float) ->
 @click.option(
     "--dir", "directory", default=None, help="Where the generated corpus goes [default: ~/.cache/omniload/demo]."
 )
-def demo(steps: int, nproc: int, directory: str | None) -> None:
+@click.option(
+    "--attention",
+    type=click.Choice(["document", "causal"]),
+    default="document",
+    show_default=True,
+    help="document: each token attends within its packed document (cu_seqlens); causal: across the row.",
+)
+def demo(steps: int, nproc: int, directory: str | None, attention: str) -> None:
     """Generate a small corpus and train a tiny GPT on it with torchrun through omniload (CPU)."""
     from omniload.demo.corpus import demo_spec, make_corpus
+
+    os.environ["OMNILOAD_DEMO_ATTENTION"] = attention  # the ranks inherit it through launch
 
     root = make_corpus(directory)
     spec = demo_spec(root, steps=steps)

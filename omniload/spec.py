@@ -38,12 +38,11 @@ RANK_TOKENS = ("fixed", "variable")
 # cost = a*len^2 + b*len + c + d*images; see omniload.coordinator.cost for where these come from
 DEFAULT_COST_COEFFS = (1.0, 24576.0, 0.0, 256 * 24576.0)
 _FROZEN = dict(frozen=True, slots=True, kw_only=True)
-# The automatic shuffle window: 8M / seq_len segments (8M tokens if every segment filled a row;
-# fewer, as segments are often shorter), and at least 4 x dp x rows. A window holds whole
-# documents, so what a short run sees of a corpus of long documents is about one window's worth
-# of documents: a 256-segment window saw ~7x fewer documents than random windows and learned
-# 0.13 nats worse (scripts/bench_quality.py).
-_AUTO_WINDOW_TOKENS, _AUTO_WINDOW_BATCHES = 1 << 23, 4
+# The automatic shuffle horizon (plan/spread.py): 2**28 tokens, and at least 64 global batches'
+# worth. A long document of L tokens then reaches each step as L / horizon of its source's
+# tokens: a 1M-token book is 0.4% of a step, where the 8M-token window before it made the book
+# an eighth of every step for a few steps (docs/planning.md).
+_AUTO_HORIZON_TOKENS, _AUTO_HORIZON_BATCHES = 1 << 28, 64
 
 
 @dataclass(**_FROZEN)
@@ -240,7 +239,8 @@ class Spec:
     balance_window: int = 0
     long_docs: str = "split"
     long_chats: str = "truncate"  # conversations longer than seq_len: cut at a turn boundary, or drop
-    shuffle_window: int = 0  # segments in the job's shuffle window, split by weight; 0: 8M / seq_len
+    shuffle_window: int = 0  # the job's shuffle horizon in segments of seq_len tokens, split by weight; 0: auto
+    shuffle_dir: str | None = None  # where waiting documents' tokens are kept (local disk); None: the temp folder
     max_doc_share: float = 0.25  # most of one rank's tokens one document may take in a step
     shard_interleave: int = 4  # shards each source reads at once, their rows taken in turn
     rank_order: str = "tp-cp-dp-pp"
@@ -430,11 +430,13 @@ class Spec:
     def model_parallel(self) -> int:
         return self.tp * self.pp * self.cp
 
-    def window_segments(self, dp: int, share: float) -> int:
-        """Segments in the shuffle window of a source drawing `share` of the tokens at
-        data-parallel size dp: its share of the job's window, so every source's window spans
-        the same number of steps and the memory does not grow with the number of sources."""
-        total = self.shuffle_window or max(_AUTO_WINDOW_TOKENS // self.seq_len, _AUTO_WINDOW_BATCHES * dp * self.rows)
+    def shuffle_horizon(self, dp: int, share: float) -> int:
+        """Tokens in the shuffle horizon of a source drawing `share` of the tokens at
+        data-parallel size dp (plan/spread.py): its share of the job's, so every source's
+        horizon spans the same number of steps and the disk it holds does not grow with the
+        number of sources."""
+        batch = dp * self.rows * self.seq_len
+        total = self.shuffle_window * self.seq_len or max(_AUTO_HORIZON_TOKENS, _AUTO_HORIZON_BATCHES * batch)
         return max(1, math.ceil(total * share))
 
     def tokenizer_of(self, source: Source) -> str:
@@ -496,6 +498,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "cost_model",
         "balance_window",
         "shuffle_window",
+        "shuffle_dir",
         "plan_ahead",
     ),
     "parallel": ("tp", "pp", "cp", "cp_split", "rank_order", "pp_data", "broadcast_at"),
@@ -554,6 +557,7 @@ RUNTIME_FIELDS = (
     "read_ahead",
     "cache_dir",
     "cache_limit",
+    "shuffle_dir",
 )
 # A source's fields that say how to reach its store, never what it holds.
 STORE_FIELDS = ("endpoint", "region", "anonymous")

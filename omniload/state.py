@@ -7,8 +7,9 @@ from. Everything else (ring contents, worker state, token arrays) is recomputed 
     fingerprint  hash of the data-deciding spec fields and the files (sizes, row counts)
     step         steps completed: the next step to deliver
     cursors      per source [group, pos]: the next sample to read in its deterministic order
-    windows      per source [group, pos, head, [taken]] of its open shuffle window, or null
-                 (see omniload.coordinator.plan.window)
+    spreads      per source its shuffle's position, or null (the next one starts at the cursor):
+                 {start: [group, pos], clock, horizon, frontier: [key, sample_id],
+                  passed: [[key, sample_id]...]} (see omniload.coordinator.plan.spread)
     passes       per source float: the mixture's stride passes
     weights      per source float: the weights of the last step
     tokens       tokens drawn so far (for schedules over tokens)
@@ -26,13 +27,13 @@ import orjson
 
 from omniload.errors import ConfigError
 
-STATE_VERSION = 3  # 2: shuffle windows, interleaved shard order; 3: strided slices (order.Slicing)
+STATE_VERSION = 4  # 2: shuffle windows, interleaved shard order; 3: strided slices (order.Slicing); 4: spreads
 KEYS = (
     "version",
     "fingerprint",
     "step",
     "cursors",
-    "windows",
+    "spreads",
     "passes",
     "weights",
     "tokens",

@@ -89,8 +89,16 @@ def _planner_line(planner: dict[str, Any]) -> str:
     return (
         f"planner: {planner['steps']} steps, {planner['ms_per_step']:.1f} ms/step (last {planner['last_ms']:.1f}), "
         f"max/mean cost {planner['imbalance']:.3f} (max/lower bound {planner.get('to_bound', 1.0):.3f}), "
-        f"carry {planner['carry']} segments, weights {weights}"
+        f"carry {planner['carry']} segments, weights {weights}{_diversity(planner)}"
     )
+
+
+def _diversity(planner: dict[str, Any]) -> str:
+    """The last step's documents and, per source, the most of its tokens one document held."""
+    if "documents" not in planner:
+        return ""
+    top = " ".join(f"{name}={share:.1%}" for name, share in planner.get("top_doc_share", {}).items())
+    return f"; {planner['documents']} documents, top document share {top}"
 
 
 def _memory_line(memory: dict[str, float]) -> str:

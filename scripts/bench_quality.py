@@ -1,30 +1,42 @@
-"""What a model sees: omniload's batches against a global shuffle of random windows.
+"""Batch quality: what a model learns from omniload's batches against the global shuffles users
+run instead, on three held-out evaluations, one of which favours no sampler.
 
-Corpus (heavy-tailed lengths, written once into a cache folder, 5% of each source's documents
-held out). Nothing in it depends on what the machine has installed:
-  code        parquet      this Python's standard library .py files (up to 250 x seq_len each):
-                           part of every Python install, the same for a given Python version
-  docs        JSON lines   package documentation generated from a seed (quality_corpus.py)
-  changelogs  Arrow IPC    Debian-style changelogs generated from a seed (quality_corpus.py)
+Corpora (written once into ~/.cache/omniload/quality-v3-NAME; one document in 20 held out):
+  bench   code        parquet     this Python's standard library .py files (up to 250 x seq_len each)
+          docs        JSON lines  package documentation generated from a seed (quality_corpus.py)
+          changelogs  Arrow IPC   Debian-style changelogs generated from a seed
+  heavy   the same three, docs and changelogs with heavy tails: documents of 100k tokens or more
+          hold at least 30% of each of their tokens (books, logs, changelogs)
 Files are written in sorted path order, so a reader that takes documents in file order sees
 one package or one module family at a time.
 
-Arms, each feeding the demo's tiny GPT the same number of steps with the same seed:
-  reference   every seq_len window of each source's token stream in a seeded random order,
-              rows given to sources by the weights (Megatron's blended GPTDataset)
-  omniload    a real job (coordinator, workers, rings, TCP) with the default window, cap
-              and interleave, read by DP clients in this process
-  window-256  the same job with --shuffle-window 256 (a few global batches' worth)
-  no-window   the same job with --shuffle-window 1 --max-doc-share 1 --shard-interleave 1:
-              documents in reading order, as before the shuffle window existed
+Arms, each training the demo's tiny GPT for the same steps, rows, ranks and seed (rows go to
+sources by the weights, by stride scheduling):
+  windows          nanoGPT's sampler: seq_len windows at random offsets of each source's token
+                   stream (its files' documents in order), attention across documents
+  chunks           Megatron's GPTDataset: each source's documents in a seeded order, concatenated
+                   and cut into seq_len chunks, the chunks in a seeded permutation; attention
+                   across documents
+  omniload         a real job (coordinator, workers, rings, TCP) with the default options, read by
+                   DP clients in this process; attention within each packed document (cu_seqlens)
+  omniload-nomask  omniload's batches, the model attending across a row's packed documents
+                   with positions 0..seq_len-1 (TinyGPT(doc_mask=False)); evaluated alike
 
-Printed per arm: per-step and 10-step mixture error (max |share - weight|, percentage
-points), distinct documents per rank-batch (mean, p10) and in the whole run, the longest run
-of consecutive steps in which one document is more than half of a rank's tokens, held-out
-loss after training (on plain windows and on whole documents), and for omniload the time to
-the first batch and the loader position's size (a rank's state_dict, JSON bytes).
+Evaluations, per source on its held-out documents (the report weighs sources by the weights):
+  windows    random seq_len windows of the held-out documents concatenated (favours the arms
+             that train across documents)
+  starts     each document's first seq_len tokens alone (favours packing)
+  documents  every token of each document from its start, windows at stride seq_len/2, each
+             token scored once with its own document before it and nothing else (documents
+             longer than _EVAL_DOC_TOKENS are scored on their first _EVAL_DOC_TOKENS): neutral
 
-    python scripts/bench_quality.py [--steps 200] [--seeds 0,1,2] [--arms reference,omniload]
+Per arm also: the mixture's error per step, per-step diversity (distinct documents in a
+global step, and the largest share of a step's tokens from one document, overall and per
+source), documents seen in the run, and for omniload its time to first batch.
+
+    python scripts/bench_quality.py [--corpus bench|heavy] [--length short|10x|30x]
+                                    [--seeds 0,1,2] [--arms windows,chunks,omniload,omniload-nomask]
+                                    [--json results.json]
 """
 
 from __future__ import annotations
@@ -32,37 +44,63 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import quality_corpus  # scripts/, beside this file
 import torch
 import torch.nn.functional as F
 
 import omniload
 from omniload.demo.train import VOCAB, TinyGPT
-from omniload.state import RANK_KEY
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import quality_corpus  # noqa: E402
-
-# v2: docs and changelogs generated (v1 read the installed packages' docs and /usr/share/doc)
-CACHE = Path.home() / ".cache" / "omniload" / "quality-v2"
 WEIGHTS = {"code": 0.5, "docs": 0.3, "changelogs": 0.2}
-SEQ, ROWS, DP = 256, 4, 2
+SEQ, DP = 256, 2
+# run lengths: rows a rank and steps; 10x and 30x the tokens of `short`, with larger batches
+LENGTHS = {"short": (4, 200), "10x": (16, 500), "30x": (32, 750)}
 _MAX_DOC_BYTES = 250 * SEQ
 _HOLDOUT = 20  # one document in this many is held out
 _CORPUS_SEED = 20261124
-_DOCS_PACKAGES, _CHANGELOG_PACKAGES = 950, 5000  # about 9 MB and 24 MB, as the v1 corpus had
+_DOCS_PACKAGES, _CHANGELOG_PACKAGES = 950, 5000  # about 9 MB and 24 MB
+_EVAL_DOC_TOKENS, _EVAL_WINDOWS = 16 * SEQ, 96  # per source
+_LR = 3e-3
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """How one corpus is generated: the docs' and changelogs' length distributions."""
+
+    name: str
+    doc_median: float = 1500
+    doc_sigma: float = 1.2
+    log_entries: float = 12
+    log_sigma: float = 1.1
+    max_long_bytes: int = _MAX_DOC_BYTES
+    docs_packages: int = _DOCS_PACKAGES
+    log_packages: int = _CHANGELOG_PACKAGES
+
+    @property
+    def cache(self) -> Path:
+        return Path.home() / ".cache" / "omniload" / f"quality-v3-{self.name}"
+
+
+CORPORA = {
+    "bench": Corpus("bench"),
+    # lognormal tails reaching 100k-400k bytes: such documents hold 30-50% of each source's tokens
+    "heavy": Corpus(
+        "heavy", doc_sigma=2.3, log_sigma=2.0, max_long_bytes=400_000, docs_packages=420, log_packages=1400
+    ),
+}
 
 
 # -- corpus -----------------------------------------------------------------------------------
-def _texts() -> dict[str, list[tuple[str, str]]]:
+def _texts(corpus: Corpus) -> dict[str, list[tuple[str, str]]]:
     """(path, text) per source, in sorted path order."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     code = []
@@ -73,22 +111,29 @@ def _texts() -> dict[str, list[tuple[str, str]]]:
             continue
         if len(text) >= 16:
             code.append((str(path.relative_to(stdlib)), text))
-    return {
-        "code": code,
-        "docs": quality_corpus.docs(_CORPUS_SEED, _DOCS_PACKAGES, _MAX_DOC_BYTES),
-        "changelogs": quality_corpus.changelogs(_CORPUS_SEED + 1, _CHANGELOG_PACKAGES, _MAX_DOC_BYTES),
-    }
+    docs = quality_corpus.docs(
+        _CORPUS_SEED, corpus.docs_packages, corpus.max_long_bytes, corpus.doc_median, corpus.doc_sigma
+    )
+    logs = quality_corpus.changelogs(
+        _CORPUS_SEED + 1, corpus.log_packages, corpus.max_long_bytes, corpus.log_entries, corpus.log_sigma
+    )
+    return {"code": code, "docs": docs, "changelogs": logs}
 
 
-def make_corpus() -> Path:
-    if (CACHE / ".complete").exists():
-        return CACHE
-    for name, docs in _texts().items():
-        train = [t for p, t in docs if int(hashlib.md5(p.encode()).hexdigest(), 16) % _HOLDOUT]
-        held = [t for p, t in docs if not int(hashlib.md5(p.encode()).hexdigest(), 16) % _HOLDOUT]
-        folder = CACHE / name
+def _held_out(path: str) -> bool:
+    return not int(hashlib.md5(path.encode()).hexdigest(), 16) % _HOLDOUT
+
+
+def make_corpus(corpus: Corpus) -> Path:
+    root = corpus.cache
+    if (root / ".complete").exists():
+        return root
+    for name, docs in _texts(corpus).items():
+        train = [t for p, t in docs if not _held_out(p)]
+        held = [t for p, t in docs if _held_out(p)]
+        folder = root / name
         folder.mkdir(parents=True, exist_ok=True)
-        (CACHE / f"{name}.heldout.json").write_text(json.dumps(held))
+        (root / f"{name}.heldout.json").write_text(json.dumps(held))
         if name == "code":
             pq.write_table(pa.table({"text": train}), folder / "code.parquet", row_group_size=64)
         elif name == "docs":
@@ -104,55 +149,75 @@ def make_corpus() -> Path:
             ):
                 for start in range(0, len(table), 32):
                     writer.write_batch(table.slice(start, 32).to_batches()[0])
-    (CACHE / ".complete").touch()
-    return CACHE
-
-
-def _spec(root: Path, steps: int, seed: int, **extra) -> dict:
-    paths = {"code": "code/*.parquet", "docs": "docs/*.jsonl", "changelogs": "changelogs/*.arrow"}
-    return {
-        "sources": [{"name": n, "path": str(root / paths[n]), "weight": w} for n, w in WEIGHTS.items()],
-        "seq_len": SEQ,
-        "rows": ROWS,
-        "seed": seed,
-        "epochs": 0,
-        "steps": steps,
-        "workers": 2,
-        **extra,
-    }
+    (root / ".complete").touch()
+    return root
 
 
 def _encode(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int64)
 
 
-# -- the arms: each yields steps of DP rank batches -------------------------------------------
+def train_documents(root: Path) -> list[list[np.ndarray]]:
+    """Each source's training documents as the bytes tokenizer makes them, in file order."""
+    from omniload.formats.shards import detect_format
+    from omniload.workers.readers import index_file, read_shard
+
+    out = []
+    for name in WEIGHTS:
+        texts: list[str] = []
+        for path in sorted((root / name).iterdir()):
+            if fmt := detect_format(str(path)):
+                texts += [v for shard in index_file(str(path), fmt, "text", 0) for v in read_shard(shard, "text")]
+        out.append([_encode(t) for t in texts])
+    return out
+
+
+def long_share(docs: list[np.ndarray], at_least: int = 100_000) -> float:
+    lengths = np.array([len(d) for d in docs])
+    return float(lengths[lengths >= at_least].sum() / lengths.sum())
+
+
+# -- the arms: each gives steps of DP rank batches ----------------------------------------------
 @dataclass
 class RankBatch:
-    input_ids: np.ndarray  # [ROWS, SEQ]
+    input_ids: np.ndarray  # [rows, SEQ]
     labels: np.ndarray
     position_ids: np.ndarray
     cu_seqlens: np.ndarray
     seg_source: np.ndarray  # per segment: source index, -1 for padding
-    seg_doc: np.ndarray  # per segment: document id, -1 for padding
+    seg_doc: np.ndarray  # per segment: a document id unique in the run, -1 for padding
     seg_len: np.ndarray
 
 
-def omniload_steps(root: Path, steps: int, seed: int, figures: dict | None = None, **extra) -> list[list[RankBatch]]:
-    out, state_bytes = [], []
+Steps = list[list[RankBatch]]
+
+
+def omniload_steps(root: Path, rows: int, steps: int, seed: int, figures: dict, **extra) -> Steps:
+    paths = {"code": "code/*.parquet", "docs": "docs/*.jsonl", "changelogs": "changelogs/*.arrow"}
+    spec = {
+        "sources": [{"name": n, "path": str(root / paths[n]), "weight": w} for n, w in WEIGHTS.items()],
+        "seq_len": SEQ,
+        "rows": rows,
+        "seed": seed,
+        "epochs": 0,
+        "steps": steps,
+        "workers": 2,
+        **extra,
+    }
+    out: Steps = []
     started = time.perf_counter()
-    with omniload.Job(_spec(root, steps, seed, **extra)) as job:
+    with omniload.Job(spec) as job:
         env = job.env()
         clients = [
             omniload.connect(env["OMNILOAD_ADDR"], env["OMNILOAD_TOKEN"], rank=r, world_size=DP) for r in range(DP)
         ]
         for batches in zip(*clients):
-            if not out and figures is not None:
+            if not out:
                 figures["first_batch_s"] = time.perf_counter() - started
-            state_bytes.append(len(clients[0].state_dict()[RANK_KEY]))
             step = []
             for b in batches:
                 cu = b["cu_seqlens"].numpy().astype(np.int64)
+                ids = b["sample_id"].numpy()
                 step.append(
                     RankBatch(
                         b["input_ids"].numpy().copy(),
@@ -160,66 +225,66 @@ def omniload_steps(root: Path, steps: int, seed: int, figures: dict | None = Non
                         b["position_ids"].numpy().copy(),
                         cu,
                         b["source"].numpy().copy(),
-                        np.where(b["sample_id"].numpy() >= 0, b["sample_id"].numpy() >> 12, -1),
+                        np.where(ids >= 0, ids >> 12, -1),  # the chunk bits off: the document
                         np.diff(cu),
                     )
                 )
             out.append(step)
         for client in clients:
             client.close()
-    if figures is not None:
-        figures.update(state_median=float(np.median(state_bytes)), state_max=max(state_bytes))
     return out
 
 
-def reference_steps(root: Path, steps: int, seed: int) -> list[list[RankBatch]]:
-    """Seeded random windows of each source's token stream; rows to sources by the weights."""
-    from omniload.formats.shards import detect_format
-    from omniload.workers.readers import index_file, read_shard
+class _Streams:
+    """Each source's documents concatenated, with where each document starts."""
 
-    streams, offsets, windows = [], [], []
-    for s, name in enumerate(WEIGHTS):
-        texts = []
-        for path in sorted((root / name).iterdir()):
-            if detect_format(str(path)):
-                texts += [
-                    v
-                    for shard in index_file(str(path), detect_format(str(path)), "text", 0)
-                    for v in read_shard(shard, "text")
-                ]
-        tokens = [_encode(t) for t in texts]
-        streams.append(np.concatenate(tokens))
-        offsets.append(np.concatenate([[0], np.cumsum([len(t) for t in tokens])]))
-        count = len(streams[-1]) // SEQ
-        windows.append(np.random.default_rng([seed, s]).permutation(count))
+    def __init__(self, docs: list[list[np.ndarray]], order: list[np.ndarray] | None = None) -> None:
+        self.tokens, self.starts, self.ids = [], [], []
+        for s, source_docs in enumerate(docs):
+            index = np.arange(len(source_docs)) if order is None else order[s]
+            self.tokens.append(np.concatenate([source_docs[i] for i in index]))
+            self.starts.append(np.concatenate([[0], np.cumsum([len(source_docs[i]) for i in index])]))
+            self.ids.append(index)
+
+    def row(self, source: int, start: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """SEQ tokens from `start`, and (document id, tokens) of each document they cut."""
+        starts = self.starts[source]
+        first, last = np.searchsorted(starts, [start, start + SEQ], side="right") - 1
+        parts = []
+        for d in range(first, min(last, len(starts) - 2) + 1):
+            overlap = min(starts[d + 1], start + SEQ) - max(starts[d], start)
+            if overlap > 0:
+                parts.append((source << 40 | int(self.ids[source][d]), int(overlap)))
+        return self.tokens[source][start : start + SEQ], parts
+
+
+def _stream_steps(rows: int, steps: int, pick: Callable[[int, int], tuple[np.ndarray, list]]) -> Steps:
+    """Steps whose rows go to sources by the weights (stride scheduling over rows); pick(source,
+    k) gives the k-th row drawn from a source."""
     weights = np.array(list(WEIGHTS.values()))
-    drawn, used = np.zeros(len(weights)), [0] * len(weights)
+    drawn = np.zeros(len(weights))
     out = []
     for _ in range(steps):
         step = []
         for _ in range(DP):
-            rows, sources, docs, lens = [], [], [], []
-            for _ in range(ROWS):
-                s = int(np.argmin((drawn + 1) / weights))  # stride scheduling by rows
+            ids, sources, docs, lens = [], [], [], []
+            for _ in range(rows):
+                s = int(np.argmin((drawn + 1) / weights))
+                tokens, parts = pick(s, int(drawn[s]))
                 drawn[s] += 1
-                start = int(windows[s][used[s] % len(windows[s])]) * SEQ
-                used[s] += 1
-                rows.append(streams[s][start : start + SEQ])
-                first, last = np.searchsorted(offsets[s], [start, start + SEQ], side="right") - 1
-                for d in range(first, min(last, len(offsets[s]) - 2) + 1):
-                    overlap = min(offsets[s][d + 1], start + SEQ) - max(offsets[s][d], start)
-                    if overlap > 0:
-                        sources.append(s)
-                        docs.append(s << 40 | d)
-                        lens.append(overlap)
-            ids = np.stack(rows)
-            labels = np.concatenate([ids[:, 1:], np.full((ROWS, 1), -100)], axis=1)
+                ids.append(tokens)
+                for doc, n in parts:
+                    sources.append(s)
+                    docs.append(doc)
+                    lens.append(n)
+            input_ids = np.stack(ids)
+            labels = np.concatenate([input_ids[:, 1:], np.full((rows, 1), -100)], axis=1)
             step.append(
                 RankBatch(
-                    ids,
+                    input_ids,
                     labels,
-                    np.tile(np.arange(SEQ), (ROWS, 1)),
-                    np.arange(0, ROWS * SEQ + 1, SEQ),
+                    np.tile(np.arange(SEQ), (rows, 1)),
+                    np.arange(0, rows * SEQ + 1, SEQ),
                     np.array(sources),
                     np.array(docs),
                     np.array(lens),
@@ -229,170 +294,273 @@ def reference_steps(root: Path, steps: int, seed: int) -> list[list[RankBatch]]:
     return out
 
 
+def windows_steps(docs: list[list[np.ndarray]], rows: int, steps: int, seed: int) -> Steps:
+    """nanoGPT's get_batch: a uniform random offset into the source's stream for every row."""
+    streams = _Streams(docs)
+    rngs = [np.random.default_rng([seed, s, 0x9A90]) for s in range(len(docs))]
+    return _stream_steps(
+        rows, steps, lambda s, k: streams.row(s, int(rngs[s].integers(0, len(streams.tokens[s]) - SEQ)))
+    )
+
+
+def chunks_steps(docs: list[list[np.ndarray]], rows: int, steps: int, seed: int) -> Steps:
+    """Megatron's GPTDataset: documents shuffled, concatenated, cut into SEQ chunks (the last
+    partial one dropped), the chunks shuffled; a new epoch reshuffles both."""
+    epochs: dict[tuple[int, int], tuple[_Streams, np.ndarray]] = {}
+
+    def pick(s: int, k: int) -> tuple[np.ndarray, list]:
+        per_epoch = sum(len(d) for d in docs[s]) // SEQ
+        epoch, k = divmod(k, per_epoch)
+        if (s, epoch) not in epochs:
+            rng = np.random.default_rng([seed, s, epoch, 0x3E6A])
+            order = [np.arange(len(d)) for d in docs]
+            order[s] = rng.permutation(len(docs[s]))
+            epochs[(s, epoch)] = (_Streams(docs, order), rng.permutation(per_epoch))
+        streams, chunks = epochs[(s, epoch)]
+        return streams.row(s, int(chunks[k]) * SEQ)
+
+    return _stream_steps(rows, steps, pick)
+
+
 # -- what the batches hold --------------------------------------------------------------------
-def batch_figures(steps: list[list[RankBatch]]) -> dict[str, float]:
+def batch_figures(steps: Steps) -> dict[str, float]:
+    """Mixture error (percentage points) and per-step diversity over the global step."""
     weights = np.array(list(WEIGHTS.values()))
-    shares, distinct, runs = [], [], []
-    run = np.zeros(DP, dtype=int)
+    shares, distinct, top, top_by_source = [], [], [], []
+    seen: set[int] = set()
     for step in steps:
-        tokens = np.zeros(len(weights))
-        for r, b in enumerate(step):
-            real = b.seg_source >= 0
-            np.add.at(tokens, b.seg_source[real], b.seg_len[real])
-            docs, per_doc = np.unique(b.seg_doc[real], return_inverse=True)
-            distinct.append(len(docs))
-            doc_tokens = np.bincount(per_doc, weights=b.seg_len[real])
-            run[r] = run[r] + 1 if doc_tokens.max() > 0.5 * b.seg_len[real].sum() else 0
-            runs.append(run[r])
-        shares.append(tokens)
-    shares = np.array(shares)
-    per_step = np.abs(shares / shares.sum(1, keepdims=True) - weights).max(1) * 100
-    tens = shares[: len(shares) // 10 * 10].reshape(-1, 10, len(weights)).sum(1)
-    per_ten = np.abs(tens / tens.sum(1, keepdims=True) - weights).max(1) * 100
-    return {
-        "step_err_mean": per_step.mean(),
-        "step_err_max": per_step.max(),
-        "ten_err_max": per_ten.max(initial=0.0),
-        "distinct_mean": float(np.mean(distinct)),
-        "distinct_p10": float(np.percentile(distinct, 10)),
-        "longest_run": int(max(runs)),
-        "docs_in_run": len({int(d) for step in steps for b in step for d in b.seg_doc if d >= 0}),
+        sources = np.concatenate([b.seg_source for b in step])
+        docs = np.concatenate([b.seg_doc for b in step])
+        lens = np.concatenate([b.seg_len for b in step])
+        real = sources >= 0
+        sources, docs, lens = sources[real], docs[real], lens[real]
+        shares.append(np.bincount(sources, weights=lens, minlength=len(weights)))
+        ids, per_doc = np.unique(docs, return_inverse=True)
+        seen.update(ids.tolist())
+        doc_tokens = np.bincount(per_doc, weights=lens)
+        distinct.append(len(ids))
+        top.append(doc_tokens.max() / lens.sum())
+        doc_source = ids >> 40
+        top_by_source.append(
+            [
+                doc_tokens[doc_source == s].max() / max(1, lens[sources == s].sum()) if (doc_source == s).any() else 0
+                for s in range(len(weights))
+            ]
+        )
+    shares_arr = np.array(shares)
+    error = np.abs(shares_arr / shares_arr.sum(1, keepdims=True) - weights).max(1) * 100
+    figures = {
+        "step_err_mean": float(error.mean()),
+        "distinct_docs": float(np.mean(distinct)),
+        "top_doc_share": float(np.mean(top)),
+        "docs_in_run": len(seen),
     }
+    for s, name in enumerate(WEIGHTS):
+        figures[f"top_doc_share_{name}"] = float(np.mean([t[s] for t in top_by_source]))
+    return figures
 
 
 # -- training and held-out loss ---------------------------------------------------------------
-def _loss(model: TinyGPT, ids: np.ndarray, positions: np.ndarray, cu: np.ndarray, labels: np.ndarray) -> torch.Tensor:
-    logits = model(torch.from_numpy(ids).long(), torch.from_numpy(positions).long(), torch.from_numpy(cu).long())
-    return F.cross_entropy(logits.view(-1, VOCAB), torch.from_numpy(labels).long().view(-1), ignore_index=-100)
+def _logits(model: TinyGPT, ids: np.ndarray, positions: np.ndarray, cu: np.ndarray) -> torch.Tensor:
+    return model(torch.from_numpy(ids).long(), torch.from_numpy(positions).long(), torch.from_numpy(cu).long())
 
 
-def train(steps: list[list[RankBatch]], seed: int) -> TinyGPT:
-    """DP ranks' gradients averaged, as DDP does: the mean of each rank's mean loss."""
+def train(steps: Steps, seed: int, doc_mask: bool = True) -> TinyGPT:
+    """DP ranks' gradients averaged, as DDP does: the mean of each rank's mean loss. The arms
+    without documents in their rows train the same either way (one segment a row)."""
     torch.manual_seed(seed)
-    model = TinyGPT(SEQ)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model = TinyGPT(SEQ, doc_mask=doc_mask)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=_LR)
     for step in steps:
-        loss = sum(_loss(model, b.input_ids, b.position_ids, b.cu_seqlens, b.labels) for b in step) / len(step)
+        loss = sum(_mean_loss(model, b.input_ids, b.position_ids, b.cu_seqlens, b.labels) for b in step) / len(step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
     return model
 
 
-def heldout_sets(root: Path, seed: int, rows_per_source: int = 96) -> dict[str, list[tuple]]:
-    """Per source, batches of held-out rows two ways: plain windows of the concatenated held-out
-    documents (attention across document boundaries), and whole documents (one per segment)."""
-    sets: dict[str, list[tuple]] = {"windows": [], "documents": []}
+def _mean_loss(model: TinyGPT, ids: np.ndarray, positions: np.ndarray, cu: np.ndarray, labels: np.ndarray):
+    logits = _logits(model, ids, positions, cu)
+    return F.cross_entropy(logits.view(-1, VOCAB), torch.from_numpy(labels).long().view(-1), ignore_index=-100)
+
+
+@dataclass
+class EvalRows:
+    """Rows to score: tokens, labels (-100 where not scored), positions and segment bounds."""
+
+    ids: np.ndarray
+    labels: np.ndarray
+    positions: np.ndarray
+    cu: np.ndarray
+
+
+def _rows(pieces: list[tuple[np.ndarray, int]], masked: bool) -> list[EvalRows]:
+    """Batches of one piece a row: (tokens up to SEQ + 1, tokens not scored at its start).
+    `masked`: the piece is its row's only segment (padding after it); else it fills the row."""
+    out = []
+    for i in range(0, len(pieces), 8):
+        batch = pieces[i : i + 8]
+        ids = np.zeros((len(batch), SEQ), dtype=np.int64)
+        labels = np.full((len(batch), SEQ), -100, dtype=np.int64)
+        cu = [0]
+        for r, (tokens, skip) in enumerate(batch):
+            n = min(SEQ, len(tokens) - 1)
+            ids[r, :n] = tokens[:n]
+            labels[r, skip:n] = tokens[skip + 1 : n + 1]
+            cu += [r * SEQ + n] + ([(r + 1) * SEQ] if masked and n < SEQ else [])
+        if not masked:
+            cu = list(range(0, len(batch) * SEQ + 1, SEQ))
+        out.append(EvalRows(ids, labels, np.tile(np.arange(SEQ), (len(batch), 1)), np.array(cu)))
+    return out
+
+
+def heldout_sets(root: Path, seed: int, eval_docs: int) -> dict[str, list[list[EvalRows]]]:
+    """Per evaluation, per source, the rows to score (see the module's doc)."""
     rng = np.random.default_rng([seed, 99])
-    for s, name in enumerate(WEIGHTS):
+    sets: dict[str, list[list[EvalRows]]] = {"windows": [], "starts": [], "documents": []}
+    for name in WEIGHTS:
         docs = [_encode(t) for t in json.loads((root / f"{name}.heldout.json").read_text())]
+        docs = [d for d in docs if len(d) > 1]
         stream = np.concatenate(docs)
-        starts = rng.choice(len(stream) // SEQ, rows_per_source, replace=False) * SEQ
-        for i in range(0, rows_per_source, ROWS):
-            ids = np.stack([stream[a : a + SEQ] for a in starts[i : i + ROWS]])
-            labels = np.concatenate([ids[:, 1:], np.full((ROWS, 1), -100)], axis=1)
-            sets["windows"].append(
-                (s, ids, np.tile(np.arange(SEQ), (ROWS, 1)), np.arange(0, ROWS * SEQ + 1, SEQ), labels)
-            )
-        chunks = [d[a : a + SEQ] for d in docs for a in range(0, len(d), SEQ)]
-        picked = [chunks[i] for i in rng.choice(len(chunks), rows_per_source, replace=False)]
-        for i in range(0, rows_per_source, ROWS):
-            ids = np.zeros((ROWS, SEQ), dtype=np.int64)
-            labels = np.full((ROWS, SEQ), -100)
-            positions = np.tile(np.arange(SEQ), (ROWS, 1))
-            cu = [0]
-            for r, chunk in enumerate(picked[i : i + ROWS]):
-                ids[r, : len(chunk)] = chunk
-                labels[r, : len(chunk) - 1] = chunk[1:]
-                cu += [r * SEQ + len(chunk)] + ([(r + 1) * SEQ] if len(chunk) < SEQ else [])
-            sets["documents"].append((s, ids, positions, np.array(cu), labels))
+        starts = rng.choice(len(stream) - SEQ - 1, _EVAL_WINDOWS, replace=False)
+        sets["windows"].append(_rows([(stream[a : a + SEQ + 1], 0) for a in starts], masked=False))
+        picked = [docs[i] for i in rng.choice(len(docs), min(_EVAL_WINDOWS, len(docs)), replace=False)]
+        sets["starts"].append(_rows([(d[: SEQ + 1], 0) for d in picked], masked=True))
+        pieces = []
+        for i in rng.choice(len(docs), min(eval_docs, len(docs)), replace=False):
+            doc = docs[i][: _EVAL_DOC_TOKENS + 1]
+            pieces.append((doc[: SEQ + 1], 0))  # from the start: every prediction
+            a = SEQ // 2
+            while len(doc) - 1 - a > SEQ // 2:  # then each window's last SEQ/2 predictions
+                pieces.append((doc[a : a + SEQ + 1], SEQ // 2))
+                a += SEQ // 2
+        sets["documents"].append(_rows(pieces, masked=True))
     return sets
 
 
 @torch.no_grad()
-def heldout_loss(model: TinyGPT, batches: list[tuple]) -> float:
-    """The mixture-weighted mean of each source's loss."""
-    per_source: dict[int, list[float]] = {}
-    for s, ids, positions, cu, labels in batches:
-        loss = _loss(model, ids, positions, cu, labels)
-        per_source.setdefault(s, []).append(float(loss))
-    return sum(w * np.mean(per_source[s]) for s, w in enumerate(WEIGHTS.values()))
+def heldout_loss(model: TinyGPT, per_source: list[list[EvalRows]]) -> dict[str, float]:
+    """Per source the mean loss over its scored tokens, and their mixture-weighted mean."""
+    out = {}
+    for name, batches in zip(WEIGHTS, per_source):
+        total, count = 0.0, 0
+        for rows in batches:
+            logits = _logits(model, rows.ids, rows.positions, rows.cu)
+            labels = torch.from_numpy(rows.labels)
+            total += float(F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), ignore_index=-100, reduction="sum"))
+            count += int((labels != -100).sum())
+        out[name] = total / count
+    out["mix"] = sum(w * out[name] for name, w in WEIGHTS.items())
+    return out
+
+
+# -- the run ----------------------------------------------------------------------------------
+ARMS = ("windows", "chunks", "omniload", "omniload-nomask")
+
+
+def run_seed(
+    root: Path, docs: list[list[np.ndarray]], arms: list[str], rows: int, steps: int, seed: int, eval_docs: int
+) -> dict:
+    evals = heldout_sets(root, seed, eval_docs)
+    results: dict[str, dict] = {}
+    batches: dict[str, Steps] = {}
+    for arm in arms:
+        started = time.perf_counter()
+        figures: dict = {}
+        if arm == "windows":
+            steps_of_arm = windows_steps(docs, rows, steps, seed)
+        elif arm == "chunks":
+            steps_of_arm = chunks_steps(docs, rows, steps, seed)
+        elif arm == "omniload":
+            steps_of_arm = batches["omniload"] = omniload_steps(root, rows, steps, seed, figures)
+        else:  # the same batches, the model attending across the rows' documents
+            if "omniload" not in batches:
+                batches["omniload"] = omniload_steps(root, rows, steps, seed, figures)
+            steps_of_arm = batches["omniload"]
+        figures.update(batch_figures(steps_of_arm))
+        model = train(steps_of_arm, seed, doc_mask=arm != "omniload-nomask")
+        for evaluation, per_source in evals.items():
+            figures[f"loss_{evaluation}"] = heldout_loss(model, per_source)
+        figures["seconds"] = time.perf_counter() - started
+        results[arm] = figures
+        losses = "  ".join(f"{e} {figures[f'loss_{e}']['mix']:.4f}" for e in evals)
+        print(f"  seed {seed} {arm:<16} {losses}  [{figures['seconds']:.0f}s]", flush=True)
+    return results
+
+
+def summarize(results: dict[str, list[dict]], baseline: str) -> None:
+    """Each arm's means, and its gap to `baseline` per evaluation (mean, min..max over seeds)."""
+    evaluations = ("windows", "starts", "documents")
+    print(
+        f"\n{'arm':<17}{'step err pp':>12}{'docs/step':>10}{'top doc share':>14}{'docs in run':>12}"
+        + "".join(f"{'loss ' + e:>16}" for e in evaluations)
+    )
+    for arm, rows in results.items():
+        mean = {k: float(np.mean([r[k] for r in rows])) for k in ("step_err_mean", "distinct_docs", "top_doc_share")}
+        losses = "".join(f"{np.mean([r[f'loss_{e}']['mix'] for r in rows]):>16.4f}" for e in evaluations)
+        print(
+            f"{arm:<17}{mean['step_err_mean']:>12.1f}{mean['distinct_docs']:>10.1f}"
+            f"{mean['top_doc_share']:>14.4f}{np.mean([r['docs_in_run'] for r in rows]):>12.0f}{losses}"
+        )
+    for arm in results:
+        if arm == baseline:
+            continue
+        gaps = []
+        for e in evaluations:
+            per_seed = [a[f"loss_{e}"]["mix"] - b[f"loss_{e}"]["mix"] for a, b in zip(results[arm], results[baseline])]
+            gaps.append(f"{e} {np.mean(per_seed):+.4f} ({min(per_seed):+.4f}..{max(per_seed):+.4f})")
+        print(f"{arm} - {baseline}: " + ", ".join(gaps))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--corpus", choices=sorted(CORPORA), default="bench")
+    parser.add_argument("--length", choices=list(LENGTHS), default="short", help="rows a rank and steps")
+    parser.add_argument("--rows", type=int, help="rows a rank (overrides --length's)")
+    parser.add_argument("--steps", type=int, help="steps (overrides --length's)")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument(
-        "--arms",
-        default="reference,omniload,window-256,no-window",
-        help="which arms to run (reference always runs: the others are measured against it)",
-    )
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"a comma list of {', '.join(ARMS)}")
+    parser.add_argument("--baseline", default="chunks", help="the arm the others are compared with")
+    parser.add_argument("--eval-docs", type=int, default=64, help="held-out documents a source, for `documents`")
+    parser.add_argument("--json", type=Path, help="write every seed's figures here")
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    root = make_corpus()
-    sizes = {n: sum(f.stat().st_size for f in (root / n).iterdir()) >> 20 for n in WEIGHTS}
-    print(
-        f"corpus {root}: {sizes} MB (train files); weights {WEIGHTS}; seq_len {SEQ} x rows {ROWS}, "
-        f"{DP} ranks, {args.steps} steps, bytes tokenizer, demo TinyGPT, seeds {args.seeds}"
-    )
-    arms = {
-        "reference": lambda steps, seed, figures: reference_steps(root, steps, seed),
-        "omniload": lambda steps, seed, figures: omniload_steps(root, steps, seed, figures),
-        "window-256": lambda steps, seed, figures: omniload_steps(root, steps, seed, figures, shuffle_window=256),
-        "no-window": lambda steps, seed, figures: omniload_steps(
-            root, steps, seed, figures, shuffle_window=1, max_doc_share=1.0, shard_interleave=1
-        ),
-    }
-    wanted = {"reference", *args.arms.split(",")}
-    unknown = wanted - set(arms)
+    arms = args.arms.split(",")
+    unknown = set(arms) - set(ARMS)
     if unknown:
-        parser.error(f"no arm {', '.join(sorted(unknown))}; the arms are {', '.join(arms)}")
-    arms = {arm: make for arm, make in arms.items() if arm in wanted}
+        parser.error(f"no arm {', '.join(sorted(unknown))}; the arms are {', '.join(ARMS)}")
+    rows, steps = LENGTHS[args.length]
+    rows, steps = args.rows or rows, args.steps or steps
+    torch.set_num_threads(2)
+    corpus = CORPORA[args.corpus]
+    root = make_corpus(corpus)
+    docs = train_documents(root)
+    sizes = {n: round(sum(len(d) for d in source) / 1e6, 1) for n, source in zip(WEIGHTS, docs)}
+    shares = {n: round(long_share(source), 2) for n, source in zip(WEIGHTS, docs)}
+    print(
+        f"corpus {args.corpus} ({root}): {sizes} M tokens, share in documents of 100k+ tokens {shares}; "
+        f"weights {WEIGHTS}; seq_len {SEQ} x rows {rows} x {DP} ranks, {steps} steps "
+        f"({DP * rows * SEQ * steps / 1e6:.1f}M tokens), bytes tokenizer, demo TinyGPT, seeds {args.seeds}"
+    )
     results: dict[str, list[dict]] = {arm: [] for arm in arms}
     for seed in (int(s) for s in args.seeds.split(",")):
-        evals = heldout_sets(root, seed)
-        for arm, make in arms.items():
-            started = time.perf_counter()
-            figures: dict = {}
-            steps = make(args.steps, seed, figures)
-            figures.update(batch_figures(steps))
-            model = train(steps, seed)
-            figures.update(
-                loss_windows=heldout_loss(model, evals["windows"]),
-                loss_documents=heldout_loss(model, evals["documents"]),
-            )
+        for arm, figures in run_seed(root, docs, arms, rows, steps, seed, args.eval_docs).items():
             results[arm].append(figures)
-            print(
-                f"  seed {seed} {arm:<10} held-out loss {figures['loss_windows']:.3f} (windows) "
-                f"{figures['loss_documents']:.3f} (documents)  [{time.perf_counter() - started:.0f}s]",
-                flush=True,
+    if args.baseline in results:
+        summarize(results, args.baseline)
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "corpus": args.corpus,
+                    "rows": rows,
+                    "steps": steps,
+                    "dp": DP,
+                    "seq_len": SEQ,
+                    "seeds": args.seeds,
+                    "results": results,
+                },
+                indent=1,
             )
-    print()
-    print(
-        f"{'arm':<11}{'step err pp':>12}{'max':>6}{'10-step max':>12}{'docs/rank-batch':>16}{'p10':>5}"
-        f"{'docs in run':>12}{'longest run':>12}{'loss windows':>13}{'loss docs':>10}{'1st batch':>10}"
-        f"{'state B med/max':>16}"
-    )
-    for arm, rows in results.items():
-        mean = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
-        omni = (
-            f"{mean['first_batch_s']:>9.1f}s{mean['state_median']:>9.0f}/{max(r['state_max'] for r in rows):<6}"
-            if "first_batch_s" in mean
-            else ""
-        )
-        print(
-            f"{arm:<11}{mean['step_err_mean']:>12.1f}{max(r['step_err_max'] for r in rows):>6.1f}"
-            f"{max(r['ten_err_max'] for r in rows):>12.1f}{mean['distinct_mean']:>16.1f}{mean['distinct_p10']:>5.1f}"
-            f"{mean['docs_in_run']:>12.0f}{max(r['longest_run'] for r in rows):>12d}{mean['loss_windows']:>13.3f}"
-            f"{mean['loss_documents']:>10.3f}{omni}"
-        )
-    ref = {k: float(np.mean([r[k] for r in results["reference"]])) for k in ("loss_windows", "loss_documents")}
-    for arm in list(results)[1:]:
-        gap = {k: float(np.mean([r[k] for r in results[arm]])) - v for k, v in ref.items()}
-        print(
-            f"{arm} - reference held-out loss: {gap['loss_windows']:+.3f} nats (windows), "
-            f"{gap['loss_documents']:+.3f} nats (documents)"
         )
 
 

@@ -23,7 +23,7 @@ from omniload.coordinator.plan.cost import cost_function
 from omniload.coordinator.plan.mixture import advance, next_source
 from omniload.coordinator.plan.packer import build_batch
 from omniload.coordinator.plan.step_plan import plan_step
-from omniload.coordinator.plan.window import units_of
+from omniload.coordinator.plan.units import units_of
 from omniload.coordinator.pool.catalog import SourceCatalog, build_catalog
 from omniload.coordinator.pool.intake import Doc
 from omniload.coordinator.pool.worker_pool import stop_helpers

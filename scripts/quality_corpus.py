@@ -226,15 +226,15 @@ def _doc_text(rng: _Rng, pkg: _Package, doc_name: str, size: int) -> str:
     return "".join(parts)
 
 
-def docs(seed: int, packages: int, max_bytes: int) -> list[tuple[str, str]]:
+def docs(seed: int, packages: int, max_bytes: int, median: float = 1500, sigma: float = 1.2) -> list[tuple[str, str]]:
     """Package documentation: a few documents per package (README, usage, API, FAQ, LICENSE),
-    as (path, text) in sorted path order."""
+    as (path, text) in sorted path order; their sizes lognormal (`median` bytes, `sigma`)."""
     rng, out = _Rng(seed), []
     for p in range(packages):
         pkg = _Package(rng)
         names = sorted({rng.pick(_DOC_NAMES) for _ in range(1 + rng.below(6))})
         for doc_name in names:
-            size = min(max_bytes, int(rng.lognormal(1500, 1.2)) + 64)
+            size = min(max_bytes, int(rng.lognormal(median, sigma)) + 64)
             out.append((f"{p:04d}-{pkg.name}/{doc_name}", _doc_text(rng, pkg, doc_name, size)[:max_bytes]))
         if rng.below(3) == 0:
             out.append(
@@ -246,8 +246,11 @@ def docs(seed: int, packages: int, max_bytes: int) -> list[tuple[str, str]]:
     return out
 
 
-def changelogs(seed: int, packages: int, max_bytes: int) -> list[tuple[str, str]]:
-    """Debian-style changelogs, newest entry first, one per package, in sorted path order."""
+def changelogs(
+    seed: int, packages: int, max_bytes: int, median_entries: float = 12, sigma: float = 1.1
+) -> list[tuple[str, str]]:
+    """Debian-style changelogs, newest entry first, one per package, in sorted path order; their
+    entries lognormal (`median_entries`, `sigma`)."""
     rng, out = _Rng(seed), []
     maintainers = [
         f"{_word(rng, 2).capitalize()} {_word(rng, 3).capitalize()} <{_word(rng, 2)}@debian.org>" for _ in range(60)
@@ -255,7 +258,7 @@ def changelogs(seed: int, packages: int, max_bytes: int) -> list[tuple[str, str]
     for p in range(packages):
         pkg = _Package(rng)
         major, minor, patch = pkg.version
-        year, entries, parts, length = 2024, max(1, int(rng.lognormal(12, 1.1))), [], 0
+        year, entries, parts, length = 2024, max(1, int(rng.lognormal(median_entries, sigma))), [], 0
         for _ in range(entries):
             items = []
             for _ in range(1 + rng.below(5)):

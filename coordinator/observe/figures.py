@@ -116,6 +116,8 @@ class Figures:
         figures = self._planner.figures()
         if "weights" in figures:
             figures["weights"] = dict(zip(self._names, figures["weights"]))
+        if "top_doc_share" in figures:
+            figures["top_doc_share"] = dict(zip(self._names, figures["top_doc_share"]))
         return figures
 
     def _source(self, intake: SourceIntake, rate: dict) -> dict[str, Any]:

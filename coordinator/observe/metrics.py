@@ -49,6 +49,12 @@ _JOB = [
         lambda s: s["planner"].get("to_bound", 1.0),
     ),
     (
+        "omniload_planner_step_documents",
+        "gauge",
+        "Distinct documents in the last step.",
+        lambda s: s["planner"].get("documents", 0),
+    ),
+    (
         "omniload_planner_carry_segments",
         "gauge",
         "Segments carried to the next step.",
@@ -117,6 +123,13 @@ def exposition(status: dict[str, Any]) -> str:
         "gauge",
         "The weight each source drew with in the last step.",
         [(_labels(source=n), w) for n, w in weights.items()],
+    )
+    _family(
+        lines,
+        "omniload_step_top_document_share",
+        "gauge",
+        "The largest share of the source's tokens in the last step that came from one document.",
+        [(_labels(source=n), s) for n, s in status["planner"].get("top_doc_share", {}).items()],
     )
     for rows, label, families in ((status["sources"], "source", _SOURCE), (status["ranks"], "rank", _RANK)):
         for name, kind, text, key in families:

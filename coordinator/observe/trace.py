@@ -33,6 +33,7 @@ from omniload.coordinator.pool.catalog import SourceCatalog, build_catalog, fing
 from omniload.coordinator.pool.intake import SourceIntake
 from omniload.coordinator.pool.lane_split import assign_lanes
 from omniload.coordinator.pool.worker_pool import WorkerPool, describe_exit, stop_helpers
+from omniload.coordinator.spill import Spill
 from omniload.errors import ConfigError, OmniloadError
 from omniload.formats.shards import part_name
 from omniload.layout import Layout
@@ -193,9 +194,10 @@ def _plan(
     plan = assign_lanes(spec.weights(), max(1, min(workers, len(catalog))))
     pool = WorkerPool(spec, catalog, plan, os.urandom(4).hex(), os.getpid())
     watch = None
+    spill = Spill(spec.shuffle_dir)  # a replay holds the job's spreads, as the coordinator does
     try:
         intakes = [SourceIntake(src, pool.source_rings(src.index), spec.seed, spec.shard_interleave) for src in catalog]
-        stepper = Stepper(spec, intakes, live_changes=[(at, weights) for at, weights in live])
+        stepper = Stepper(spec, intakes, live_changes=[(at, weights) for at, weights in live], store=spill)
         if state is not None:
             stepper.restore({**state, "live": live})
         for worker_id in range(len(plan)):
@@ -213,6 +215,7 @@ def _plan(
         if watch is not None:
             watch.stop()
         pool.stop()
+        spill.close()
 
 
 def _next_step(stepper: Stepper, build: bool) -> Step:
@@ -257,7 +260,7 @@ def _confirm(folder: Path, step: int, position: dict, required: bool) -> None:
         if required:
             raise ConfigError(f"snapshot {step} of {folder} does not read cleanly; step 0 cannot be traced")
         return
-    keys = ("step", "cursors", "windows", "passes", "weights", "tokens", "dropped", "carry")
+    keys = ("step", "cursors", "spreads", "passes", "weights", "tokens", "dropped", "carry")
     ours = orjson.loads(orjson.dumps({k: position[k] for k in keys}))
     if ours != {k: loaded[0][k] for k in keys}:
         raise ConfigError(

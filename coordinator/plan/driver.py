@@ -18,6 +18,7 @@ from typing import Any
 
 from omniload.coordinator.ha.checkpoint import Recovery
 from omniload.coordinator.plan.plan_loop import Planner, StepHandler
+from omniload.coordinator.plan.spread import UnitStore
 from omniload.coordinator.plan.stepper import Cancelled, Step, Stepper
 from omniload.coordinator.pool.intake import SourceIntake
 from omniload.coordinator.pool.workforce import Workforce
@@ -27,9 +28,9 @@ log = logging.getLogger("omniload")
 
 
 class Planning:
-    def __init__(self, spec: Spec, intakes: list[SourceIntake], fingerprint: str) -> None:
+    def __init__(self, spec: Spec, intakes: list[SourceIntake], fingerprint: str, store: UnitStore) -> None:
         self._spec, self._fingerprint = spec, fingerprint
-        self.stepper = Stepper(spec, intakes)
+        self.stepper = Stepper(spec, intakes, store=store)
         self.start_position: dict[str, Any] = {}  # the position the job starts from (a resume's, or step 0's)
         self.planner: Planner
 

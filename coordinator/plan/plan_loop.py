@@ -179,6 +179,8 @@ class Planner:
             "mean_cost": plan.get("mean_cost", 0.0),
             "carry": plan.get("carried", 0),
             "weights": [round(w, 4) for w in step.weights],
+            "documents": plan.get("documents", 0),
+            "top_doc_share": plan.get("top_doc_share", []),
         }
 
     def _finish(self, why: str) -> None:

@@ -1,7 +1,7 @@
 """Assemble each global step: draw segments by the mixture, plan, build every rank's arrays.
 
 The only waiting here is for a source's next record; every decision is made by the pure
-functions in schedule.py, mixture.py, window.py and step_plan.py, so the steps are a function of spec,
+functions in schedule.py, mixture.py, spread.py and step_plan.py, so the steps are a function of spec,
 seed, files and the recorded live mixture changes.
 
 The stepper is sans-I/O in how it waits: a step is a generator (`step_requests`) that yields
@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -26,20 +25,22 @@ from numpy.typing import NDArray
 
 from omniload.coordinator.plan.budgets import padded_length
 from omniload.coordinator.plan.cost import cost_function
+from omniload.coordinator.plan.diversity import step_diversity
 from omniload.coordinator.plan.mixture import StrideQueue, advance, join
 from omniload.coordinator.plan.packer import DocKey, Segment, doc_key
 from omniload.coordinator.plan.schedule import in_force, weights_at
+from omniload.coordinator.plan.spread import MemoryStore, Spread, SpreadPosition, UnitStore
 from omniload.coordinator.plan.step_plan import StepPlan, plan_budgets, plan_step
-from omniload.coordinator.plan.window import Block, Unit, block_tokens_for, make_block, restore_block, units_of
+from omniload.coordinator.plan.units import Unit, units_of
 from omniload.coordinator.pool.intake import Doc, SourceIntake
 from omniload.errors import SourceFailed
 from omniload.spec import Spec
 from omniload.state import STATE_VERSION
 
 _POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
+_CAP_READS = 64  # documents read on, at most, to find a unit under its document's cap
 _BREATHE_S = 0.002  # the longest a step computes between two chances for others to run
 _BREATHE_EVERY = 16  # calls of _breath_due between two readings of the clock
-_WINDOW_PIXELS = 128 << 20  # pixel bytes the shuffle windows hold at most, split by weight (as much again read ahead)
 
 
 class Cancelled(Exception):
@@ -107,14 +108,20 @@ class _Restoring:
     """What restore read and the first step (or rehydrate) rebuilds from."""
 
     carry: list[CarriedSegment]
-    windows: dict[int, list[Any]]  # source -> the position of its open window (Block.position)
+    spreads: dict[int, SpreadPosition]  # source -> the position of its spread
     resume_at: dict[int, tuple[int, int]]  # source -> its cursor in the checkpoint
 
 
 class Stepper:
     def __init__(
-        self, spec: Spec, intakes: list[SourceIntake], live_changes: list[tuple[int, dict[str, float]]] | None = None
+        self,
+        spec: Spec,
+        intakes: list[SourceIntake],
+        live_changes: list[tuple[int, dict[str, float]]] | None = None,
+        store: UnitStore | None = None,
     ) -> None:
+        """`store`: where the spreads' waiting documents are kept (the coordinator's is on disk,
+        coordinator/spill.py; by default this process's memory)."""
         self._spec = spec
         self._intakes = intakes
         self.dp = 0  # data-parallel size: known once the first rank connects
@@ -132,20 +139,15 @@ class Stepper:
         self.tokens_drawn = 0
         self.dropped = 0
         self.carry: list[Segment] = []
-        self.windows: list[Block | None] = [None] * len(intakes)
-        # Documents of image sources taken from the rings before their window needs them: a
-        # window is filled at once and then drawn for many steps, and without this the
-        # source's workers would idle (rings full) for those steps, then decode a whole
-        # window while the ranks wait. Text keeps up without it.
-        self._ahead: list[deque[Doc]] = [deque() for _ in intakes]
-        self._ahead_pixels = [0] * len(intakes)
-        # Right after the last document taken: where a window starts and what a checkpoint
-        # says, the same whatever the read-ahead has taken (SKIP records past it included).
+        self._store = store if store is not None else MemoryStore()
+        self.spreads: list[Spread | None] = [None] * len(intakes)  # None: the next epoch's starts at the cursor
+        # Right after the last document taken: where the next spread starts and what a
+        # checkpoint says (a SKIP record past it included or not, as the intake's cursor may be).
         self._next: list[tuple[int, int]] = [i.cursor for i in intakes]
         self.step = 0
         self.cancel = threading.Event()  # set from another thread to end a wait for records
         self._breathed, self._calls = time.monotonic(), 0
-        self._saved: _Restoring | None = None  # set by restore until the carry and windows are rebuilt
+        self._saved: _Restoring | None = None  # set by restore until the carry and spreads are rebuilt
 
     def export_state(self, fingerprint: str) -> dict[str, Any]:
         """The position after the last step planned (see omniload.state for the keys)."""
@@ -154,10 +156,7 @@ class Stepper:
             "fingerprint": fingerprint,
             "step": self.step,
             "cursors": {i.catalog.name: list(self._next[i.catalog.index]) for i in self._intakes},
-            "windows": {
-                i.catalog.name: w.position() if w is not None and not w.exhausted else None
-                for i, w in zip(self._intakes, self.windows)
-            },
+            "spreads": {i.catalog.name: self._spread_position(i.catalog.index) for i in self._intakes},
             "passes": list(self.passes),
             "weights": list(self.weights),
             "tokens": self.tokens_drawn,
@@ -166,31 +165,37 @@ class Stepper:
             "live": [[at, weights] for at, weights in in_force(self.live_changes, self.step)],
         }
 
+    def _spread_position(self, source: int) -> dict[str, Any] | None:
+        """The source's spread's position; None when the next spread starts afresh at the
+        cursor (none yet, or the last one used up its epoch)."""
+        spread, cursor = self.spreads[source], self._next[source]
+        if spread is None or spread.exhausted or (not spread.waiting_units and cursor[0] >= spread.epoch_end):
+            return None
+        return spread.position(cursor).to_json()
+
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a position. Each source's intake is moved back to the earliest of its
-        window's start and its carried documents; the first step re-reads from there to the
-        saved cursor to rebuild the window and the carry."""
+        spread's start and its carried documents; the first step re-reads from there to the
+        saved cursor to rebuild the spread and the carry."""
         self.step, self.tokens_drawn, self.dropped = state["step"], state["tokens"], state["dropped"]
         self.passes, self.weights = list(state["passes"]), list(state["weights"])
         self.live_changes[:] = [(at, weights) for at, weights in state["live"]]
-        self.carry, self.windows = [], [None] * len(self._intakes)
-        self._ahead, self._ahead_pixels = [deque() for _ in self._intakes], [0] * len(self._intakes)
+        self.carry, self.spreads = [], [None] * len(self._intakes)
         saved = self._saved = _Restoring([CarriedSegment(*entry) for entry in state["carry"]], {}, {})
         for intake in self._intakes:
             index, name = intake.catalog.index, intake.catalog.name
             group, pos = state["cursors"][name]
             cursor = (group, pos)
-            window = state["windows"][name]
             starts = [c.origin for c in saved.carry if c.source == index]
-            if window is not None:
-                saved.windows[index] = window
-                starts.append((window[0], window[1]))
+            if state["spreads"][name] is not None:
+                position = saved.spreads[index] = SpreadPosition.from_json(state["spreads"][name])
+                starts.append(position.start)
             intake.seek(*min([cursor, *starts]))
             self._next[index] = intake.cursor
             saved.resume_at[index] = cursor
 
     def rehydrate(self) -> None:
-        """Rebuild the carried segments and the windows by re-reading their documents; the
+        """Rebuild the carried segments and the spreads by re-reading their documents; the
         first step does it too. Until then export_state does not hold the restored position."""
         drive(self._rehydrate(), self.cancel)
 
@@ -202,24 +207,24 @@ class Stepper:
         chunks: dict[int, Segment] = {}  # sample_id -> segment, of the carried documents
         for intake in self._intakes:
             index = intake.catalog.index
-            window = saved.windows.get(index)
-            start = (window[0], window[1]) if window is not None else None
-            units: list[Unit] = []
+            position = saved.spreads.get(index)
+            spread = None
+            if position is not None:
+                spread = self.spreads[index] = self._new_spread(index, position.start[0], position)
             while intake.cursor < saved.resume_at[index]:
                 if self._breath_due():
                     yield 0.0
                 doc = self._take(intake, None) or (yield from self._await_doc(intake, None))
                 if doc is None:
                     break
-                carried = (doc.source, *doc.origin) in wanted
-                in_window = start is not None and doc.origin >= start
-                doc_units = (self._units(doc) or []) if carried or in_window else []
-                if carried:
-                    chunks.update((s.sample_id, s) for unit in doc_units for s in unit)
-                if in_window:
-                    units.extend(doc_units)
-            if window is not None:
-                self.windows[index] = restore_block(window, units, self._spec.seed, index)
+                if (doc.source, *doc.origin) in wanted:
+                    chunks.update((s.sample_id, s) for unit in self._units(doc) or [] for s in unit)
+                if spread is not None and position is not None and doc.origin >= position.start:
+                    self._add(spread, doc, counting=False)
+            if spread is not None:
+                spread.restored()
+                if self._next[index][0] >= spread.epoch_end:
+                    spread.end()
         self.carry = [dataclasses.replace(chunks[c.sample_id], delay=c.delay) for c in saved.carry]
         self._saved = None
 
@@ -255,7 +260,6 @@ class Stepper:
         weights = self.upcoming_weights()
         join(self.passes, self.weights, weights)
         self.weights = weights
-        self._read_ahead()
         need = self.dp * spec.rows * spec.seq_len - sum(s.length for s in self.carry)
         in_step: dict[DocKey, int] = {}
         for segment in self.carry:
@@ -263,20 +267,22 @@ class Stepper:
             if weights[segment.source] > 0:  # the mixture counts what a step delivers (see below)
                 advance(self.passes, segment.source, segment.length, weights)
         fresh: list[Segment] = []
-        live = [not (self._dry(i) and (w is None or w.exhausted)) for i, w in enumerate(self.windows)]
+        live = [not (self._dry(i) and (s is None or s.exhausted)) for i, s in enumerate(self.spreads)]
         queue = StrideQueue(self.passes, weights, live)
         cap = self._rank_cap * self.dp
         while need > 0:
             source = queue.peek()
             if source is None:
                 break
-            block = self.windows[source]
-            if block is None or block.exhausted:  # (most draws need no generator: their window is open)
-                block = yield from self._open_window(source)
-                if block is None:
+            spread = self.spreads[source]
+            if spread is None or not spread.ready():  # (most draws need no generator: a unit is due)
+                spread = yield from self._ready_spread(source)
+                if spread is None:
                     queue.drop()
                     continue
-            unit = block.draw(in_step, cap)
+            unit = spread.draw(in_step, cap, give_way=False)
+            if unit is None:  # every unit due is over its document's cap: read on for others
+                unit = yield from self._draw_reading_on(source, spread, in_step, cap)
             tokens = unit[0].length if len(unit) == 1 else sum(s.length for s in unit)
             queue.advance(tokens)
             self.tokens_drawn += tokens
@@ -315,6 +321,7 @@ class Stepper:
             return plan, plan.batches(widths, image_hw, masked) if build else []
 
         plan, batches = yield Compute(balance_and_build)
+        documents, top_shares = step_diversity(batches, len(self._intakes))
         self.carry = plan.carry
         for segment in self.carry:  # not delivered: the next step counts it, and draws around it
             if weights[segment.source] > 0:
@@ -323,54 +330,81 @@ class Stepper:
             self.step,
             batches,
             plan.tokens,
-            {**plan.figures, "dropped": self.dropped},
+            {**plan.figures, "dropped": self.dropped, "documents": documents, "top_doc_share": top_shares},
             weights,
         )
         self.step += 1
         self.live_changes[:] = in_force(self.live_changes, self.step)  # what replay needs, no history
         return step
 
-    def _open_window(self, source: int) -> Requests:
-        """The source's next window with units left to draw, once its current one is used up;
-        None when the source has ended (a window may come back empty at an epoch's end, when
-        the epoch's last documents were empty or dropped: the next epoch's window follows)."""
-        block = self.windows[source]
-        while block is None or block.exhausted:
-            if self._dry(source):
-                return None
-            block = self.windows[source] = yield from self._fill(source)
-        return block
-
-    def _fill(self, source: int) -> Requests:
-        """The next window: documents from the cursor until it holds the window's size in units
-        and enough tokens to spread its longest document (window.block_tokens_for), or until
-        the epoch ends (a window holding two epochs would repeat documents within it), or
-        until it holds the source's share of _WINDOW_PIXELS (images are 100s of KB each)."""
-        intake = self._intakes[source]
-        share = self.weights[source] / (sum(self.weights) or 1.0)
-        start = self._next[source]
-        units: list[Unit] = []
-        end, size = intake.epoch_end(start[0]), self._spec.window_segments(self.dp, share)
-        tokens, longest, needed, pixels = 0, 0, 0, 0
-        while (len(units) < size or tokens < needed) and (not pixels or pixels < share * _WINDOW_PIXELS):
+    def _ready_spread(self, source: int) -> Requests:
+        """The source's spread once a unit of it is due: documents are taken until one is, or
+        until its epoch has been read (then the next epoch's spread); None when the source has
+        ended."""
+        intake, spread = self._intakes[source], self.spreads[source]
+        while True:
+            if spread is None or spread.exhausted:
+                if self._dry(source):
+                    return None
+                spread = self.spreads[source] = self._new_spread(source, self._next_group(source))
+            if spread.ready():
+                return spread
             if self._breath_due():
                 yield 0.0
-            # a window never spans epochs; a document that is here (the most) costs no generator
-            doc = self._take(intake, end) or (yield from self._await_doc(intake, end))
+            # a spread never spans epochs; a document that is here (the most) costs no generator
+            doc = self._take(intake, spread.epoch_end) or (yield from self._await_doc(intake, spread.epoch_end))
             if doc is None:
+                spread.end()
+            else:
+                self._add(spread, doc)
+
+    def _draw_reading_on(self, source: int, spread: Spread, in_step: dict[DocKey, int], cap: int) -> Requests:
+        """A unit within the cap found by taking up to _CAP_READS more documents (each makes
+        units due); else the cap gives way."""
+        intake = self._intakes[source]
+        for _ in range(_CAP_READS):
+            if spread.ended:
                 break
-            doc_units = self._units(doc)
-            if doc_units is None:
-                self.dropped += 1
-                continue
-            units.extend(doc_units)
-            n = len(doc.tokens)
-            tokens += n
-            if doc.pixels is not None:
-                pixels += doc.pixels.nbytes
-            if n > longest:
-                longest, needed = n, block_tokens_for(n, self._spec.max_doc_share)
-        return make_block(start, units, self._spec.seed, source) if units else None  # None: the epoch ended
+            doc = self._take(intake, spread.epoch_end) or (yield from self._await_doc(intake, spread.epoch_end))
+            if doc is None:
+                spread.end()
+                break
+            self._add(spread, doc)
+            if (unit := spread.draw(in_step, cap, give_way=False)) is not None:
+                return unit
+        return spread.draw(in_step, cap)
+
+    def _new_spread(self, source: int, group: int, position: SpreadPosition | None = None) -> Spread:
+        """The spread of the epoch that holds `group`: its horizon the source's share of the
+        job's, at the weights now (a restored spread keeps its own)."""
+        share = self.weights[source] / (sum(self.weights) or 1.0)
+        return Spread(
+            source,
+            self._spec.seed,
+            self._spec.shuffle_horizon(self.dp, share),
+            self._store,
+            self._spec.seq_len,
+            self._intakes[source].epoch_end(group),
+            2 / self._spec.max_doc_share,  # a very long document takes at most half its cap a step
+            self._bucket_rows,
+            self._spec.rows,
+            self._image_hw,
+            position,
+        )
+
+    def _next_group(self, source: int) -> int:
+        """The group of the source's next document (its intake has skipped what cannot be read)."""
+        return max(self._next[source][0], self._intakes[source].cursor[0])
+
+    def _add(self, spread: Spread, doc: Doc, counting: bool = True) -> None:
+        """Put a document's units in the spread (long_docs=drop drops a long one: `counting`)."""
+        if self._spec.long_docs == "drop" and len(doc.tokens) > self._spec.seq_len:
+            self.dropped += counting
+            return
+        try:
+            spread.add(doc)
+        except ValueError as exc:
+            raise SourceFailed(self._names[doc.source], str(exc)) from None
 
     def _units(self, doc: Doc) -> list[Unit] | None:
         """The document's units; None when long_docs=drop drops it."""
@@ -382,8 +416,8 @@ class Stepper:
             raise SourceFailed(self._names[doc.source], str(exc)) from None
 
     def _breath_due(self) -> bool:
-        """Whether to let others run now: every _BREATHE_S of work (a window is millions of
-        tokens, a restore re-reads it: the ranks' sessions must not wait for that). The clock
+        """Whether to let others run now: every _BREATHE_S of work (a restore re-reads a spread
+        of millions of tokens: the ranks' sessions must not wait for that). The clock
         is read every _BREATHE_EVERY calls, one a unit drawn or a document taken: a few us
         apart, tens for a long document's chunks or a sample's images, so 16 stay well under
         _BREATHE_S."""
@@ -397,43 +431,18 @@ class Stepper:
         return False
 
     def _dry(self, source: int) -> bool:
-        return self._intakes[source].dry and not self._ahead[source]
-
-    def _read_ahead(self) -> None:
-        """Take what image sources' rings hold, up to one window's worth (see __init__)."""
-        total = sum(self.weights) or 1.0
-        for source, intake in enumerate(self._intakes):
-            if intake.catalog.images is None:
-                continue
-            share = self.weights[source] / total
-            ahead, limit = self._ahead[source], self._spec.window_segments(self.dp, share)
-            while len(ahead) < limit and self._ahead_pixels[source] < share * _WINDOW_PIXELS:
-                doc = intake.poll(waiting=False)
-                if doc is None:
-                    break
-                ahead.append(doc)
-                self._ahead_pixels[source] += 0 if doc.pixels is None else doc.pixels.nbytes
+        return self._intakes[source].dry
 
     def _take(self, intake: SourceIntake, until_group: int | None) -> Doc | None:
-        """The source's next document if it is here (read ahead, or in its ring), else None."""
-        index = intake.catalog.index
-        ahead = self._ahead[index]
-        doc: Doc | None
-        if ahead:
-            if until_group is not None and ahead[0].group >= until_group:
-                return None
-            doc = ahead.popleft()
-            self._ahead_pixels[index] -= 0 if doc.pixels is None else doc.pixels.nbytes
-        elif (doc := intake.poll(until_group)) is None:
+        """The source's next document if its record is in its ring, else None."""
+        if (doc := intake.poll(until_group)) is None:
             return None
-        self._next[index] = doc.after
+        self._next[intake.catalog.index] = doc.after
         return doc
 
     def _await_doc(self, intake: SourceIntake, until_group: int | None) -> Requests:
         """After _take found nothing: wait for the source's next record; None if the source
-        ran dry, its cursor reached `until_group`, or its read-ahead holds the next group's."""
-        if self._ahead[intake.catalog.index]:
-            return None
+        ran dry or its cursor reached `until_group`."""
         delay, since = _POLL_MIN_S, time.monotonic()
         while True:
             if intake.dry or (until_group is not None and intake.group >= until_group):

@@ -108,6 +108,9 @@ class Sending:
                 # the loss's denominator: sum of token losses / this, times dp (docs/planning.md)
                 "global_trained_tokens": trained_tokens(step.batches),
                 "weights": dict(zip(self._source_names, step.weights)),
+                # per-step diversity (plan/diversity.py): distinct documents, each source's top share
+                "documents": step.figures["documents"],
+                "top_doc_share": dict(zip(self._source_names, step.figures["top_doc_share"])),
                 "state": position,
             }
         )

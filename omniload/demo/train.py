@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import omniload
+from omniload.integrations.document_mask import dense_mask
 
 VOCAB = 256
 
@@ -40,27 +41,26 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, seq_len: int, dim: int = 96, layers: int = 2, heads: int = 4) -> None:
+    """`doc_mask`: attend within each packed document, positions from the batch (as varlen
+    attention does); else across a row's documents, positions 0..seq_len-1 (a plain causal GPT)."""
+
+    def __init__(self, seq_len: int, dim: int = 96, layers: int = 2, heads: int = 4, doc_mask: bool = True) -> None:
         super().__init__()
+        self.doc_mask = doc_mask
         self.tok, self.pos = nn.Embedding(VOCAB, dim), nn.Embedding(seq_len, dim)
         self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
         self.head = nn.Linear(dim, VOCAB)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
         rows, seq_len = input_ids.shape
+        if not self.doc_mask:  # one segment a row
+            cu_seqlens = torch.arange(0, rows * seq_len + 1, seq_len)
+            position_ids = torch.arange(seq_len).expand(rows, seq_len)
         x = self.tok(input_ids) + self.pos(position_ids)
-        mask = segment_causal_mask(cu_seqlens, rows, seq_len)
+        mask = dense_mask(cu_seqlens, rows, seq_len)
         for block in self.blocks:
             x = block(x, mask)
         return self.head(x)
-
-
-def segment_causal_mask(cu_seqlens: torch.Tensor, rows: int, seq_len: int) -> torch.Tensor:
-    """[rows, seq, seq] bool: position i may attend to j iff same segment and j <= i."""
-    flat = torch.arange(rows * seq_len)
-    segment = (torch.searchsorted(cu_seqlens.long(), flat, right=True) - 1).view(rows, seq_len)
-    causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
-    return (segment.unsqueeze(2) == segment.unsqueeze(1)) & causal
 
 
 def global_batch_loss(logits: torch.Tensor, labels: torch.Tensor, meta: dict[str, Any]) -> torch.Tensor:
@@ -80,7 +80,8 @@ def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
     loader = omniload.connect()
-    model = nn.parallel.DistributedDataParallel(TinyGPT(loader.info["seq_len"]))
+    doc_mask = os.environ.get("OMNILOAD_DEMO_ATTENTION", "document") == "document"
+    model = nn.parallel.DistributedDataParallel(TinyGPT(loader.info["seq_len"], doc_mask=doc_mask))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses: list[float] = []
     started = last = time.perf_counter()

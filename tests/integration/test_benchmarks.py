@@ -3,6 +3,7 @@ speed and memory goals live in the benchmarks, never in timed tests)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -51,9 +52,14 @@ def test_bench_memory_runs():
     assert "DataLoader MB" in out and "omniload at N=1 / at N=1" in out
 
 
-def test_bench_quality_runs():
-    out = _run("bench_quality.py", "--steps", "5", "--seeds", "0")
-    assert "omniload - reference held-out loss" in out and "no-window" in out
+def test_bench_quality_runs(tmp_path):
+    results = tmp_path / "quality.json"
+    out = _run("bench_quality.py", "--steps", "5", "--seeds", "0", "--eval-docs", "4", "--json", str(results))
+    assert "omniload - chunks: windows" in out and "omniload-nomask - chunks" in out
+    figures = json.loads(results.read_text())["results"]
+    assert set(figures) == {"windows", "chunks", "omniload", "omniload-nomask"}
+    for (arm,) in figures.values():
+        assert {"loss_windows", "loss_starts", "loss_documents", "distinct_docs", "top_doc_share"} <= set(arm)
 
 
 def test_bench_checkpoint_runs():

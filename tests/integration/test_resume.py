@@ -64,7 +64,7 @@ def test_resume_with_a_different_number_of_ranks_delivers_every_sample_once(corp
         first = collect(start_ranks(job, before, tmp_path, max_steps=15))
         assert wait_for_checkpoint(folder, 15, timeout=10) == 15
     found = last_position(folder)
-    assert found.replay == 14 and any(w is not None for w in found.state["windows"].values())
+    assert found.replay == 14 and any(s is not None for s in found.state["spreads"].values())
     with omniload.Job({**spec, "resume": str(folder)}) as job:
         second = collect(start_ranks(job, after, tmp_path))
     delivered = Counter(i for rank in first + second for i in rank["sample_ids"])

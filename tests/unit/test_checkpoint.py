@@ -18,7 +18,16 @@ def _state(step: int) -> dict:
         "fingerprint": "f",
         "step": step,
         "cursors": {"web": [step // 3, step % 3], "code": [0, step]},
-        "windows": {"web": [step // 6, 0, step % 6, [step % 6 + 2] if step % 2 else []], "code": None},
+        "spreads": {
+            "web": {
+                "start": [step // 6, 0],
+                "clock": 100 * step,
+                "horizon": 1 << 20,
+                "frontier": [7 * step, 4096 * step],
+                "passed": [[7 * step - 1, 4096]] if step % 2 else [],
+            },
+            "code": None,
+        },
         "passes": [step * 1.5, step * 0.25],
         "weights": [0.6, 0.4],
         "tokens": 100 * step,

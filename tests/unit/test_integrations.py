@@ -114,3 +114,28 @@ def test_frameworks_that_need_whole_rows_refuse_a_context_parallel_job_at_the_fi
     plain = _FakeLoader([_packed_row()])
     plain.info = {"layout": {"tp": 1, "cp": 1, "dp": 1, "pp": 1}}
     assert len(list(TitanBatches(plain))) == 1
+
+
+def test_the_document_masks_keep_each_token_to_its_own_document():
+    """FlexAttention's block mask and the dense mask give the attention of each packed
+    document computed alone (a varlen kernel's result), rows and padding included."""
+    import torch.nn.functional as F
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from omniload.integrations.document_mask import dense_mask, flex_block_mask
+
+    rows, seq_len, heads, dim = 2, 64, 2, 8
+    cu = torch.tensor([0, 20, 64, 100, 120, 128], dtype=torch.int32)  # the last: a row's padding
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(rows, heads, seq_len, dim) for _ in range(3))
+    flat = [t.transpose(1, 2).reshape(rows * seq_len, heads, dim) for t in (q, k, v)]
+    pieces = []
+    for start, stop in zip(cu[:-1].tolist(), cu[1:].tolist()):  # each document by itself
+        part = [t[start:stop].transpose(0, 1) for t in flat]
+        pieces.append(F.scaled_dot_product_attention(*part, is_causal=True).transpose(0, 1))
+    alone = torch.cat(pieces).reshape(rows, seq_len, heads, dim).transpose(1, 2)
+    batch = {"input_ids": torch.zeros(rows, seq_len, dtype=torch.long), "cu_seqlens": cu}
+    dense = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask(cu, rows, seq_len).unsqueeze(1))
+    flex = flex_attention(q, k, v, block_mask=flex_block_mask(batch))
+    assert torch.allclose(dense, alone, atol=1e-5)
+    assert torch.allclose(flex, alone, atol=1e-5)

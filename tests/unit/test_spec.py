@@ -97,13 +97,13 @@ def test_unreadable_config_file_is_a_config_error(tmp_path):
         build_spec(str(tmp_path / "bad.yaml"), (), {})
 
 
-def test_the_shuffle_window_is_the_jobs_split_by_weight():
+def test_the_shuffle_horizon_is_the_jobs_split_by_weight():
     spec = Spec.from_dict({"sources": [{"name": "a", "path": "x"}], "seq_len": 1024, "rows": 2})
-    assert spec.window_segments(dp=2, share=1.0) == 8192  # 8M tokens' worth
-    assert spec.window_segments(dp=2, share=0.25) == 2048
-    assert spec.window_segments(dp=4096, share=1.0) == 4 * 4096 * 2  # at least four global batches
-    fixed = Spec.from_dict({"sources": [{"name": "a", "path": "x"}], "shuffle_window": 10})
-    assert fixed.window_segments(dp=8, share=0.01) == 1
+    assert spec.shuffle_horizon(dp=2, share=1.0) == 1 << 28  # 2**28 tokens
+    assert spec.shuffle_horizon(dp=2, share=0.25) == 1 << 26
+    assert spec.shuffle_horizon(dp=4096, share=1.0) == 64 * 4096 * 2 * 1024  # at least 64 global batches
+    fixed = Spec.from_dict({"sources": [{"name": "a", "path": "x"}], "seq_len": 1024, "shuffle_window": 10})
+    assert fixed.shuffle_horizon(dp=8, share=0.01) == 103  # segments of seq_len tokens, its share, rounded up
     with pytest.raises(ConfigError, match="max-doc-share must be in"):
         Spec.from_dict({"sources": [{"name": "a", "path": "x"}], "max_doc_share": 0})
 

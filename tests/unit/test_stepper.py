@@ -109,7 +109,7 @@ def test_every_step_tracks_the_weights_within_about_one_segment():
 
 def test_a_long_document_never_fills_a_rank_and_is_spread_over_many_steps():
     spec = _spec()
-    steps = _run(_stepper(spec), 150)
+    steps = _run(_stepper(spec), 300)
     cap = spec.max_doc_share * ROWS * SEQ
     chunk_steps: dict = {}  # document -> the step of each of its full chunks
     for step in steps:
@@ -144,14 +144,14 @@ def test_every_segment_is_delivered_exactly_once_in_an_epoch(window):
 
 @pytest.mark.parametrize("long_docs", ["split", "drop", "bucket"])
 @pytest.mark.parametrize("at", [1, 7, 33])
-def test_resume_from_a_position_mid_window_is_identical(at, long_docs):
+def test_resume_from_a_position_mid_spread_is_identical(at, long_docs):
     spec = _spec(long_docs=long_docs, epochs=2)
     lengths = [[0, 5] + n[:300] + [0] for n in (heavy_tailed(i, 300) for i in range(3))]  # empty documents too
     whole = _run(_stepper(spec, lengths=lengths), at + 25)
     first = _stepper(spec, lengths=lengths)
     _run(first, at)
     state = orjson.loads(orjson.dumps(first.export_state("f")))  # as it travels and is stored
-    assert any(w is not None for w in state["windows"].values())
+    assert any(s is not None for s in state["spreads"].values())
     resumed = _stepper(spec, lengths=lengths)
     resumed.restore(state)
     for a, b in zip(whole[at:], _run(resumed, 25), strict=True):

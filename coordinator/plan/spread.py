@@ -1,0 +1,402 @@
+"""Each source's shuffle: its units spread over a horizon of tokens, drawn in key order; pure.
+
+A source's documents arrive in their deterministic order (omniload.order) and are cut into
+units (plan/units.py). Each unit gets a key on the source's token clock, the tokens taken from
+the source this epoch before its document: a document taken at clock r that makes c units puts
+them at r + H (k + u) / c, k = 0..c-1 for its units in a seeded random order, u a seeded
+phase in [0, 1), H the horizon (or `stretch` x L for a document so long that L / H would be a
+large share of the source's tokens). So a one-unit document (most) waits a uniform share of the
+horizon, and a long document's chunks are spaced evenly over it: the document reaches the steps
+of a whole horizon a chunk at a time, its share of each step L / H of the source's tokens.
+
+At an epoch's start the units due are those of the documents read so far whose keys fall
+before the clock: delivering D tokens takes reading about sqrt(2 H D) (the first batch of a
+64k-token step reads 6M tokens ahead at the default horizon, as the 8M-token window before
+the spread did), and a document's share of those first steps is about L / sqrt(2 H D), which
+the per-document cap below bounds. In steady state the spread holds about H / 2 tokens.
+
+Units are drawn in key order (then sample_id), and a unit only once no document still unread
+can come before it: documents read later have keys at or after the clock, so a unit whose key
+is below the clock is next (below, not at: a unit drawn is then below every key still to come,
+so "above the frontier" says "not drawn"), and once the epoch has been read everything is. The order is
+therefore a function of the documents and the seed alone, however the reads and draws
+interleave. A spread covers one epoch: at its end the spread is drawn empty before the next
+epoch's first document is taken, so a document never meets its next epoch's copy. A horizon
+longer than the epoch reads the whole epoch and draws it in key order: a global shuffle of the
+epoch's units, each long document spread evenly over it.
+
+A draw passes over a unit whose document already holds its share of the step (`cap` tokens
+over all ranks) when another unit due now is within _SCAN; a passed-over unit stays first in
+line for a later step (the planner keeps each rank's share too: planner.plan_step's doc_cap).
+When none is, the caller may read on (more documents make more units due) before it lets the
+cap give way: at an epoch's start few documents have been read, and a long one among them
+would otherwise fill the first steps.
+
+Tokens never wait here: a waiting document's arrays are in a `UnitStore` (the coordinator's is
+files on local disk, coordinator/pool/spill.py); a spread holds a few ints per waiting
+document and per waiting unit, and makes a unit's segments when it is drawn, reading only that
+unit's tokens.
+
+Position (SpreadPosition): the oldest document with a unit waiting (`start`), the clock there,
+the horizon, the greatest (key, sample_id) drawn (`frontier`) and the ones below it not drawn
+yet (`passed`). A restore reads the documents from `start` to the source's cursor again and
+keeps each unit above the frontier or passed.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from omniload.coordinator.plan.packer import DocKey
+from omniload.coordinator.plan.units import Unit, chunk_unit, unit_count, unit_span, units_of
+from omniload.coordinator.pool.intake import Doc
+from omniload.order import sample_id
+
+_SCAN = 64  # units due now looked at past the first for one whose document is under its cap
+_BUCKETS = 64  # the horizon's keys are kept in about this many buckets; the first one in a heap
+_MASK64 = (1 << 64) - 1
+_UINT16, _MASKED = 1, 2  # a waiting document's flags; images: their count from bit 8
+_ID_DTYPES = (np.dtype(np.int32), np.dtype(np.uint16))
+
+
+class UnitStore(Protocol):
+    """Where waiting documents' arrays are kept until their units are drawn."""
+
+    def put(self, parts: Sequence[np.ndarray], units: int) -> int:
+        """Keep the arrays one after another; returns their handle. `units` releases free them."""
+        ...
+
+    def read(self, handle: int, offset: int, size: int) -> bytes | bytearray | memoryview:
+        """`size` bytes from `offset` bytes into what `put` kept at `handle`."""
+        ...
+
+    def release(self, handle: int) -> None:
+        """One unit of the document at `handle` was drawn."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadPosition:
+    """Where a spread stands, in plain ints (a checkpoint's `spreads` entry)."""
+
+    start: tuple[int, int]  # (group, pos) of the oldest document with a unit waiting, else the cursor
+    clock: int  # the clock at start
+    horizon: int
+    frontier: tuple[int, int]  # the greatest (key, sample_id) drawn; (-1, -1) before the first
+    passed: tuple[tuple[int, int], ...]  # (key, sample_id) below the frontier not drawn yet
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "start": list(self.start),
+            "clock": self.clock,
+            "horizon": self.horizon,
+            "frontier": list(self.frontier),
+            "passed": [list(p) for p in self.passed],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SpreadPosition:
+        """Raises ValueError (naming the field) for a malformed entry."""
+        try:
+            start, frontier = _pair(data["start"]), _pair(data["frontier"])
+            clock, horizon = int(data["clock"]), int(data["horizon"])
+            passed = tuple(_pair(p) for p in data["passed"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"a spread position needs start, clock, horizon, frontier, passed: {exc!r}") from None
+        if clock < 0 or horizon < 1 or min(start) < 0:
+            raise ValueError(f"a spread position out of range: start {start}, clock {clock}, horizon {horizon}")
+        return cls(start, clock, horizon, frontier, passed)
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    first, second = value
+    return int(first), int(second)
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finalizer: a well-spread 64-bit hash of an int (a few multiplications,
+    where a seeded numpy Generator costs ~10 us a document)."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+class Spread:
+    """One source's units of one epoch, drawn in key order (see the module's doc).
+
+    Lifecycle: OPEN (documents are added as the draws need them) -> ENDED (`end()`: the epoch
+    has been read) -> EXHAUSTED (ended, and every unit drawn). A spread made from a position
+    RESTORES first: the documents from its start to the cursor are added again, keeping the
+    units not drawn, until `restored()`."""
+
+    def __init__(
+        self,
+        source: int,
+        seed: int,
+        horizon: int,
+        store: UnitStore,
+        seq_len: int,
+        epoch_end: int,
+        stretch: float = 0.0,
+        bucket_rows: int = 0,
+        rows: int = 0,
+        image_hw: tuple[int, int] | None = None,
+        position: SpreadPosition | None = None,
+    ) -> None:
+        if position is not None:
+            horizon = position.horizon
+        if horizon < 1:
+            raise ValueError(f"a spread's horizon must be >= 1 token, got {horizon}")
+        self.source, self.horizon, self.epoch_end, self._stretch = source, horizon, epoch_end, stretch
+        self._seed_key = _mix64(_mix64(seed & _MASK64) ^ source)
+        self._store, self._seq_len, self._bucket_rows, self._rows = store, seq_len, bucket_rows, rows
+        self._image_hw = image_hw
+        self.clock = 0 if position is None else position.clock
+        self.frontier: tuple[int, int] = (-1, -1) if position is None else position.frontier
+        self._restoring = None if position is None else set(position.passed)
+        self._passed: set[tuple[int, int]] = set()  # waiting units below the frontier
+        self.ended = False
+        self.waiting_units = 0
+        # Waiting documents, by slot: handle, length, units left, clock, group, pos, ordinal, flags
+        self._docs = [array("q") for _ in range(8)]
+        self._free: list[int] = []
+        self._oldest: deque[int] = deque()  # slots in reading order (the first ones may have no unit left)
+        # Waiting units as (key, sample_id, slot, k): the first bucket's in a heap, later ones flat
+        self._width = max(1, horizon // _BUCKETS)
+        self._heap: list[tuple[int, int, int, int]] = []
+        self._bucket = -1  # the last bucket moved into the heap
+        self._later: dict[int, array[int]] = {}
+        self._later_order: list[int] = []  # a heap of the buckets in _later
+
+    # -- adding documents ------------------------------------------------------------------
+    def add(self, doc: Doc) -> None:
+        """Take the source's next document: its units wait at their keys, its arrays in the
+        store (while restoring, only the units not drawn). Advances the clock. Raises
+        ValueError for a document that cannot be placed (units.unit_count)."""
+        length = len(doc.tokens)
+        whole = doc.pixels is not None or doc.mask is not None
+        count = unit_count(length, self._seq_len, self._bucket_rows, whole)
+        r, self.clock = self.clock, self.clock + length
+        if not count:
+            return
+        bucketed = bool(self._bucket_rows) and length > self._seq_len and not whole
+        units = [
+            (key, sample_id(doc.source, doc.ordinal, k * self._bucket_rows if bucketed else k), k)
+            for k, key in enumerate(self._keys(doc.origin, r, count, length))
+        ]
+        if self._restoring is not None:
+            passed = self._restoring
+            units = [u for u in units if u[:2] > self.frontier or u[:2] in passed]
+            self._passed.update(u[:2] for u in units if u[:2] < self.frontier)
+            if not units:
+                return
+        slot = self._keep(doc, r, len(units))
+        for key, sid, k in units:
+            self._push(key, sid, slot, k)
+
+    def restored(self) -> None:
+        """The documents up to the cursor have been added again: later ones keep every unit."""
+        self._restoring = None
+
+    def _keys(self, origin: tuple[int, int], clock: int, count: int, length: int) -> list[int]:
+        """The keys of a document's `count` units, taken at `clock` (see the module's doc)."""
+        group, pos = origin
+        mixed = _mix64(self._seed_key ^ _mix64((group * 0x9E3779B97F4A7C15 + pos) & _MASK64))
+        phase = mixed >> 32  # u = phase / 2**32
+        if count == 1:
+            return [clock + ((self.horizon * phase) >> 32)]
+        span = max(self.horizon, int(self._stretch * length))
+        turns = np.random.default_rng([mixed & 0xFFFFFFFF, count]).permutation(count).tolist()
+        return [clock + (span * ((turn << 32) + phase)) // (count << 32) for turn in turns]
+
+    def _keep(self, doc: Doc, clock: int, units: int) -> int:
+        tokens = doc.tokens
+        parts: list[np.ndarray] = [tokens]
+        flags = _UINT16 if tokens.dtype == np.uint16 else 0
+        if doc.mask is not None:
+            parts.append(doc.mask)
+            flags |= _MASKED
+        if doc.pixels is not None and doc.image_at is not None:
+            parts += [doc.image_at.astype(np.int32, copy=False), doc.pixels]
+            flags |= len(doc.image_at) << 8
+        handle = self._store.put(parts, units)
+        group, pos = doc.origin
+        values = (handle, len(tokens), units, clock, group, pos, doc.ordinal, flags)
+        if self._free:
+            slot = self._free.pop()
+            for column, value in zip(self._docs, values):
+                column[slot] = value
+        else:
+            slot = len(self._docs[0])
+            for column, value in zip(self._docs, values):
+                column.append(value)
+        self._oldest.append(slot)
+        return slot
+
+    def _push(self, key: int, sid: int, slot: int, k: int) -> None:
+        self.waiting_units += 1
+        bucket = key // self._width
+        if bucket <= self._bucket:
+            heapq.heappush(self._heap, (key, sid, slot, k))
+            return
+        later = self._later.get(bucket)
+        if later is None:
+            later = self._later[bucket] = array("q")
+            heapq.heappush(self._later_order, bucket)
+        later.extend((key, sid, slot, k))
+
+    def _first_due(self) -> tuple[int, int, int, int] | None:
+        """The first waiting unit, moving the next bucket into the heap when it is empty."""
+        while not self._heap and self._later_order:
+            self._bucket = heapq.heappop(self._later_order)
+            flat = self._later.pop(self._bucket)
+            self._heap.extend(zip(flat[0::4], flat[1::4], flat[2::4], flat[3::4]))  # in place: draw holds it
+            heapq.heapify(self._heap)
+        return self._heap[0] if self._heap else None
+
+    def _due(self) -> bool:
+        first = self._first_due()
+        return first is not None and (self.ended or first[0] < self.clock)
+
+    # -- drawing ---------------------------------------------------------------------------
+    def end(self) -> None:
+        """The epoch has been read: every waiting unit is due."""
+        self.ended = True
+
+    def ready(self) -> bool:
+        """Whether a unit can be drawn now (else add the source's next document, or end())."""
+        return self._due()
+
+    @property
+    def exhausted(self) -> bool:
+        return self.ended and not self.waiting_units
+
+    def draw(self, step_tokens: dict[DocKey, int], cap: int, give_way: bool = True) -> Unit | None:
+        """The first unit due whose document stays within `cap` tokens of this step (or has
+        none in it yet). When none of the next _SCAN due does: the first unit due if
+        `give_way`, else None (and nothing drawn). Must be ready()."""
+        heap = self._heap
+        chosen = heapq.heappop(heap)
+        if not self._fits(chosen, step_tokens, cap):
+            passed = [chosen]
+            while len(passed) < _SCAN and self._due():
+                candidate = heapq.heappop(heap)
+                if self._fits(candidate, step_tokens, cap):
+                    chosen = candidate
+                    break
+                passed.append(candidate)
+            else:
+                if not give_way:
+                    for entry in passed:
+                        heapq.heappush(heap, entry)
+                    return None
+                chosen = passed.pop(0)
+            for entry in passed:  # first in line again (all below `chosen`: passed over)
+                heapq.heappush(heap, entry)
+                self._passed.add(entry[:2])
+        key, sid, slot, k = chosen
+        self.waiting_units -= 1
+        self.frontier = max(self.frontier, (key, sid))
+        self._passed.discard((key, sid))
+        return self._unit(slot, k)
+
+    def _fits(self, entry: tuple[int, int, int, int], step_tokens: dict[DocKey, int], cap: int) -> bool:
+        slot, k = entry[2], entry[3]
+        docs = self._docs
+        held = step_tokens.get((self.source, docs[4][slot], docs[5][slot]), 0)
+        if not held:
+            return True
+        start, stop = self._span(slot, k)
+        return held + stop - start <= cap
+
+    def _span(self, slot: int, k: int) -> tuple[int, int]:
+        length, flags = self._docs[1][slot], self._docs[7][slot]
+        if flags & ~_UINT16:  # a conversation or a sample with images: one unit
+            return 0, length
+        return unit_span(length, self._seq_len, self._bucket_rows, k)
+
+    def _unit(self, slot: int, k: int) -> Unit:
+        """Make the unit from the store, and let its document go when it was the last."""
+        handle, length, left, _, group, pos, ordinal, flags = (column[slot] for column in self._docs)
+        dtype = _ID_DTYPES[flags & _UINT16]
+        if flags & ~_UINT16:
+            unit = self._whole_unit(handle, length, ordinal, (group, pos), flags, dtype)
+        else:
+            start, stop = unit_span(length, self._seq_len, self._bucket_rows, k)
+            data = self._store.read(handle, start * dtype.itemsize, (stop - start) * dtype.itemsize)
+            tokens = np.frombuffer(data, dtype)
+            unit = chunk_unit(self.source, ordinal, (group, pos), tokens, k, self._seq_len, self._bucket_rows)
+        self._store.release(handle)
+        self._docs[2][slot] = left - 1
+        if left == 1:  # its slot is reused once no older document waits (the queue holds slots)
+            oldest, units_left = self._oldest, self._docs[2]
+            while oldest and units_left[oldest[0]] == 0:
+                self._free.append(oldest.popleft())
+        return unit
+
+    def _whole_unit(
+        self, handle: int, length: int, ordinal: int, origin: tuple[int, int], flags: int, dtype: np.dtype
+    ) -> Unit:
+        """A conversation's or an image sample's one unit, from all its arrays."""
+        images = flags >> 8
+        size = length * dtype.itemsize
+        mask_size = length if flags & _MASKED else 0
+        pixel_size = 0
+        if images:
+            if self._image_hw is None:
+                raise ValueError("a spread of samples with images needs their image_hw")
+            pixel_size = images * 3 * self._image_hw[0] * self._image_hw[1]
+        data = self._store.read(handle, 0, size + mask_size + 4 * images + pixel_size)
+        tokens = np.frombuffer(data, dtype, length)
+        mask = np.frombuffer(data, np.uint8, length, size) if mask_size else None
+        image_at = pixels = None
+        if images and self._image_hw is not None:
+            image_at = np.frombuffer(data, np.int32, images, size + mask_size)
+            pixels = np.frombuffer(data, np.uint8, pixel_size, size + mask_size + 4 * images)
+            pixels = pixels.reshape(images, 3, *self._image_hw)
+        doc = Doc(self.source, ordinal, tokens, *origin, image_at, pixels, mask=mask)
+        return units_of(doc, self._seq_len, self._bucket_rows, self._rows)[0]
+
+    # -- position --------------------------------------------------------------------------
+    def position(self, cursor: tuple[int, int]) -> SpreadPosition:
+        """Where the spread stands; `cursor`: the source's next document (right after the last added)."""
+        if self._oldest:
+            slot = self._oldest[0]
+            start, clock = (self._docs[4][slot], self._docs[5][slot]), self._docs[3][slot]
+        else:
+            start, clock = cursor, self.clock
+        return SpreadPosition(start, clock, self.horizon, self.frontier, tuple(sorted(self._passed)))
+
+
+class MemoryStore:
+    """A UnitStore in this process's memory, for tests and tools that plan small runs; the
+    coordinator keeps waiting documents on local disk (coordinator/spill.py)."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, list[Any]] = {}  # handle -> [bytes, units left]
+        self._next = 0
+
+    def put(self, parts: Sequence[np.ndarray], units: int) -> int:
+        handle, self._next = self._next, self._next + 1
+        self._held[handle] = [b"".join(np.ascontiguousarray(p).view(np.uint8).ravel().data for p in parts), units]
+        return handle
+
+    def read(self, handle: int, offset: int, size: int) -> memoryview:
+        return memoryview(self._held[handle][0])[offset : offset + size]
+
+    def release(self, handle: int) -> None:
+        held = self._held[handle]
+        held[1] -= 1
+        if not held[1]:
+            del self._held[handle]
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(len(data) for data, _ in self._held.values())
