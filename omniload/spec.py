@@ -41,8 +41,11 @@ _FROZEN = dict(frozen=True, slots=True, kw_only=True)
 # The automatic shuffle horizon (plan/spread.py): 2**28 tokens, and at least 64 global batches'
 # worth. A long document of L tokens then reaches each step as L / horizon of its source's
 # tokens: a 1M-token book is 0.4% of a step, where the 8M-token window before it made the book
-# an eighth of every step for a few steps (docs/planning.md).
+# an eighth of every step for a few steps (docs/planning.md). The fill, read before the first
+# draw, 2**27 tokens and at least 16 global batches: a corpus of up to that many tokens is a
+# global shuffle of each epoch, and a larger one starts from a shuffle of that many.
 _AUTO_HORIZON_TOKENS, _AUTO_HORIZON_BATCHES = 1 << 28, 64
+_AUTO_FILL_TOKENS, _AUTO_FILL_BATCHES = 1 << 27, 16
 
 
 @dataclass(**_FROZEN)
@@ -430,14 +433,15 @@ class Spec:
     def model_parallel(self) -> int:
         return self.tp * self.pp * self.cp
 
-    def shuffle_horizon(self, dp: int, share: float) -> int:
-        """Tokens in the shuffle horizon of a source drawing `share` of the tokens at
+    def shuffle_horizon(self, dp: int, share: float) -> tuple[int, int]:
+        """(horizon, fill) in tokens of the shuffle of a source drawing `share` of the tokens at
         data-parallel size dp (plan/spread.py): its share of the job's, so every source's
         horizon spans the same number of steps and the disk it holds does not grow with the
-        number of sources."""
+        number of sources. The fill is at most the horizon."""
         batch = dp * self.rows * self.seq_len
-        total = self.shuffle_window * self.seq_len or max(_AUTO_HORIZON_TOKENS, _AUTO_HORIZON_BATCHES * batch)
-        return max(1, math.ceil(total * share))
+        horizon = self.shuffle_window * self.seq_len or max(_AUTO_HORIZON_TOKENS, _AUTO_HORIZON_BATCHES * batch)
+        fill = min(horizon, max(_AUTO_FILL_TOKENS, _AUTO_FILL_BATCHES * batch))
+        return max(1, math.ceil(horizon * share)), math.ceil(fill * share)
 
     def tokenizer_of(self, source: Source) -> str:
         """The tokenizer `source` uses: its own, else the job's."""

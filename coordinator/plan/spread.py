@@ -3,17 +3,21 @@
 A source's documents arrive in their deterministic order (omniload.order) and are cut into
 units (plan/units.py). Each unit gets a key on the source's token clock, the tokens taken from
 the source this epoch before its document: a document taken at clock r that makes c units puts
-them at r + H (k + u) / c, k = 0..c-1 for its units in a seeded random order, u a seeded
-phase in [0, 1), H the horizon (or `stretch` x L for a document so long that L / H would be a
-large share of the source's tokens). So a one-unit document (most) waits a uniform share of the
-horizon, and a long document's chunks are spaced evenly over it: the document reaches the steps
-of a whole horizon a chunk at a time, its share of each step L / H of the source's tokens.
+them at max(r, F) + H (k + u) / c, k = 0..c-1 for its units in a seeded random order, u a
+seeded phase in [0, 1), H the horizon (or `stretch` x L for a document so long that L / H would
+be a large share of the source's tokens) and F the fill. So a one-unit document (most) waits a
+uniform share of the horizon, and a long document's chunks are spaced evenly over it: the
+document reaches the steps of a whole horizon a chunk at a time, its share of each step L / H
+of the source's tokens.
 
-At an epoch's start the units due are those of the documents read so far whose keys fall
-before the clock: delivering D tokens takes reading about sqrt(2 H D) (the first batch of a
-64k-token step reads 6M tokens ahead at the default horizon, as the 8M-token window before
-the spread did), and a document's share of those first steps is about L / sqrt(2 H D), which
-the per-document cap below bounds. In steady state the spread holds about H / 2 tokens.
+The fill is the epoch's start. The documents of its first F tokens are all read before the
+first draw, and their units spread over [F, F + H] whatever their place among them: an epoch
+of at most F tokens is therefore drawn as a global shuffle (every unit's key uniform over the
+horizon), and a longer one starts from a shuffle of its first F tokens that the documents read
+later join as their keys come due. Without it, the first steps could draw only from the few
+documents read first, each a large share of them, and a run shorter than the epoch would see
+mostly the start of the reading order. Delivering the first D tokens reads F plus about
+(D H / F) more; in steady state the spread holds about H / 2 tokens.
 
 Units are drawn in key order (then sample_id), and a unit only once no document still unread
 can come before it: documents read later have keys at or after the clock, so a unit whose key
@@ -89,6 +93,7 @@ class SpreadPosition:
     start: tuple[int, int]  # (group, pos) of the oldest document with a unit waiting, else the cursor
     clock: int  # the clock at start
     horizon: int
+    fill: int
     frontier: tuple[int, int]  # the greatest (key, sample_id) drawn; (-1, -1) before the first
     passed: tuple[tuple[int, int], ...]  # (key, sample_id) below the frontier not drawn yet
 
@@ -97,6 +102,7 @@ class SpreadPosition:
             "start": list(self.start),
             "clock": self.clock,
             "horizon": self.horizon,
+            "fill": self.fill,
             "frontier": list(self.frontier),
             "passed": [list(p) for p in self.passed],
         }
@@ -106,13 +112,17 @@ class SpreadPosition:
         """Raises ValueError (naming the field) for a malformed entry."""
         try:
             start, frontier = _pair(data["start"]), _pair(data["frontier"])
-            clock, horizon = int(data["clock"]), int(data["horizon"])
+            clock, horizon, fill = int(data["clock"]), int(data["horizon"]), int(data["fill"])
             passed = tuple(_pair(p) for p in data["passed"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"a spread position needs start, clock, horizon, frontier, passed: {exc!r}") from None
-        if clock < 0 or horizon < 1 or min(start) < 0:
-            raise ValueError(f"a spread position out of range: start {start}, clock {clock}, horizon {horizon}")
-        return cls(start, clock, horizon, frontier, passed)
+            raise ValueError(
+                f"a spread position needs start, clock, horizon, fill, frontier, passed: {exc!r}"
+            ) from None
+        if clock < 0 or horizon < 1 or fill < 0 or min(start) < 0:
+            raise ValueError(
+                f"a spread position out of range: start {start}, clock {clock}, horizon {horizon}, fill {fill}"
+            )
+        return cls(start, clock, horizon, fill, frontier, passed)
 
 
 def _pair(value: Any) -> tuple[int, int]:
@@ -141,6 +151,7 @@ class Spread:
         source: int,
         seed: int,
         horizon: int,
+        fill: int,
         store: UnitStore,
         seq_len: int,
         epoch_end: int,
@@ -151,10 +162,11 @@ class Spread:
         position: SpreadPosition | None = None,
     ) -> None:
         if position is not None:
-            horizon = position.horizon
-        if horizon < 1:
-            raise ValueError(f"a spread's horizon must be >= 1 token, got {horizon}")
-        self.source, self.horizon, self.epoch_end, self._stretch = source, horizon, epoch_end, stretch
+            horizon, fill = position.horizon, position.fill
+        if horizon < 1 or fill < 0:
+            raise ValueError(f"a spread's horizon must be >= 1 token and its fill >= 0, got {horizon} and {fill}")
+        self.source, self.horizon, self.fill, self.epoch_end = source, horizon, fill, epoch_end
+        self._stretch = stretch
         self._seed_key = _mix64(_mix64(seed & _MASK64) ^ source)
         self._store, self._seq_len, self._bucket_rows, self._rows = store, seq_len, bucket_rows, rows
         self._image_hw = image_hw
@@ -210,11 +222,12 @@ class Spread:
         group, pos = origin
         mixed = _mix64(self._seed_key ^ _mix64((group * 0x9E3779B97F4A7C15 + pos) & _MASK64))
         phase = mixed >> 32  # u = phase / 2**32
+        base = max(clock, self.fill)
         if count == 1:
-            return [clock + ((self.horizon * phase) >> 32)]
+            return [base + ((self.horizon * phase) >> 32)]
         span = max(self.horizon, int(self._stretch * length))
         turns = np.random.default_rng([mixed & 0xFFFFFFFF, count]).permutation(count).tolist()
-        return [clock + (span * ((turn << 32) + phase)) // (count << 32) for turn in turns]
+        return [base + (span * ((turn << 32) + phase)) // (count << 32) for turn in turns]
 
     def _keep(self, doc: Doc, clock: int, units: int) -> int:
         tokens = doc.tokens
@@ -372,7 +385,7 @@ class Spread:
             start, clock = (self._docs[4][slot], self._docs[5][slot]), self._docs[3][slot]
         else:
             start, clock = cursor, self.clock
-        return SpreadPosition(start, clock, self.horizon, self.frontier, tuple(sorted(self._passed)))
+        return SpreadPosition(start, clock, self.horizon, self.fill, self.frontier, tuple(sorted(self._passed)))
 
 
 class MemoryStore:

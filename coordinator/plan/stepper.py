@@ -381,7 +381,7 @@ class Stepper:
         return Spread(
             source,
             self._spec.seed,
-            self._spec.shuffle_horizon(self.dp, share),
+            *self._spec.shuffle_horizon(self.dp, share),
             self._store,
             self._spec.seq_len,
             self._intakes[source].epoch_end(group),

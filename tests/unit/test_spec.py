@@ -99,11 +99,12 @@ def test_unreadable_config_file_is_a_config_error(tmp_path):
 
 def test_the_shuffle_horizon_is_the_jobs_split_by_weight():
     spec = Spec.from_dict({"sources": [{"name": "a", "path": "x"}], "seq_len": 1024, "rows": 2})
-    assert spec.shuffle_horizon(dp=2, share=1.0) == 1 << 28  # 2**28 tokens
-    assert spec.shuffle_horizon(dp=2, share=0.25) == 1 << 26
-    assert spec.shuffle_horizon(dp=4096, share=1.0) == 64 * 4096 * 2 * 1024  # at least 64 global batches
+    assert spec.shuffle_horizon(dp=2, share=1.0) == (1 << 28, 1 << 27)  # 2**28 tokens, filled 2**27 first
+    assert spec.shuffle_horizon(dp=2, share=0.25) == (1 << 26, 1 << 25)
+    batch = 4096 * 2 * 1024
+    assert spec.shuffle_horizon(dp=4096, share=1.0) == (64 * batch, 16 * batch)  # at least 64 and 16 global batches
     fixed = Spec.from_dict({"sources": [{"name": "a", "path": "x"}], "seq_len": 1024, "shuffle_window": 10})
-    assert fixed.shuffle_horizon(dp=8, share=0.01) == 103  # segments of seq_len tokens, its share, rounded up
+    assert fixed.shuffle_horizon(dp=8, share=0.01) == (103, 103)  # segments of seq_len tokens, filled whole
     with pytest.raises(ConfigError, match="max-doc-share must be in"):
         Spec.from_dict({"sources": [{"name": "a", "path": "x"}], "max_doc_share": 0})
 

@@ -23,8 +23,8 @@ def _docs(lengths, source=0):
     return [Doc(source, i, (np.arange(n) % 60000).astype(np.uint16), 0, i) for i, n in enumerate(lengths)]
 
 
-def _spread(horizon, seed=0, store=None, position=None, bucket_rows=0):
-    return Spread(0, seed, horizon, store or MemoryStore(), SEQ, 1, bucket_rows=bucket_rows, position=position)
+def _spread(horizon, seed=0, store=None, position=None, bucket_rows=0, fill=0):
+    return Spread(0, seed, horizon, fill, store or MemoryStore(), SEQ, 1, bucket_rows=bucket_rows, position=position)
 
 
 class _Reader:
@@ -151,6 +151,26 @@ def test_a_horizon_longer_than_the_epoch_shuffles_the_whole_epoch():
     assert abs(np.corrcoef(np.arange(len(drawn)), drawn)[0, 1]) < 0.1
 
 
+def test_the_fill_is_read_before_the_first_draw_and_its_documents_come_from_all_over_it():
+    """An epoch's first `fill` tokens are a shuffle of their own: the first draw waits for them,
+    and the first draws come from the whole fill, not from the documents read first."""
+    docs = _docs([8] * 2000)  # 16,000 tokens; a fill of 4,000 is the first 500 documents
+    reader = _Reader(_spread(8000, fill=4000), docs)
+    first = reader.draw({}, _NO_CAP)
+    assert reader.taken >= 500
+    drawn = [first[0].origin[1]] + [u[0].origin[1] for s in _drain(reader, 10, _NO_CAP, steps=10) for u in s]
+    assert min(drawn) < 100 and max(drawn) > 400  # the first 100 draws span the fill
+
+
+def test_an_epoch_within_the_fill_is_one_global_shuffle():
+    docs = _docs([8] * 2000)
+    drawn = [u[0].origin[1] for s in _drain(_Reader(_spread(1000, fill=1 << 20), docs), 10, _NO_CAP) for u in s]
+    assert sorted(drawn) == list(range(2000))
+    for part in (drawn[:200], drawn[-200:]):  # the first and the last draws alike: from all over the epoch
+        assert min(part) < 100 and max(part) > 1900
+    assert abs(np.corrcoef(np.arange(2000), drawn)[0, 1]) < 0.1
+
+
 def test_a_short_horizon_keeps_units_near_where_they_were_read():
     docs = _docs([8] * 2000)
     drawn = [u[0].origin[1] for s in _drain(_Reader(_spread(8 * 20), docs), 10, _NO_CAP) for u in s]
@@ -206,7 +226,7 @@ def test_a_position_is_a_few_plain_ints_and_a_malformed_one_is_named():
     _drain(reader, 2, _NO_CAP, steps=1)
     saved = reader.spread.position(reader.cursor()).to_json()
     assert json.loads(json.dumps(saved)) == saved
-    assert set(saved) == {"start", "clock", "horizon", "frontier", "passed"}
+    assert set(saved) == {"start", "clock", "horizon", "fill", "frontier", "passed"}
     with pytest.raises(ValueError, match="horizon"):
         SpreadPosition.from_json({k: v for k, v in saved.items() if k != "horizon"})
     with pytest.raises(ValueError, match="out of range"):
@@ -233,7 +253,7 @@ def test_a_spread_holds_a_few_ints_a_waiting_unit(length, limit):
     import tracemalloc
 
     docs = [Doc(0, i, np.zeros(length, np.uint16), i // 1000, i % 1000) for i in range(4000)]
-    spread = Spread(0, 1, 1 << 40, _NoStore(), SEQ if length > SEQ else 512, epoch_end=10**9)
+    spread = Spread(0, 1, 1 << 40, 0, _NoStore(), SEQ if length > SEQ else 512, epoch_end=10**9)
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     for doc in docs:
