@@ -4,11 +4,19 @@ The cursor `(group, pos)` is the next sample to consume: position `pos` of group
 omniload.order). Each position belongs to one lane (order.lane_of), whose worker writes its
 positions in order, so the next record of that lane's ring is always the one wanted: no
 reordering, and no buffer beyond the rings.
+
+A record that fails the ring's checks (omniload/formats/ring.py) is never taken: the lane reads
+as empty from then on, and `on_corrupt(source, lane, why)` asks for its worker to be replaced,
+which resets the ring; the new worker produces from the cursor, so nothing is lost or repeated.
+Rings are read under `lock`, which resets take too: a replay reads on a thread while the loop
+may reset a dead worker's rings.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +24,7 @@ import numpy as np
 from omniload.coordinator.pool.catalog import SourceCatalog
 from omniload.errors import SourceFailed
 from omniload.formats.records import HEAD_SIZE, RecordFlag, RecordKind, decode, images_of, mask_of, tokens_of
-from omniload.formats.ring import Ring
+from omniload.formats.ring import Ring, RingCorrupt
 from omniload.order import group_members, groups_per_epoch, lane_of, shard_permutation
 
 log = logging.getLogger("omniload")
@@ -41,10 +49,23 @@ class Doc:
         return self.group, self.pos
 
 
+Corrupt = Callable[[int, int, str], None]  # (source, lane, why)
+
+
 class SourceIntake:
-    def __init__(self, catalog: SourceCatalog, rings: list[Ring], seed: int, interleave: int) -> None:
+    def __init__(
+        self,
+        catalog: SourceCatalog,
+        rings: list[Ring],
+        seed: int,
+        interleave: int,
+        lock: threading.Lock | None = None,
+        on_corrupt: Corrupt | None = None,
+    ) -> None:
         self.catalog = catalog
         self.rings = rings
+        self._lock = lock or threading.Lock()
+        self.on_corrupt = on_corrupt
         self._seed = seed
         self.interleave = interleave
         self.docs = self.tokens = self.images = 0  # taken so far (figures.py makes rates of them)
@@ -70,7 +91,8 @@ class SourceIntake:
         (a re-split moves the lane to another worker): right after the newest record, else
         (the ring read empty) at the cursor. The lane produces only its own turns from there.
         Only while the lane has no producer."""
-        data = self.rings[lane].newest(HEAD_SIZE)
+        with self._lock:
+            data = self.rings[lane].newest(HEAD_SIZE)
         if data is None:
             return self.cursor
         record = decode(data)
@@ -91,7 +113,7 @@ class SourceIntake:
         empty ring counts in empty_polls (the autoscaler's sign of a starved source); a
         read-ahead's poll does not."""
         while not self.dry and (until_group is None or self.group < until_group):
-            data = self.rings[lane_of(self.group, self.pos, len(self.rings))].read()
+            data = self._read(lane_of(self.group, self.pos, len(self.rings)))
             if data is None:
                 self.empty_polls += waiting
                 return None
@@ -135,6 +157,21 @@ class SourceIntake:
                     self.catalog.index, record.ordinal, tokens, record.group, record.pos, at, pixels, self.cursor
                 )
             return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos, after=self.cursor)
+        return None
+
+    def _read(self, lane: int) -> bytes | None:
+        """The lane's next record; None while its ring is empty, or corrupt until it is reset."""
+        ring = self.rings[lane]
+        with self._lock:
+            if ring.corrupt:
+                return None
+            try:
+                return ring.read()
+            except RingCorrupt as exc:
+                why = str(exc)
+        log.warning("source '%s': %s; replacing the lane's worker", self.catalog.name, why)
+        if self.on_corrupt is not None:
+            self.on_corrupt(self.catalog.index, lane, why)
         return None
 
     def _shard_rows(self, g: int) -> int:

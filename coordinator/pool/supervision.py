@@ -62,6 +62,7 @@ class Supervisor:
         self._fail = fail
         self._tasks: set[asyncio.Task] = set()
         self._moving = asyncio.Lock()  # a re-split and a restart of all never interleave
+        self._why: dict[int, str] = {}  # worker -> why it was stopped to be replaced (replace_lane)
         self._scaler: asyncio.Task | None = None
 
     def watch_all(self) -> None:
@@ -101,6 +102,21 @@ class Supervisor:
             if lanes:
                 await self._start(worker_id)
 
+    def replace_lane(self, source: int, lane: int, why: str) -> None:
+        """The lane's ring failed its checks (pool/intake.py): stop the worker serving it, which
+        the supervision then replaces as a dead one (its rings reset, at the cursors; it counts
+        as a restart). Safe from any thread. A lane between two workers (a move) has no
+        producer: its ring is reset here."""
+        worker_id = self._pool.worker_of(source, lane)
+        worker = None if worker_id is None else self._pool.workers[worker_id]
+        if worker is not None and worker.is_alive():
+            self._why[worker_id] = why  # type: ignore[index]
+            worker.kill()
+            return
+        with self._pool.ring_lock:
+            self._pool.rings[(source, lane)].reset()
+        log.warning("%s: reset it (no worker was serving the lane)", why)
+
     def _watch(self, worker_id: int) -> None:
         worker = self._pool.started(worker_id)
         asyncio.get_running_loop().add_reader(worker.sentinel, self._on_exit, worker_id)
@@ -130,6 +146,8 @@ class Supervisor:
             return  # its lanes are done, or it was replaced meanwhile (restart_all)
         sources = ", ".join(f"'{s}'" for s in self._pool.sources_of(worker_id))
         cause = f"worker {worker.pid} for source {sources} {describe_exit(code)}"
+        if worker_id in self._why:
+            cause = f"{self._why.pop(worker_id)}; worker {worker.pid} for source {sources} stopped"
         if self._pool.restarts[worker_id] >= self._max_restarts:
             raise SourceFailed(
                 sources.strip("'"), f"{cause}; gave up after {self._max_restarts} restarts (--max-restarts)"

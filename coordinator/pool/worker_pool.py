@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from omniload.coordinator.pool.catalog import SourceCatalog
 from omniload.coordinator.pool.forkserver import forkserver_context, run
-from omniload.errors import ConfigError
+from omniload.errors import ConfigError, OmniloadError
 from omniload.formats.lane_config import LaneConfig, WorkerConfig
 from omniload.formats.ring import SHM_DIR, Ring, segment_path
 from omniload.spec import Spec
@@ -126,6 +126,7 @@ class WorkerPool:
         self._coordinator_pid = coordinator_pid
         self.lane_counts = [sum(1 for w in plan for s, _ in w if s == src.index) for src in catalog]
         self.rings = _create_rings(spec, plan, job_id, coordinator_pid, [c.id_bytes for c in catalog])
+        self.ring_lock = threading.Lock()  # the intakes read under it, resets take it (pool/intake.py)
         self._ctx = forkserver_context()
         self.workers: list[WorkerProcess | None] = [None] * len(plan)
         self.restarts = [0] * len(plan)
@@ -172,8 +173,13 @@ class WorkerPool:
         return worker
 
     def reset_rings(self, worker_id: int) -> None:
-        for key in self._plan[worker_id]:
-            self.rings[key].reset()
+        with self.ring_lock:  # an intake may be reading them on a replay's thread
+            for key in self._plan[worker_id]:
+                self.rings[key].reset()
+
+    def worker_of(self, source: int, lane: int) -> int | None:
+        """The worker serving the lane in the current plan."""
+        return next((w for w, lanes in enumerate(self._plan) if (source, lane) in lanes), None)
 
     def sources_of(self, worker_id: int) -> list[str]:
         return sorted({self._catalog[s].name for s, _ in self._plan[worker_id]})
@@ -209,6 +215,11 @@ class WorkerPool:
                 log.warning("worker %s did not exit in %.0fs; killing it", worker.pid, _WORKER_JOIN_S)
                 worker.kill()
                 worker.join(_WORKER_JOIN_S)
+            if worker.is_alive():  # its rings must never get a second producer
+                raise OmniloadError(
+                    f"worker {worker.pid} did not exit {2 * _WORKER_JOIN_S:.0f}s after SIGTERM and SIGKILL "
+                    "(stuck in the kernel: a hung disk or network filesystem?); its rings cannot go to another"
+                )
 
 
 def describe_exit(code: int | None) -> str:

@@ -29,10 +29,22 @@ class Workforce:
     def read_rings(self) -> list[SourceIntake]:
         """One intake per source over its rings: what the planner draws records from."""
         self.intakes = [
-            SourceIntake(src, self.pool.source_rings(src.index), self._spec.seed, self._spec.shard_interleave)
+            SourceIntake(
+                src,
+                self.pool.source_rings(src.index),
+                self._spec.seed,
+                self._spec.shard_interleave,
+                self.pool.ring_lock,
+                self._corrupt,
+            )
             for src in self._catalog
         ]
         return self.intakes
+
+    def _corrupt(self, source: int, lane: int, why: str) -> None:
+        """A lane's ring failed its checks: replace the worker serving it (see Supervisor.replace_lane)."""
+        if self._supervisor is not None:
+            self._supervisor.replace_lane(source, lane, why)
 
     def start(self) -> None:
         """Fork every worker that has lanes at its sources' cursors (with --workers auto the

@@ -5,10 +5,27 @@ so producer and consumer never share a cache line; capacity at byte 8; the produ
 nanoseconds and tokens written at bytes 16 and 24, which the autoscaler reads; the span at
 byte 32; store retries, bytes fetched from a store and bytes held in the lane's block cache at
 40, 48 and 56, which `status` shows; the lane's handover at byte 72, see below; the wall
-nanoseconds its producers spent producing at byte 80, which the autoscaler reads), then
-`capacity` bytes of data. Positions are monotonic byte counters; a
-record is an
-8-byte length and its payload padded to 8 bytes, and it may wrap around the end of the data area.
+nanoseconds its producers spent producing at byte 80, which the autoscaler reads; the sequence
+number the consumer expects next at byte 88; the layout's magic and version at byte 96, which a
+producer checks when it attaches, so a worker running other omniload code than its coordinator
+stops with a clear error instead of reading the header at the wrong places), then `capacity`
+bytes of data. Positions are
+monotonic byte counters; a record is a 24-byte frame (its payload's length, its sequence
+number, and an xxh3-64 digest of both and the payload) and its payload padded to 8 bytes, and
+it may wrap around the end of the data area.
+
+Every record is checked when it is read: its sequence number must be the one the consumer
+expects (records are numbered from 0 since the ring was made or reset; a new producer goes on
+after the newest record's) and its digest must match, so a reader that lost its place or a
+record torn or overwritten never passes for data. A mismatch raises RingCorrupt, naming the
+ring, the offset and what was found; the reader takes nothing. The coordinator treats that as
+its worker's death: the worker is replaced and the ring reset, and the lane is produced again
+from the source's cursor, so the order is kept (coordinator/pool/intake.py).
+
+Python stores the write position with a plain store after copying the record: on x86 (TSO)
+a consumer that sees the position sees the record. A weakly ordered CPU (aarch64) may make
+them visible out of order; there the checks see a record that is not all there yet, and the
+reader reads it again after a pause before it calls the ring corrupt (_SETTLE_S).
 
 The capacity bounds one record; the span bounds the read-ahead's memory. A record starts
 only within the first `span` bytes: once the write position has passed the span, the
@@ -37,9 +54,11 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import time
 from pathlib import Path
 
 import psutil
+import xxhash
 
 SHM_DIR = Path("/dev/shm")
 PREFIX = "omniload-"
@@ -47,13 +66,37 @@ _HEADER = 128
 _WRITE, _CAP, _CPU_NS, _TOKENS, _SPAN, _RETRIES, _FETCHED, _HELD, _READ = 0, 8, 16, 24, 32, 40, 48, 56, 64
 _HANDOVER = 72  # RUNNING, ASKED (by the coordinator) or RELEASED (by the producer)
 _BUSY_NS = 80  # wall time the producers spent producing, waits inside included (not idling)
+_EXPECT = 88  # the sequence number of the next record the consumer reads
+_LAYOUT = 96  # _MAGIC: the layout a producer must agree with
+_MAGIC = b"OLRING\x00\x02"  # version 2: checked records (24-byte frames)
 RUNNING, ASKED, RELEASED = 0, 1, 2
 _U64 = struct.Struct("<Q")
+_FRAME = struct.Struct("<QQQ")  # payload length, sequence number, digest
+FRAME = _FRAME.size  # bytes a record takes beyond its payload (and its padding to 8)
 _PAD = (1 << 64) - 1  # a length that means: the rest of the data area is padding, go on at its start
+_SETTLE_S = (0.0001, 0.001, 0.01)  # pauses before a record that fails its checks is read again
 
 
 class RecordTooLarge(ValueError):
     pass
+
+
+class RingCorrupt(Exception):
+    """A record failed its checks: the reader lost its place, or the record was torn or
+    overwritten. Names the ring, the offset and what was found."""
+
+
+def _seed(seq: int, size: int) -> int:
+    """The digest's seed: the frame's sequence number and length, so the digest covers them."""
+    return (seq * 0x9E3779B97F4A7C15 + size) & _PAD
+
+
+def _digest(seq: int, size: int, parts: tuple[memoryview, ...]) -> int:
+    """xxh3-64 of the parts one after another (what the reader hashes in one piece)."""
+    hasher = xxhash.xxh3_64(seed=_seed(seq, size))
+    for part in parts:
+        hasher.update(part)
+    return int(hasher.intdigest())
 
 
 def _pad8(n: int) -> int:
@@ -69,6 +112,8 @@ class Ring:
         self.capacity: int = _U64.unpack_from(mm, _CAP)[0]
         self.span: int = _U64.unpack_from(mm, _SPAN)[0] or self.capacity
         self._allocated = self.span  # data bytes known to be allocated (the producer's view)
+        self._seq: int | None = None  # the producer's next sequence number, found at its first write
+        self.corrupt: str | None = None  # the consumer's: why a record failed its checks, until reset
 
     @classmethod
     def create(cls, path: Path, capacity: int, span: int | None = None) -> Ring:
@@ -91,23 +136,33 @@ class Ring:
             os.close(fd)
         _U64.pack_into(mm, _CAP, capacity)
         _U64.pack_into(mm, _SPAN, span)
+        mm[_LAYOUT : _LAYOUT + len(_MAGIC)] = _MAGIC
         return cls(path, mm)
 
     @classmethod
     def attach(cls, path: Path) -> Ring:
+        """The ring at `path`, made by Ring.create; RingCorrupt if its layout is another
+        omniload's."""
         fd = os.open(path, os.O_RDWR)
         try:
             mm = mmap.mmap(fd, 0)
         finally:
             os.close(fd)
+        if mm[_LAYOUT : _LAYOUT + len(_MAGIC)] != _MAGIC:
+            found = bytes(mm[_LAYOUT : _LAYOUT + len(_MAGIC)])
+            mm.close()
+            raise RingCorrupt(
+                f"ring {path.name} has layout {found!r}, this omniload writes {_MAGIC!r}: the worker runs "
+                "other omniload code than its coordinator (reinstall, so both import the same version)"
+            )
         return cls(path, mm)
 
     # -- producer ---------------------------------------------------------------------------
     def try_write(self, *parts: bytes | memoryview) -> bool:
         """Append one record made of `parts`; False if there is no room yet."""
-        parts = tuple(memoryview(p).cast("B") for p in parts)
-        size = sum(len(p) for p in parts)
-        total = 8 + _pad8(size)
+        views = tuple(memoryview(p).cast("B") for p in parts)
+        size = sum(len(p) for p in views)
+        total = FRAME + _pad8(size)
         if total > self.capacity:
             raise RecordTooLarge(f"record of {size} bytes does not fit a ring of {self.capacity} bytes")
         write = _U64.unpack_from(self._mm, _WRITE)[0]
@@ -123,11 +178,22 @@ class Ring:
             start = 0
         if min(self.capacity, start + total) > self._allocated:  # a long record reaching past the span
             self._allocate(min(self.capacity, start + total))  # (what wraps around lands within it)
-        offset = self._copy_in(start, _U64.pack(size))
-        for part in parts:
+        if self._seq is None:
+            self._seq = self._next_seq()
+        offset = self._copy_in(start, _FRAME.pack(size, self._seq, _digest(self._seq, size, views)))
+        for part in views:
             offset = self._copy_in(offset, part)
         self._publish(write + pad + total)
+        self._seq += 1
         return True
+
+    def _next_seq(self) -> int:
+        """Where a producer's numbering goes on: after the newest unread record's, else at the
+        number the consumer expects (it stores that before it moves the read position)."""
+        newest = self._newest_frame()
+        if newest is not None:
+            return int(_FRAME.unpack(newest)[1]) + 1
+        return int(_U64.unpack_from(self._mm, _EXPECT)[0])
 
     def _allocate(self, end: int) -> None:
         """Allocate the data area up to `end` before writing there (OSError ENOSPC if
@@ -202,31 +268,70 @@ class Ring:
         _U64.pack_into(self._mm, _HANDOVER, RUNNING)
 
     def read(self) -> bytes | None:
-        """Take the oldest record, or None if the ring is empty."""
+        """Take the oldest record, or None if the ring is empty. Raises RingCorrupt (taking
+        nothing) when the record fails its checks."""
         read = _U64.unpack_from(self._mm, _READ)[0]
         if read == _U64.unpack_from(self._mm, _WRITE)[0]:
             return None
+        expected = _U64.unpack_from(self._mm, _EXPECT)[0]
+        found = self._checked(read, expected)
+        for pause in _SETTLE_S:
+            if not isinstance(found, str):
+                break
+            time.sleep(pause)  # (a weakly ordered CPU may not show all of a record yet)
+            found = self._checked(read, expected)
+        if isinstance(found, str):
+            self.corrupt = f"ring {self.path.name}: {found}"
+            raise RingCorrupt(self.corrupt)
+        after, data = found
+        _U64.pack_into(self._mm, _EXPECT, expected + 1)  # before the read position: see _next_seq
+        _U64.pack_into(self._mm, _READ, after)
+        return data
+
+    def _checked(self, read: int, expected: int) -> tuple[int, bytes] | str:
+        """(the read position after it, the payload) of the record at `read`, or what is wrong with it."""
         offset = read % self.capacity
         size = _U64.unpack_from(self._mm, _HEADER + offset)[0]
         if size == _PAD:  # published together with the record after it, which sits at the start
             read += self.capacity - offset
             offset = 0
             size = _U64.unpack_from(self._mm, _HEADER)[0]
-        start = (offset + 8) % self.capacity
+        if size > self.capacity - FRAME:
+            return f"the record at offset {offset} (position {read}) claims {size} bytes, more than the ring holds"
+        frame = self._span_bytes(offset, FRAME)
+        _, seq, digest = _FRAME.unpack(frame)
+        if seq != expected:
+            return f"the record at offset {offset} (position {read}) is number {seq}, not {expected}: out of place"
+        data = self._span_bytes((offset + FRAME) % self.capacity, size)
+        if xxhash.xxh3_64_intdigest(data, seed=_seed(seq, size)) != digest:
+            return (
+                f"record {seq} at offset {offset} (position {read}, {size} bytes) fails its digest: torn or overwritten"
+            )
+        return read + FRAME + _pad8(size), data
+
+    def _span_bytes(self, start: int, size: int) -> bytes:
+        """`size` data bytes from offset `start`, across the end of the data area."""
         end = start + size
         if end <= self.capacity:
-            data = self._mm[_HEADER + start : _HEADER + end]
-        else:
-            data = (
-                self._mm[_HEADER + start : _HEADER + self.capacity] + self._mm[_HEADER : _HEADER + end - self.capacity]
-            )
-        _U64.pack_into(self._mm, _READ, read + 8 + _pad8(size))
-        return data
+            return self._mm[_HEADER + start : _HEADER + end]
+        return self._mm[_HEADER + start : _HEADER + self.capacity] + self._mm[_HEADER : _HEADER + end - self.capacity]
 
     def newest(self, head: int) -> bytes | None:
-        """The first `head` bytes of the newest unread record (what its producer wrote last),
-        without taking anything; None if the ring is empty. A walk over the unread records:
-        call it once a producer has stopped (a move), not per record."""
+        """The first `head` bytes of the newest unread record's payload (what its producer wrote
+        last), without taking anything; None if the ring is empty. A walk over the unread
+        records: call it once a producer has stopped (a move), not per record."""
+        found = self._newest_at()
+        if found is None:
+            return None
+        offset, size = found
+        return self._span_bytes((offset + FRAME) % self.capacity, min(size, head))
+
+    def _newest_frame(self) -> bytes | None:
+        found = self._newest_at()
+        return None if found is None else self._span_bytes(found[0], FRAME)
+
+    def _newest_at(self) -> tuple[int, int] | None:
+        """(offset, payload size) of the newest unread record."""
         read = _U64.unpack_from(self._mm, _READ)[0]
         write = _U64.unpack_from(self._mm, _WRITE)[0]
         newest = None
@@ -236,15 +341,9 @@ class Ring:
             if size == _PAD:
                 read += self.capacity - offset
                 continue
-            newest = (offset + 8) % self.capacity, size
-            read += 8 + _pad8(size)
-        if newest is None:
-            return None
-        start, size = newest
-        end = start + min(size, head)
-        if end <= self.capacity:
-            return self._mm[_HEADER + start : _HEADER + end]
-        return self._mm[_HEADER + start : _HEADER + self.capacity] + self._mm[_HEADER : _HEADER + end - self.capacity]
+            newest = offset, size
+            read += FRAME + _pad8(size)
+        return newest
 
     def used(self) -> int:
         write: int = _U64.unpack_from(self._mm, _WRITE)[0]
@@ -252,9 +351,12 @@ class Ring:
         return write - read
 
     def reset(self) -> None:
-        """Drop every record. Only while no producer is attached (its worker is dead)."""
+        """Drop every record; numbering starts again at 0. Only while no producer is attached
+        (its worker is dead)."""
         _U64.pack_into(self._mm, _WRITE, 0)
         _U64.pack_into(self._mm, _READ, 0)
+        _U64.pack_into(self._mm, _EXPECT, 0)
+        self.corrupt, self._seq = None, None
         self.clear_release()
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import struct
 import time
 
 import pytest
@@ -48,6 +49,64 @@ def test_killed_worker_is_replaced_with_nothing_lost_or_repeated(corpus, tmp_pat
     assert log.count("was killed by SIGKILL; restarting it at the source cursor") == 2, log
     for rank in range(2):
         assert crashed[rank]["hashes"] == reference[rank]["hashes"], f"rank {rank} saw different data after the crash"
+
+
+def _corrupt_an_unread_record(job: omniload.Job, timeout: float = 60) -> str:
+    """Flip a payload byte of the record a ring's reader takes next, once the planner waits for
+    the ranks (the read position holds still): a record torn in shared memory. The ring's name."""
+    from omniload.formats.ring import FRAME, job_segments
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path in job_segments(job.job_id):
+            with open(path, "r+b", buffering=0) as segment:  # unbuffered: every read sees the ring now
+                header = segment.read(128)
+                write, capacity, read = (struct.unpack_from("<Q", header, at)[0] for at in (0, 8, 64))
+                if write == read:
+                    continue
+                time.sleep(0.3)
+                segment.seek(64)
+                if struct.unpack("<Q", segment.read(8))[0] != read:
+                    continue  # the planner is reading this ring: not waiting
+                offset = read % capacity
+                segment.seek(128 + offset)
+                if struct.unpack("<Q", segment.read(8))[0] == (1 << 64) - 1:
+                    offset = 0  # padding to the end: the record is at the start
+                at = 128 + (offset + FRAME + 3) % capacity
+                segment.seek(at)
+                byte = segment.read(1)[0]
+                segment.seek(at)
+                segment.write(bytes([byte ^ 0x20]))
+                return path.name
+        time.sleep(0.05)
+    raise AssertionError(f"no ring held an unread record while the planner waited, in {timeout:.0f}s")
+
+
+def test_a_record_that_fails_its_checks_replaces_the_worker_and_changes_no_batch(corpus, tmp_path, importable_tests):
+    """A torn record is never taken: the lane's worker is replaced and the ring reset, as for a
+    dead worker, and the ranks get the batches of an undisturbed run."""
+    spec = {
+        "sources": mixed_sources(corpus),
+        "seq_len": 64,
+        "rows": 2,
+        "workers": 3,
+        "seed": 2,
+        "epochs": 0,
+        "steps": 150,
+        "shuffle_window": 16,  # a short horizon: the planner reads as it delivers
+        "plan_ahead": 2,
+        "ring_mb": 1,
+    }
+    reference = run_ranks(spec, world=2, out_dir=tmp_path)
+    with omniload.Job(spec) as job:  # slow ranks: the planner waits for them, the rings stay full
+        ranks = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.05", "PROBE_SLOW_AFTER": "5"})
+        ring = _corrupt_an_unread_record(job)
+        results = collect(ranks)
+        log = "\n".join(job.log_tail())
+    assert f"ring {ring}: record" in log and "fails its digest" in log, log
+    assert log.count("stopped; restarting it at the source cursor (restart 1 of") == 1, log
+    for rank in range(2):
+        assert results[rank]["hashes"] == reference[rank]["hashes"], f"rank {rank} saw other batches"
 
 
 def test_worker_that_keeps_exiting_stops_the_job_naming_source_and_exit_code(corpus, tmp_path, importable_tests):

@@ -5,11 +5,15 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import random
+import signal
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from omniload.formats.ring import RecordTooLarge, Ring, segment_path
+from omniload.formats.ring import FRAME, RecordTooLarge, Ring, RingCorrupt, segment_path
 
 pytestmark = pytest.mark.timeout(60)
 _CAPACITY = 4096
@@ -106,7 +110,7 @@ def test_full_ring_refuses_instead_of_dropping(ring):
 
 
 def test_record_larger_than_the_ring_is_an_error(ring):
-    assert ring.try_write(b"y" * (_CAPACITY - 8))
+    assert ring.try_write(b"y" * (_CAPACITY - FRAME))
     with pytest.raises(RecordTooLarge, match="does not fit a ring"):
         ring.try_write(b"z" * _CAPACITY)
 
@@ -165,3 +169,126 @@ def test_a_lanes_work_counters_only_grow_and_outlive_a_reset(ring):
     ring.reset()
     ring.count_work(1_000_000, 100, 1_000_000)
     assert ring.work() == (0.003, 600, 0.006)
+
+
+# -- checked records: the torture test -------------------------------------------------------
+# Each record is payload i, of a size drawn by hypothesis; the model is the list of records
+# written and not yet read. Every read must give the next one, intact.
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, _CAPACITY // 2 - FRAME), min_size=1, max_size=80),
+    reads=st.lists(st.integers(0, 3), min_size=1, max_size=80),
+    span=st.sampled_from([_CAPACITY, 1024, 64]),
+    restarts=st.sets(st.integers(0, 79), max_size=6),
+)
+def test_every_record_comes_back_once_in_order_whatever_sizes_offsets_readers_and_writers(sizes, reads, span, restarts):
+    """Sizes from 0 to half the ring (wraparound at every offset, past a short span); readers
+    slower and faster than the writer; at some records a new reader attaches (a restart from the
+    position the ring keeps) and a new writer goes on (a lane moved to another worker)."""
+    path = segment_path(os.getpid(), "test", f"torture{time.monotonic_ns()}")
+    ring = Ring.create(path, _CAPACITY, span)
+    writer, reader = Ring.attach(path), Ring.attach(path)
+    pending: list[bytes] = []
+    try:
+        for i, size in enumerate(sizes):
+            record = hashlib.blake2b(str(i).encode()).digest()[:8] * (size // 8) + bytes(size % 8)
+            if i in restarts:
+                reader.close()
+                writer.close()
+                reader, writer = Ring.attach(path), Ring.attach(path)
+            while not writer.try_write(record):
+                assert reader.read() == pending.pop(0)  # full: the reader makes room
+            pending.append(record)
+            for _ in range(reads[i % len(reads)]):
+                data = reader.read()
+                assert data == (pending.pop(0) if pending else None)
+        while pending:
+            assert reader.read() == pending.pop(0)
+        assert reader.read() is None
+    finally:
+        for r in (writer, reader, ring):
+            r.close()
+        ring.unlink()
+
+
+def _produce_from(path: str, first: int, ready) -> None:
+    ring = Ring.attach(path)
+    ready.set()
+    i = first
+    while True:
+        while not ring.try_write(_payload(i)):
+            pass  # a spinning writer: a kill lands anywhere in a write
+        i += 1
+
+
+@settings(max_examples=8, deadline=None)
+@given(delays=st.lists(st.floats(0.0005, 0.02), min_size=3, max_size=5), seed=st.integers(0, 1000))
+def test_a_writer_killed_mid_record_leaves_only_whole_records(delays, seed):
+    """SIGKILL the writer at random moments, while a slow or fast reader reads: what was
+    published reads back whole and in order, and a reset ring serves the next writer, which goes
+    on from the last record read (what the coordinator does with a dead worker's lane)."""
+    ring = Ring.create(segment_path(os.getpid(), "test", f"killed{time.monotonic_ns()}"), _CAPACITY)
+    try:
+        _kill_writers(ring, delays, random.Random(seed))
+    finally:
+        ring.close()
+        ring.unlink()
+
+
+def _kill_writers(ring: Ring, delays: list[float], rng: random.Random) -> None:
+    context = multiprocessing.get_context("fork")
+    expected = 0
+    for delay in delays:
+        ready = context.Event()
+        writer = context.Process(target=_produce_from, args=(str(ring.path), expected, ready))
+        writer.start()
+        assert ready.wait(10)
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline:  # read while it writes: sometimes slower, sometimes faster
+            if (data := ring.read()) is not None:
+                assert data == _payload(expected)
+                expected += 1
+            if rng.random() < 0.3:
+                time.sleep(0.0002)
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.join()
+        while (data := ring.read()) is not None:  # what it published before dying, nothing torn
+            assert data == _payload(expected)
+            expected += 1
+        ring.reset()
+    assert expected > 0
+
+
+def test_a_record_torn_or_read_out_of_place_is_named_never_returned(ring):
+    for i in range(3):
+        assert ring.try_write(b"record %d " % i * 20)
+    data_start = 128  # the segment's header
+    with open(ring.path, "r+b") as segment:  # flip a byte of the first record's payload
+        segment.seek(data_start + FRAME + 5)
+        byte = segment.read(1)
+        segment.seek(data_start + FRAME + 5)
+        segment.write(bytes([byte[0] ^ 0x40]))
+    with pytest.raises(RingCorrupt, match=rf"ring {ring.path.name}: record 0 at offset 0 .* fails its digest"):
+        ring.read()
+    assert ring.corrupt and ring.used() > 0  # nothing taken
+    ring.reset()
+    assert ring.corrupt is None and ring.try_write(b"fine") and ring.read() == b"fine"
+    for i in range(2):
+        assert ring.try_write(b"record %d " % i * 20)
+    with open(ring.path, "r+b") as segment:  # the read position moved by 8: a reader out of place
+        segment.seek(64)
+        read = int.from_bytes(segment.read(8), "little")
+        segment.seek(64)
+        segment.write((read + 8).to_bytes(8, "little"))
+    with pytest.raises(RingCorrupt, match="claims .* bytes|is number .* not|fails its digest"):
+        ring.read()
+
+
+def test_a_producer_attaching_to_a_ring_of_another_layout_is_told_so(ring):
+    """A worker running other omniload code than its coordinator reads the header elsewhere:
+    it stops at attach, naming both layouts, instead of writing where the reader does not look."""
+    with open(ring.path, "r+b", buffering=0) as segment:
+        segment.seek(96)
+        segment.write(b"OLRING\x00\x01")
+    with pytest.raises(RingCorrupt, match=r"has layout b'OLRING.*x01', this omniload writes .*x02'.*reinstall"):
+        Ring.attach(ring.path)
