@@ -49,6 +49,7 @@ from omniload.errors import ConfigError, OmniloadError, SourceFailed
 from omniload.formats.ring import remove_stale_segments
 from omniload.protocol import Kind, Message
 from omniload.spec import Spec
+from omniload.storage.disk_cache import DiskCache
 
 log = logging.getLogger("omniload")
 _TICK_S = 0.5
@@ -99,6 +100,9 @@ class Coordinator:
         for path in remove_stale_segments():
             log.info("removed %s, left by a job that died", path.name)
         spec = self.spec
+        if spec.cache_dir:
+            for path in DiskCache(spec.cache_dir, spec.cache_limit).sweep():
+                log.info("removed %s, left in the cache by a writer that died", path.name)
         plan = initial_plan(spec.weights(), spec.workers, spec.reserve_cpus, available_cpus(), spec.autoscale_every > 0)
         # workers that may run at once (a budget's slots) share each tokenizer; one keeps its own
         share_tokenizers(map(spec.tokenizer_of, spec.sources) if len(plan) > 1 else ())

@@ -711,6 +711,22 @@ def _reject_unknown(data: dict[str, Any], known: set[str], where: str) -> None:
         raise ConfigError(f"{where}: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
 
 
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _boolean(name: str, value: Any, where: str) -> bool:
+    """A yes or no from a flag, a file or the environment; anything else names the option."""
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in _TRUE or word in _FALSE:
+        return word in _TRUE
+    raise ConfigError(
+        f"{where}: {name.replace('_', '-')} must be true or false (or {'/'.join(_TRUE[::2] + _FALSE[::2])}), "
+        f"got {value!r}"
+    )
+
+
 def _coerce(cls: type, name: str, value: Any, where: str) -> Any:
     """Turn strings from flags and files into the field's type, naming the field on failure."""
     kind = {f.name: f.type for f in dataclasses.fields(cls)}[name]
@@ -720,11 +736,13 @@ def _coerce(cls: type, name: str, value: Any, where: str) -> Any:
         return parse_bytes(value, name)
     try:
         if kind in ("int", "int | None") and value is not None and not isinstance(value, int):
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)  # 2.5 is no count of anything: never rounded
             return int(value)
         if kind == "float" and not isinstance(value, float):
             return float(value)
-        if kind == "bool" and isinstance(value, str):
-            return value.lower() in ("1", "true", "yes", "on")
+        if kind == "bool":
+            return _boolean(name, value, where)
         if kind == "tuple[float, ...]":
             parts = value.split(",") if isinstance(value, str) else value
             return tuple(float(p) for p in parts)

@@ -36,7 +36,7 @@ from omniload.order import group_members, groups_per_epoch, interleave_rows, row
 from omniload.storage.disk_cache import DiskCache
 from omniload.storage.files import Files
 from omniload.storage.objects import StoreError
-from omniload.storage.urls import is_remote
+from omniload.storage.urls import is_remote, redact
 from omniload.workers.chat import ChatError, ChatSample, encode, jinja_render
 from omniload.workers.images import DECODE_ERRORS, ImageTransform, load_image_transform, place_images, text_pieces
 from omniload.workers.readers import DATA_ERRORS, LOCAL, iter_slices, use_system_allocator, warm
@@ -61,7 +61,8 @@ def run_worker(config: WorkerConfig, inbox: Connection | None = None) -> None:
 
     A shard's errors travel as ERROR records; an error outside any shard (a bug) ends the
     worker with code 1, after its traceback and one line naming the worker and its sources
-    on stderr, which is the coordinator's."""
+    on stderr, which is the coordinator's: both redacted as the coordinator's log lines are
+    (a store's error may quote a signed URL or a key)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the coordinator's to handle
     # A worker is one core, as autoscaling counts them: the tokenizers library's own thread
     # pool would spread each worker over every core (and a malloc arena per thread with it)
@@ -70,9 +71,13 @@ def run_worker(config: WorkerConfig, inbox: Connection | None = None) -> None:
     try:
         _serve(config, inbox)
     except Exception as exc:
-        traceback.print_exc()
         sources = ", ".join(sorted({f"'{lane.source_name}'" for lane in config.lanes}))
-        print(f"omniload: worker {os.getpid()} for source {sources} failed: {_cause(exc)}", file=sys.stderr, flush=True)
+        print(redact(traceback.format_exc()), end="", file=sys.stderr)
+        print(
+            redact(f"omniload: worker {os.getpid()} for source {sources} failed: {_cause(exc)}"),
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(1)
 
 

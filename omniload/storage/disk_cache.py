@@ -6,7 +6,10 @@ and renamed: a reader sees a block complete or not at all, with any number of wo
 jobs on one node. A hit touches the file's mtime; the process that takes the total past the
 limit evicts, under an flock on `.lock`, the least recently used files down to 90% of it. The
 total is kept in `.usage` (under the same lock) so no process walks the folder per write; while
-others write, the cache may pass the limit by the blocks being written (one a writer).
+others write, the cache may pass the limit by the blocks being written (one a writer). A
+temporary name carries its writer's pid, so what a writer killed mid-write left is found and
+removed (`sweep`: at a job's start, and by every eviction) while live writers' are kept. A full
+disk is not an error: the block is read from the store and not kept.
 """
 
 from __future__ import annotations
@@ -14,9 +17,14 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+import time
 from pathlib import Path
 
+import psutil
+
 _EVICT_TO = 0.9
+_TMP = ".tmp-"
+_TMP_STALE_S = 24 * 3600.0  # a temporary file without a readable pid, older than this, is a leftover
 
 
 def default_dir() -> str:
@@ -53,7 +61,7 @@ class DiskCache:
             return
         path.parent.mkdir(exist_ok=True)
         try:
-            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tmp-", delete=False) as f:
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f"{_TMP}{os.getpid()}-", delete=False) as f:
                 f.write(data)
             os.replace(f.name, path)
         except OSError:  # a full disk: the cache is an optimisation, never a failure
@@ -88,8 +96,10 @@ class DiskCache:
                             stat = path.stat()
                         except FileNotFoundError:
                             continue
-                        if not path.name.startswith(".tmp-"):
+                        if not path.name.startswith(_TMP):
                             files.append((stat.st_mtime, stat.st_size, path))
+                        elif _left_behind(path.name, stat.st_mtime):
+                            path.unlink(missing_ok=True)
             total = sum(size for _, size, _ in files)
             files.sort()
             for _, size, path in files:
@@ -101,6 +111,20 @@ class DiskCache:
                 except FileNotFoundError:
                     pass
             self._usage_path.write_text(str(total))
+
+    def sweep(self) -> list[Path]:
+        """Remove the temporary files of writers that are gone (killed mid-write); the removed."""
+        removed = []
+        for folder in self.folder.iterdir():
+            if folder.is_dir():
+                for path in folder.glob(f"{_TMP}*"):
+                    try:
+                        if _left_behind(path.name, path.stat().st_mtime):
+                            path.unlink()
+                            removed.append(path)
+                    except FileNotFoundError:
+                        pass  # renamed or removed meanwhile
+        return removed
 
     def total(self) -> int:
         return self._usage()
@@ -120,3 +144,12 @@ class _Flock:
     def __exit__(self, *exc: object) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
+
+
+def _left_behind(name: str, mtime: float) -> bool:
+    """Whether a temporary file's writer is gone: its pid no longer runs (or, a name without
+    one, it is a day old)."""
+    pid = name[len(_TMP) :].split("-", 1)[0]
+    if pid.isdigit():
+        return not psutil.pid_exists(int(pid))
+    return time.time() - mtime > _TMP_STALE_S

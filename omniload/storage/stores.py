@@ -14,6 +14,7 @@ the coordinator never imports pyarrow.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -124,6 +125,9 @@ def _azure_account(url: ObjectUrl) -> str:
 
 
 # What a store's error says, as words our clients write: transient ones are worth retrying.
+# They are looked for in the message with the object's key, the bucket and any URL taken out
+# (_evidence): a key is the user's name, and `train-00403-of-01024.parquet` says nothing about
+# access. Numbers match as whole words only (an HTTP status, never a part of a longer token).
 _TRANSIENT = (
     "curlcode",
     "network_connection",
@@ -135,7 +139,7 @@ _TRANSIENT = (
     "slowdown",
     "throttl",
     "503",
-    "500 ",
+    "500",
     "502",
     "504",
     "internal_failure",
@@ -178,24 +182,43 @@ _UNREACHABLE = (
 )
 
 
+_NAMES = re.compile(r"'[^']*'|\"[^\"]*\"|\b\w+://\S+")  # quoted keys and buckets, URLs
+
+
+def _pattern(words: tuple[str, ...]) -> re.Pattern[str]:
+    """Any of `words` in a message; a word that is a number, only where no letter, digit, dash,
+    dot or slash is next to it."""
+    parts = [rf"(?<![\w./-]){re.escape(w)}(?![\w./-])" if w.isdigit() else re.escape(w.strip()) for w in words]
+    return re.compile("|".join(parts))
+
+
+_IS_TRANSIENT, _IS_DENIED, _IS_NO_BUCKET, _IS_UNREACHABLE = map(
+    _pattern, (_TRANSIENT, _DENIED, _NO_BUCKET, _UNREACHABLE)
+)
+
+
+def _evidence(exc: BaseException) -> str:
+    """What the error says, lowercased, without the names in it (see _TRANSIENT)."""
+    return _NAMES.sub(" ", str(exc)).lower()
+
+
 def is_transient(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return not any(word in text for word in _DENIED + _NO_BUCKET) and any(word in text for word in _TRANSIENT)
+    text = _evidence(exc)
+    return not (_IS_DENIED.search(text) or _IS_NO_BUCKET.search(text)) and bool(_IS_TRANSIENT.search(text))
 
 
 def is_unreachable(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return any(word in text for word in _UNREACHABLE)
+    return bool(_IS_UNREACHABLE.search(_evidence(exc)))
 
 
 def explain(exc: BaseException, where: str, url: ObjectUrl, options: StoreOptions) -> str:
     """A store error as a message naming the URL and the likely fix (secrets redacted)."""
     text = str(exc)
-    lower = text.lower()
+    lower = _evidence(exc)
     endpoint = endpoint_of(url, options)
-    if any(word in lower for word in _NO_BUCKET):
+    if _IS_NO_BUCKET.search(lower):
         message = f"{where}: bucket '{url.bucket}' does not exist at {endpoint}; check its name (and the endpoint)"
-    elif any(word in lower for word in _DENIED):
+    elif _IS_DENIED.search(lower):
         message = f"{where}: access denied at {endpoint}: {_credentials_hint(url, options)}"
     elif is_unreachable(exc):
         message = (

@@ -97,6 +97,25 @@ run_worker(WorkerConfig(worker_id=0, coordinator_pid={os.getpid()}, lanes=(lane,
     assert str(ring) in last, last
 
 
+def test_a_failing_workers_traceback_is_redacted_as_the_coordinators_log_is(tmp_path):
+    """A store's error may quote a key or a signed URL: what the worker prints on its way out
+    goes through the same redaction as every line of the coordinator's log."""
+    secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCY"
+    ring = tmp_path / f"ring-{secret}"
+    script = f"""
+from omniload.formats.lane_config import LaneConfig, WorkerConfig
+from omniload.workers.worker import run_worker
+lane = LaneConfig(source_index=0, source_name="web", column="text", tokenizer="bytes", lane=0, num_lanes=1,
+                  ring_path={str(ring)!r}, shards=(), seed=0, epochs=1, interleave=1, start_group=0,
+                  start_pos=0, skip_bad_files=False)
+run_worker(WorkerConfig(worker_id=0, coordinator_pid={os.getpid()}, lanes=(lane,)))
+"""
+    env = {**os.environ, "AWS_SECRET_ACCESS_KEY": secret}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 1 and "Traceback" in result.stderr, result.stderr
+    assert secret not in result.stderr and "ring-***" in result.stderr.splitlines()[-1], result.stderr
+
+
 def _private_small_shm_or_skip() -> None:
     try:
         probe = subprocess.run(

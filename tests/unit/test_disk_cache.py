@@ -40,3 +40,26 @@ def test_processes_sharing_a_cache_never_see_a_partial_block_and_stay_under_the_
     on_disk = sum(p.stat().st_size for p in (tmp_path / "blocks").rglob("k*") if p.is_file())
     assert on_disk <= 200_000 + 4 * 5000, "over the limit by more than one block a writer"
     assert not list((tmp_path / "blocks").rglob(".tmp-*")), "no temporary file left"
+
+
+def _killed_mid_write(folder: str) -> None:
+    cache = DiskCache(folder, limit=1 << 20)
+    cache.folder.joinpath("ab").mkdir(exist_ok=True)
+    with open(cache.folder / "ab" / f".tmp-{os.getpid()}-x1y2", "wb") as f:
+        f.write(b"half a block")
+    os._exit(9)  # as if killed before the rename
+
+
+def test_what_a_writer_killed_mid_write_left_is_swept_and_a_live_writers_file_kept(tmp_path):
+    """A job's start (and every eviction) removes the temporary files of writers that are gone;
+    one a live process is writing stays."""
+    writer = multiprocessing.get_context("fork").Process(target=_killed_mid_write, args=(str(tmp_path),))
+    writer.start()
+    writer.join()
+    cache = DiskCache(tmp_path, limit=1 << 20)
+    live = cache.folder / "ab" / f".tmp-{os.getpid()}-zz"
+    live.write_bytes(b"being written")
+    leftovers = list((cache.folder / "ab").glob(f".tmp-{writer.pid}-*"))
+    assert len(leftovers) == 1
+    assert cache.sweep() == leftovers
+    assert live.exists() and not leftovers[0].exists()

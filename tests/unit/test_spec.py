@@ -213,3 +213,24 @@ def test_budget_and_cost_model_options_from_a_config_file(tmp_path):
     assert (spec.rank_tokens, spec.rank_token_cap, spec.pad_to) == ("variable", 4096, 64)
     assert spec.cost_coeffs == PRESETS["llama-1b"].cost_coeffs()
     assert build_spec(str(config), (), {"rank_tokens": "fixed"}).rank_tokens == "fixed"  # flags win
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ({"sources": ["a=x,anonymous=ture"]}, "source 'a': anonymous must be true or false .*'ture'"),
+        ({"sources": ["a=x"], "allow_changed_data": "maybe"}, "allow-changed-data must be true or false"),
+        ({"sources": ["a=x"], "rows": 2.5}, "rows must be a number, got 2.5"),
+        ({"sources": ["a=x"], "seq_len": "2k"}, "seq-len must be a number, got '2k'"),
+    ],
+)
+def test_a_value_outside_its_options_type_is_an_error_naming_the_option(given, message):
+    """Never coerced into something else: `anonymous=ture` was False, rows 2.5 was 2."""
+    with pytest.raises(ConfigError, match=message):
+        Spec.from_dict(given)
+
+
+def test_yes_and_no_are_read_in_their_usual_spellings():
+    for word, expected in (("true", True), ("Yes", True), ("1", True), ("off", False), ("FALSE", False)):
+        source = Spec.from_dict({"sources": [f"a=s3://b/x,anonymous={word}"]}).sources[0]
+        assert source.anonymous is expected

@@ -144,6 +144,26 @@ def test_store_errors_are_explained_and_classified(error, expected, transient):
     assert expected in explain(exc, "s3://b/k", parse("s3://b/k"), StoreOptions(endpoint="http://127.0.0.1:1"))
 
 
+@pytest.mark.parametrize("key", ["train-00403-of-01024", "train-00404-of-01024", "logs-00401-x", "part-00503"])
+def test_a_store_error_is_classified_by_what_it_says_never_by_the_objects_name(key):
+    """Hugging Face-style shard names hold 401, 403 and 503: a timeout on any of them is a
+    timeout, and a missing object named `partial` or `timeout` is not one."""
+    timeout = OSError(
+        f"When getting information for key 'web/{key}.parquet' in bucket 'corpus': AWS Error NETWORK_CONNECTION "
+        "during HeadObject operation: curlCode: 28, Timeout was reached"
+    )
+    assert is_transient(timeout)
+    assert "access denied" not in explain(timeout, "s3://corpus/x", parse("s3://corpus/x"), StoreOptions())
+    missing = OSError(f"Path does not exist 'corpus/web/{key}-partial-timeout-503.parquet'. Detail: [errno 2]")
+    assert not is_transient(missing)
+    denied = OSError(f"When reading 'corpus/{key}': AWS Error ACCESS_DENIED during GetObject operation")
+    assert not is_transient(denied) and "access denied" in explain(
+        denied, "s3://corpus/x", parse("s3://corpus/x"), StoreOptions(anonymous=True)
+    )
+    hub = OSError(f"503 Server Error: Service Unavailable for url: https://huggingface.co/api/{key}-403")
+    assert is_transient(hub)
+
+
 def test_missing_credentials_are_named_as_such(monkeypatch, tmp_path):
     for name in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_WEB_IDENTITY_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
