@@ -4,6 +4,10 @@ python scripts/chaos.py workers [--kills 100] [--steps 1500]
     Ranks train through a run in which random workers are SIGKILLed; prints whether every
     rank saw exactly the batches of an undisturbed run, the longest a rank waited for a
     batch (with and without kills), and the restarts the coordinator logged.
+python scripts/chaos.py throttle [--seconds 60] [--every 5]
+    Ranks read a corpus from an S3 endpoint (moto's server on loopback) through a proxy that
+    answers 503 SlowDown to one connection in --every, for --seconds of training; prints whether
+    every rank saw exactly the batches of an unthrottled run and how many requests were refused.
 python scripts/chaos.py fuzz [--rounds 200] [--idle 500]
     Bad connections (random bytes, truncated frames, huge lengths, wrong token and
     version, duplicate HELLOs, ACKs for steps never sent) beside good ranks; prints
@@ -114,6 +118,48 @@ def chaos_workers(kills: int, steps: int, world: int, step_s: float) -> None:
     print(f"coordinator exit code {code} (0: every rank got every step)")
 
 
+def chaos_throttle(seconds: float, every: int) -> None:
+    from bench_data import make_sources
+
+    import omniload
+
+    sys.path.insert(0, str(HERE.parent))  # tests/s3_store: the store and the proxy the tests use
+    from tests.s3_store import CREDENTIALS, FaultyProxy, MotoServer
+
+    store = MotoServer()
+    try:
+        local = make_sources(2, 4000)
+        client = store.client()
+        client.create_bucket(Bucket="corpus")
+        sources = []
+        for source in local:
+            folder = Path(source["path"]).parent
+            for path in sorted(folder.glob(Path(source["path"]).name)):
+                client.put_object(Bucket="corpus", Key=f"{folder.name}/{path.name}", Body=path.read_bytes())
+            sources.append({**source, "path": f"s3://corpus/{folder.name}/{Path(source['path']).name}"})
+        step_s, world = 0.05, 2
+        steps = int(seconds / step_s)
+        spec = {"sources": sources, "seq_len": 512, "rows": 2, "workers": 2, "seed": 1, "epochs": 0, "steps": steps}
+        os.environ.update({**CREDENTIALS, "AWS_ENDPOINT_URL": store.endpoint})
+        with omniload.Job(spec) as job:
+            calm = _run(job, world, 0.0)
+        proxy = FaultyProxy(store.port, throttle_every=every)
+        os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
+        started = time.monotonic()
+        with omniload.Job(spec) as job:
+            throttled = _run(job, world, step_s)
+            code = job.wait(30)
+        proxy.close()
+    finally:
+        store.stop()
+    same = all(a[0] == b[0] for a, b in zip(calm, throttled))
+    print(
+        f"{world} ranks, {steps} steps over {time.monotonic() - started:.0f}s reading S3 through a proxy that "
+        f"answered 503 SlowDown to {proxy.throttled} of {proxy.connections} connections (one in {every})"
+    )
+    print(f"batches identical to the unthrottled run: {same}; coordinator exit code {code}")
+
+
 def chaos_fuzz(rounds: int, idle: int, steps: int, senders: int = 0) -> None:
     from bench_data import make_sources
 
@@ -185,6 +231,9 @@ def main() -> None:
     workers.add_argument("--steps", type=int, default=1500)
     workers.add_argument("--ranks", type=int, default=2)
     workers.add_argument("--step-ms", type=float, default=40)
+    throttle = sub.add_parser("throttle")
+    throttle.add_argument("--seconds", type=float, default=60)
+    throttle.add_argument("--every", type=int, default=5, help="one connection in this many is refused")
     fuzz = sub.add_parser("fuzz")
     fuzz.add_argument("--rounds", type=int, default=200)
     fuzz.add_argument("--idle", type=int, default=500)
@@ -194,6 +243,8 @@ def main() -> None:
     os.environ.setdefault("OMNILOAD_LOG", "WARNING")
     if args.what == "workers":
         chaos_workers(args.kills, args.steps, args.ranks, args.step_ms / 1000)
+    elif args.what == "throttle":
+        chaos_throttle(args.seconds, args.every)
     else:
         chaos_fuzz(args.rounds, args.idle, args.steps, args.senders)
 

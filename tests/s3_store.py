@@ -83,15 +83,31 @@ class MotoServer:
             self.process.wait()
 
 
+_SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+
+
 class FaultyProxy:
     """A TCP proxy to `target` that holds each request `delay_s` (a round trip) and, with `reset_every` = N,
     resets every Nth connection after some of the response
     body has passed: the reset in the middle of a body that S3 clients do not retry by
-    themselves. `resets` counts the resets made. Runs in threads of the test process."""
+    themselves. `resets` counts the resets made. With `throttle_every` = M, every Mth connection
+    is answered 503 SlowDown, as S3 throttles (`throttled` counts them). Runs in threads of the
+    test process."""
 
-    def __init__(self, target_port: int, delay_s: float = 0.0, reset_every: int = 0, cut_after: int = 600) -> None:
+    def __init__(
+        self,
+        target_port: int,
+        delay_s: float = 0.0,
+        reset_every: int = 0,
+        cut_after: int = 600,
+        throttle_every: int = 0,
+    ) -> None:
         self.target_port, self.delay_s, self.reset_every, self.cut_after = target_port, delay_s, reset_every, cut_after
-        self.resets = self.connections = 0
+        self.throttle_every = throttle_every
+        self.resets = self.connections = self.throttled = 0
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port = self._server.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
@@ -108,7 +124,28 @@ class FaultyProxy:
             with self._lock:
                 self.connections += 1
                 cut = self.reset_every and self.connections % self.reset_every == 0
-            threading.Thread(target=self._serve, args=(client, cut), daemon=True).start()
+                throttle = self.throttle_every and self.connections % self.throttle_every == 0
+            target = self._throttle if throttle else self._serve
+            threading.Thread(target=target, args=(client, cut), daemon=True).start()
+
+    def _throttle(self, client: socket.socket, _cut: bool) -> None:
+        """Read the request, answer 503 SlowDown and close, as a throttling S3 does."""
+        try:
+            client.settimeout(10)
+            request = b""
+            while b"\r\n\r\n" not in request and (data := client.recv(65536)):
+                request += data
+            client.sendall(
+                b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\n"
+                + b"Content-Length: %d\r\n\r\n" % len(_SLOW_DOWN)
+                + _SLOW_DOWN
+            )
+            with self._lock:
+                self.throttled += 1
+        except OSError:
+            pass
+        finally:
+            client.close()
 
     def _serve(self, client: socket.socket, cut: bool) -> None:
         try:

@@ -135,6 +135,46 @@ def test_workers_killed_at_random_change_no_batch_and_stall_no_rank(corpus, tmp_
     assert_port_closed(job.addr)
 
 
+_JUMPING_CLOCK = """
+import os, time
+_real, _start = time.time, time.monotonic()
+def _jumping():  # +1 hour after 1 s, then 1 hour before the true time after 2 s
+    since = time.monotonic() - _start
+    return _real() + (3600.0 if 1.0 <= since < 2.0 else -3600.0 if since >= 2.0 else 0.0)
+time.time = _jumping
+open(MARK + str(os.getpid()), "w").close()  # this process runs on the jumping clock
+"""
+
+
+def test_a_clock_jump_changes_no_batch_and_times_nothing_out(corpus, tmp_path, monkeypatch):
+    """The wall clock jumps an hour ahead, then an hour behind, in the coordinator, its forkserver
+    and its workers (their time.time): every wait is timed with the monotonic clock, so with
+    timeouts of 5 s nothing times out, and the batches are those of an undisturbed run."""
+    spec = {
+        "sources": mixed_sources(corpus),
+        "seq_len": 64,
+        "rows": 2,
+        "workers": 2,
+        "seed": 4,
+        "epochs": 0,
+        "steps": 100,
+        "worker_timeout": 5,
+        "rank_timeout": 5,
+    }
+    reference = run_ranks(spec, world=2, out_dir=tmp_path)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(f"MARK = {str(tmp_path / 'jumped-')!r}\n" + _JUMPING_CLOCK)
+    monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    with omniload.Job(spec) as job:
+        results = collect(start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.04"}))  # ~4 s
+        coordinator = job._process.pid
+    jumped = {int(p.name.rsplit("-", 1)[1]) for p in tmp_path.glob("jumped-*")}
+    assert coordinator in jumped and len(jumped) >= 3, jumped  # the coordinator, its forkserver, a worker
+    for rank in range(2):
+        assert results[rank]["hashes"] == reference[rank]["hashes"], f"rank {rank} saw other batches"
+
+
 def _can_mount_in_a_namespace() -> str | None:
     """Why a private tmpfs cannot be made here, or None when it can."""
     if not shutil.which("unshare"):

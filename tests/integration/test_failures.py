@@ -7,7 +7,9 @@ import signal
 import socket
 import struct
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -105,6 +107,77 @@ def test_a_record_that_fails_its_checks_replaces_the_worker_and_changes_no_batch
         log = "\n".join(job.log_tail())
     assert f"ring {ring}: record" in log and "fails its digest" in log, log
     assert log.count("stopped; restarting it at the source cursor (restart 1 of") == 1, log
+    for rank in range(2):
+        assert results[rank]["hashes"] == reference[rank]["hashes"], f"rank {rank} saw other batches"
+
+
+class _MemoryCgroup:
+    """A memory cgroup of `limit` bytes of our own (v1 or v2), or a reason why there is none."""
+
+    def __init__(self, limit: int) -> None:
+        self.path: Path | None = None
+        self.why = ""
+        for root, limit_file in (("/sys/fs/cgroup/memory", "memory.limit_in_bytes"), ("/sys/fs/cgroup", "memory.max")):
+            folder = Path(root) / f"omniload-test-{os.getpid()}"
+            try:
+                folder.mkdir()
+            except OSError as exc:
+                self.why = f"cannot make a cgroup under {root}: {exc.strerror}"
+                continue
+            try:
+                (folder / limit_file).write_text(str(limit))
+            except OSError as exc:
+                folder.rmdir()
+                self.why = f"cannot limit a cgroup's memory under {root}: {exc.strerror}"
+                continue
+            self.path = folder
+            return
+
+    def add(self, pid: int) -> None:
+        assert self.path is not None
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def remove(self) -> None:
+        if self.path is not None:
+            for _ in range(50):  # the killed process leaves it a moment after its death
+                try:
+                    self.path.rmdir()
+                    return
+                except OSError:
+                    time.sleep(0.1)
+
+
+def test_a_worker_the_oom_killer_ends_is_replaced_and_changes_no_batch(corpus, tmp_path, importable_tests):
+    """A worker over its memory limit (here: moved into a cgroup of 1 MB) is SIGKILLed by the
+    kernel; it is replaced at the cursor like any dead worker, and the batches do not change."""
+    cgroup = _MemoryCgroup(1 << 20)
+    if cgroup.path is None:
+        pytest.skip(cgroup.why)
+    spec = {
+        "sources": mixed_sources(corpus),
+        "seq_len": 64,
+        "rows": 2,
+        "workers": 3,
+        "seed": 2,
+        "epochs": 0,
+        "steps": 80,
+        "tokenizer": "tests.transforms_for_tests:slow_bytes",
+        "ring_mb": 1,
+    }
+    try:
+        reference = run_ranks(spec, world=2, out_dir=tmp_path)
+        with omniload.Job(spec) as job:
+            ranks = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.05"})
+            while not (workers := workers_of(job)):
+                time.sleep(0.05)
+            victim = workers[0]
+            cgroup.add(victim.pid)  # its next pages are charged to the cgroup: the OOM killer ends it
+            psutil.wait_procs([victim], timeout=30)
+            results = collect(ranks)
+            log = "\n".join(job.log_tail())
+    finally:
+        cgroup.remove()
+    assert f"worker {victim.pid} for source" in log and "was killed by SIGKILL; restarting it" in log, log
     for rank in range(2):
         assert results[rank]["hashes"] == reference[rank]["hashes"], f"rank {rank} saw other batches"
 

@@ -103,3 +103,21 @@ def test_a_mix_after_the_data_ended_is_refused_and_the_job_goes_on(corpus, tmp_p
         assert len([batch for batch in loader]) == 5
         loader.close()
         assert job.wait(15) == 0
+
+
+def test_a_rank_that_joins_after_the_rank_timeout_is_waited_for_and_changes_no_batch(corpus, tmp_path):
+    """A rank that has not connected yet (a late node, a slow import: 60 s happens) is named but
+    never timed out: the job waits past --rank-timeout and every rank gets the batches of a job
+    whose ranks came at once. (The others wait for it from their first batch on.)"""
+    spec = {**_spec(corpus), "steps": 30}
+    with omniload.Job(spec) as job:
+        reference = collect(start_ranks(job, 2, tmp_path))
+    with omniload.Job(spec) as job:
+        first = start_ranks(job, 1, tmp_path, env={"RANK": "0", "WORLD_SIZE": "2"})
+        wait_connected(job, 1)
+        time.sleep(2 * TIMEOUT_S)  # past the rank timeout, rank 1 not there yet
+        assert job.poll() is None, "\n".join(job.log_tail())
+        late = start_ranks(job, 1, tmp_path, env={"RANK": "1", "WORLD_SIZE": "2"})
+        results = collect(first + late)
+    for rank in range(2):
+        assert results[rank]["hashes"] == reference[rank]["hashes"], f"rank {rank} saw other batches"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -73,6 +74,68 @@ def test_resets_mid_body_and_round_trips_are_retried_and_change_nothing(uploaded
     sources = {s["name"]: s for s in status["sources"]}
     assert sum(s["store_retries"] for s in sources.values()) > 0, "the workers' retries show in status"
     assert all(s["store_fetched_mb"] > 0 for s in sources.values())
+
+
+def test_a_throttling_store_changes_no_batch(uploaded, tmp_path, monkeypatch):
+    """S3 answers 503 SlowDown to one connection in five, the catalog's listing and the workers'
+    reads alike, all through the job: every refused request is retried (with backoff) and the
+    ranks get the batches of an unthrottled run. (scripts/chaos.py --throttle runs it longer.)"""
+    _, s3 = uploaded
+    spec = {**SPEC, "sources": mixed_sources(REMOTE)}
+    reference = run_ranks(spec, 2, tmp_path, max_steps=150)
+    proxy = FaultyProxy(s3.port, throttle_every=5)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    try:
+        results = run_ranks(spec, 2, tmp_path, max_steps=150)
+    finally:
+        proxy.close()
+    assert proxy.throttled >= 3, proxy.throttled
+    for rank in range(2):
+        assert results[rank]["hashes"] == reference[rank]["hashes"]
+
+
+def test_a_full_cache_disk_changes_no_batch_and_leaves_no_partial_block(uploaded, tmp_path):
+    """--cache-dir on a disk that fills up (a 256 KB tmpfs, in a mount namespace of the
+    coordinator's own): blocks that do not fit are read from the store and not kept, the
+    batches are those of an uncached run, and no partial block is left in the cache."""
+    from tests.integration.test_chaos import _can_mount_in_a_namespace
+    from tests.rank_forkserver import spawn
+
+    why = _can_mount_in_a_namespace()
+    if why:
+        pytest.skip(why)
+    spec = {**SPEC, "sources": mixed_sources(REMOTE)}
+    reference = run_ranks(spec, 2, tmp_path)
+    cache, kept = tmp_path / "small-disk", tmp_path / "what-it-held"
+    cache.mkdir()
+    kept.mkdir()
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps({**spec, "cache_dir": str(cache), "read_ahead": 1 << 20}))
+    script = (
+        f'mount -t tmpfs -o size=256k tmpfs "{cache}" && {sys.executable} -m omniload.coordinator '
+        f'< "{spec_file}"; code=$?; cp -a "{cache}"/. "{kept}"/; exit $code'
+    )
+    coordinator = subprocess.Popen(
+        ["unshare", "-m", "sh", "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMNILOAD_TOKEN": "cache-token"},
+    )
+    addr = json.loads(coordinator.stdout.readline())["addr"]
+    env = {**os.environ, "OMNILOAD_ADDR": addr, "OMNILOAD_TOKEN": "cache-token", "WORLD_SIZE": "2"}
+    outs = [tmp_path / f"cached{r}.json" for r in range(2)]
+    ranks = [spawn([str(out)], env={**env, "RANK": str(r)}) for r, out in enumerate(outs)]
+    for rank in ranks:
+        _, stderr = rank.communicate(timeout=120)
+        assert rank.returncode == 0, stderr[-2000:]
+    _, log = coordinator.communicate(timeout=30)
+    assert coordinator.returncode == 0, log.decode()[-3000:]
+    for rank, out in enumerate(outs):
+        assert json.loads(out.read_text())["hashes"] == reference[rank]["hashes"], f"rank {rank} differs"
+    held = [p for p in kept.rglob("*") if p.is_file()]
+    blocks = sum(p.stat().st_size for p in held if p.parent.name != "catalogs" and not p.name.startswith("."))
+    assert blocks > 128 << 10, f"the cache did not fill: {blocks} bytes of blocks (the corpus is ~450 KB)"
+    assert not [p for p in held if p.name.startswith(".tmp-")], "a partial block was left"
 
 
 def test_launch_with_torchrun_reads_the_bucket(uploaded, tmp_path):
