@@ -18,6 +18,10 @@ alternating rounds, it times
 and prints tokens per CPU-second of each and the worker's share of each tokenizer figure:
 what the worker costs on top of tokenizing (goal: >= 90%, i.e. overhead <= 10%).
 
+It also times the ring's checks on the same records (omniload/formats/ring.py), alone, in CPU
+ns a token: the writer's digest of each record's parts, the worker's only new work (goal: at
+most 3% of the worker's CPU a token), and the reader's check, which the coordinator pays.
+
     python scripts/bench_worker.py [--sources 4] [--docs 4000] [--tokenizer bpe|bytes] [--rounds 5]
 
 What it does not show: the ring's copy, the worker's idle waits on full rings, or the machine's
@@ -41,6 +45,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 from omniload.coordinator.pool.catalog import build_catalog  # noqa: E402
 from omniload.coordinator.pool.worker_pool import lane_config, stop_helpers  # noqa: E402
+from omniload.formats import ring  # noqa: E402
 from omniload.formats.lane_config import LaneConfig  # noqa: E402
 from omniload.spec import Spec  # noqa: E402
 from omniload.workers import worker  # noqa: E402
@@ -120,6 +125,35 @@ def main() -> None:
         print(
             f"worker / {name}: median {statistics.median(shares):.0%} (rounds {', '.join(f'{s:.0%}' for s in shares)})"
         )
+    write_ns, read_ns = _check_costs(lanes, made["worker"], args.rounds)
+    worker_ns = 1e9 / statistics.median(mine)
+    print(
+        f"the ring's checks: the writer's digest {write_ns:.2f} ns a token ({write_ns / worker_ns:.2%} of the "
+        f"worker's {worker_ns:.0f} ns; goal <= 3%), the reader's check {read_ns:.2f} ns a token (the coordinator's)"
+    )
+
+
+def _check_costs(lanes: list[LaneConfig], tokens: int, rounds: int) -> tuple[float, float]:
+    """CPU ns a token of the ring's writer digest (over each record's parts, as try_write
+    hashes them) and of the reader's check (one piece, as read() hashes it), medians of rounds."""
+    records = [
+        tuple(memoryview(p).cast("B") for p in record)
+        for lane in lanes
+        for record in worker._produce(lane, held=len(lanes))
+    ]
+    joined = [b"".join(parts) for parts in records]
+    sizes = [sum(len(p) for p in parts) for parts in records]
+    writes, reads = [], []
+    for _ in range(rounds):
+        started = time.process_time()
+        for number, (parts, size) in enumerate(zip(records, sizes)):
+            ring._digest(number, size, parts)
+        writes.append((time.process_time() - started) / tokens * 1e9)
+        started = time.process_time()
+        for number, (data, size) in enumerate(zip(joined, sizes)):
+            ring.xxhash.xxh3_64_intdigest(data, seed=ring._seed(number, size))
+        reads.append((time.process_time() - started) / tokens * 1e9)
+    return statistics.median(writes), statistics.median(reads)
 
 
 if __name__ == "__main__":
