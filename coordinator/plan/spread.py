@@ -1,8 +1,11 @@
 """Each source's shuffle: its units spread over a horizon of tokens, drawn in key order; pure.
 
 A source's documents arrive in their deterministic order (omniload.order) and are cut into
-units (plan/units.py). Each unit gets a key on the source's token clock, the tokens taken from
-the source this epoch before its document: a document taken at clock r that makes c units puts
+units (plan/units.py). Each unit gets a key on the source's clock, which counts what the
+documents taken this epoch before it hold, in units of 2 bytes: a token of ids that fit 16 bits
+(the usual vocabulary), 2 of a larger one, and a sample's pixels by their bytes (a 224x224
+image: 75k). So the horizon bounds the disk a spread holds, whatever the source: a source of
+images spreads over fewer samples. A document taken at clock r that makes c units puts
 them at max(r, F) + H (k + u) / c, k = 0..c-1 for its units in a seeded random order, u a
 seeded phase in [0, 1), H the horizon (or `stretch` x L for a document so long that L / H would
 be a large share of the source's tokens) and F the fill. So a one-unit document (most) waits a
@@ -130,6 +133,16 @@ def _pair(value: Any) -> tuple[int, int]:
     return int(first), int(second)
 
 
+def _held(doc: Doc) -> int:
+    """What a document holds in the store, in clock units of 2 bytes."""
+    size = doc.tokens.nbytes
+    if doc.mask is not None:
+        size += doc.mask.nbytes
+    if doc.pixels is not None:
+        size += doc.pixels.nbytes + 4 * (0 if doc.image_at is None else len(doc.image_at))
+    return (size + 1) // 2
+
+
 def _mix64(x: int) -> int:
     """splitmix64's finalizer: a well-spread 64-bit hash of an int (a few multiplications,
     where a seeded numpy Generator costs ~10 us a document)."""
@@ -195,13 +208,14 @@ class Spread:
         length = len(doc.tokens)
         whole = doc.pixels is not None or doc.mask is not None
         count = unit_count(length, self._seq_len, self._bucket_rows, whole)
-        r, self.clock = self.clock, self.clock + length
+        held = _held(doc)
+        r, self.clock = self.clock, self.clock + held
         if not count:
             return
         bucketed = bool(self._bucket_rows) and length > self._seq_len and not whole
         units = [
             (key, sample_id(doc.source, doc.ordinal, k * self._bucket_rows if bucketed else k), k)
-            for k, key in enumerate(self._keys(doc.origin, r, count, length))
+            for k, key in enumerate(self._keys(doc.origin, r, count, held))
         ]
         if self._restoring is not None:
             passed = self._restoring
@@ -217,15 +231,16 @@ class Spread:
         """The documents up to the cursor have been added again: later ones keep every unit."""
         self._restoring = None
 
-    def _keys(self, origin: tuple[int, int], clock: int, count: int, length: int) -> list[int]:
-        """The keys of a document's `count` units, taken at `clock` (see the module's doc)."""
+    def _keys(self, origin: tuple[int, int], clock: int, count: int, held: int) -> list[int]:
+        """The keys of a document's `count` units, taken at `clock`, holding `held` clock units
+        (see the module's doc)."""
         group, pos = origin
         mixed = _mix64(self._seed_key ^ _mix64((group * 0x9E3779B97F4A7C15 + pos) & _MASK64))
         phase = mixed >> 32  # u = phase / 2**32
         base = max(clock, self.fill)
         if count == 1:
             return [base + ((self.horizon * phase) >> 32)]
-        span = max(self.horizon, int(self._stretch * length))
+        span = max(self.horizon, int(self._stretch * held))
         turns = np.random.default_rng([mixed & 0xFFFFFFFF, count]).permutation(count).tolist()
         return [base + (span * ((turn << 32) + phase)) // (count << 32) for turn in turns]
 
