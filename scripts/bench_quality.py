@@ -37,6 +37,8 @@ source), documents seen in the run, and for omniload its time to first batch.
     python scripts/bench_quality.py [--corpus bench|heavy] [--length short|10x|30x]
                                     [--seeds 0,1,2] [--arms windows,chunks,omniload,omniload-nomask]
                                     [--json results.json]
+    python scripts/bench_quality.py --merge a.json b.json [--json merged.json]
+        the summary of runs made apart (arms of one corpus, length and seeds), as if made at once
 """
 
 from __future__ import annotations
@@ -512,6 +514,17 @@ def summarize(results: dict[str, list[dict]], baseline: str) -> None:
         print(f"{arm} - {baseline}: " + ", ".join(gaps))
 
 
+def merge(paths: list[Path]) -> dict:
+    """The runs' figures as one run's: they must share corpus, rows, steps and seeds."""
+    runs = [json.loads(path.read_text()) for path in paths]
+    keys = ("corpus", "rows", "steps", "dp", "seq_len", "seeds")
+    for path, run in zip(paths[1:], runs[1:]):
+        if any(run[k] != runs[0][k] for k in keys):
+            raise SystemExit(f"{path}: not the same corpus, length and seeds as {paths[0]}")
+    results = {arm: figures for run in runs for arm, figures in run["results"].items()}
+    return {**{k: runs[0][k] for k in keys}, "results": results}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", choices=sorted(CORPORA), default="bench")
@@ -523,7 +536,15 @@ def main() -> None:
     parser.add_argument("--baseline", default="chunks", help="the arm the others are compared with")
     parser.add_argument("--eval-docs", type=int, default=64, help="held-out documents a source, for `documents`")
     parser.add_argument("--json", type=Path, help="write every seed's figures here")
+    parser.add_argument("--merge", type=Path, nargs="+", help="summarize these --json files instead of running")
     args = parser.parse_args()
+    if args.merge:
+        merged = merge(args.merge)
+        print(f"corpus {merged['corpus']}, {merged['rows']} rows x {merged['steps']} steps, seeds {merged['seeds']}")
+        summarize(merged["results"], args.baseline)
+        if args.json:
+            args.json.write_text(json.dumps(merged, indent=1))
+        return
     arms = args.arms.split(",")
     unknown = set(arms) - set(ARMS)
     if unknown:
