@@ -28,7 +28,8 @@ is below the clock is next (below, not at: a unit drawn is then below every key 
 so "above the frontier" says "not drawn"), and once the epoch has been read everything is. The order is
 therefore a function of the documents and the seed alone, however the reads and draws
 interleave. A spread covers one epoch: at its end the spread is drawn empty before the next
-epoch's first document is taken, so a document never meets its next epoch's copy. A horizon
+epoch's first unit is drawn, so a document never meets its next epoch's copy (the stepper
+reads the next epoch into a spread of its own meanwhile). A horizon
 longer than the epoch reads the whole epoch and draws it in key order: a global shuffle of the
 epoch's units, each long document spread evenly over it.
 

@@ -141,6 +141,10 @@ class Stepper:
         self.carry: list[Segment] = []
         self._store = store if store is not None else MemoryStore()
         self.spreads: list[Spread | None] = [None] * len(intakes)  # None: the next epoch's starts at the cursor
+        # The next epoch's spread, read while the current one, its epoch all read, is drawn
+        # empty (a token read for each drawn), so that its fill is ready when it is needed.
+        self.next_spreads: list[Spread | None] = [None] * len(intakes)
+        self._drawn_ended = [0] * len(intakes)  # tokens drawn from a spread since its epoch was read
         # Right after the last document taken: where the next spread starts and what a
         # checkpoint says (a SKIP record past it included or not, as the intake's cursor may be).
         self._next: list[tuple[int, int]] = [i.cursor for i in intakes]
@@ -166,10 +170,13 @@ class Stepper:
         }
 
     def _spread_position(self, source: int) -> dict[str, Any] | None:
-        """The source's spread's position; None when the next spread starts afresh at the
-        cursor (none yet, or the last one used up its epoch)."""
+        """The source's spread's position (where a restore reads from; the next epoch's spread,
+        read ahead, follows from it); None when the next spread starts afresh at the cursor
+        (none yet, or the last one used up its epoch and nothing of the next was read)."""
         spread, cursor = self.spreads[source], self._next[source]
-        if spread is None or spread.exhausted or (not spread.waiting_units and cursor[0] >= spread.epoch_end):
+        if spread is None or spread.exhausted:
+            spread = self.next_spreads[source]
+        if spread is None or (not spread.waiting_units and cursor[0] >= spread.epoch_end):
             return None
         return spread.position(cursor).to_json()
 
@@ -181,6 +188,7 @@ class Stepper:
         self.passes, self.weights = list(state["passes"]), list(state["weights"])
         self.live_changes[:] = [(at, weights) for at, weights in state["live"]]
         self.carry, self.spreads = [], [None] * len(self._intakes)
+        self.next_spreads, self._drawn_ended = [None] * len(self._intakes), [0] * len(self._intakes)
         saved = self._saved = _Restoring([CarriedSegment(*entry) for entry in state["carry"]], {}, {})
         for intake in self._intakes:
             index, name = intake.catalog.index, intake.catalog.name
@@ -219,8 +227,12 @@ class Stepper:
                     break
                 if (doc.source, *doc.origin) in wanted:
                     chunks.update((s.sample_id, s) for unit in self._units(doc) or [] for s in unit)
-                if spread is not None and position is not None and doc.origin >= position.start:
+                if spread is None or position is None or doc.origin < position.start:
+                    continue
+                if doc.group < spread.epoch_end:
                     self._add(spread, doc, counting=False)
+                else:  # the next epoch's, read ahead: every unit of it waits
+                    self._add(self._next_spread(index, spread), doc, counting=False)
             if spread is not None:
                 spread.restored()
                 if self._next[index][0] >= spread.epoch_end:
@@ -267,7 +279,10 @@ class Stepper:
             if weights[segment.source] > 0:  # the mixture counts what a step delivers (see below)
                 advance(self.passes, segment.source, segment.length, weights)
         fresh: list[Segment] = []
-        live = [not (self._dry(i) and (s is None or s.exhausted)) for i, s in enumerate(self.spreads)]
+        live = [
+            not (self._dry(i) and (s is None or s.exhausted) and self.next_spreads[i] is None)
+            for i, s in enumerate(self.spreads)
+        ]
         queue = StrideQueue(self.passes, weights, live)
         cap = self._rank_cap * self.dp
         while need > 0:
@@ -284,6 +299,8 @@ class Stepper:
             if unit is None:  # every unit due is over its document's cap: read on for others
                 unit = yield from self._draw_reading_on(source, spread, in_step, cap)
             tokens = unit[0].length if len(unit) == 1 else sum(s.length for s in unit)
+            if spread.ended:
+                self._read_next_epoch(source, spread, tokens)
             queue.advance(tokens)
             self.tokens_drawn += tokens
             key = doc_key(unit[0])
@@ -344,6 +361,10 @@ class Stepper:
         intake, spread = self._intakes[source], self.spreads[source]
         while True:
             if spread is None or spread.exhausted:
+                if (upcoming := self.next_spreads[source]) is not None:  # read ahead: its fill is in
+                    spread = self.spreads[source] = upcoming
+                    self.next_spreads[source], self._drawn_ended[source] = None, 0
+                    continue
                 if self._dry(source):
                     return None
                 spread = self.spreads[source] = self._new_spread(source, self._next_group(source))
@@ -373,6 +394,28 @@ class Stepper:
             if (unit := spread.draw(in_step, cap, give_way=False)) is not None:
                 return unit
         return spread.draw(in_step, cap)
+
+    def _read_next_epoch(self, source: int, spread: Spread, tokens: int) -> None:
+        """Read the next epoch's documents that are in the rings, a token for each drawn from
+        the current spread since its epoch was read (never waiting: the draws go on)."""
+        self._drawn_ended[source] += tokens
+        if self._dry(source):
+            return
+        upcoming = self._next_spread(source, spread)
+        intake = self._intakes[source]
+        while not upcoming.ended and upcoming.clock < self._drawn_ended[source]:
+            doc = self._take(intake, upcoming.epoch_end)
+            if doc is None:
+                if intake.dry or intake.group >= upcoming.epoch_end:
+                    upcoming.end()
+                return
+            self._add(upcoming, doc)
+
+    def _next_spread(self, source: int, spread: Spread) -> Spread:
+        """The spread of the epoch after `spread`'s, made when first needed."""
+        if (upcoming := self.next_spreads[source]) is None:
+            upcoming = self.next_spreads[source] = self._new_spread(source, spread.epoch_end)
+        return upcoming
 
     def _new_spread(self, source: int, group: int, position: SpreadPosition | None = None) -> Spread:
         """The spread of the epoch that holds `group`: its horizon the source's share of the

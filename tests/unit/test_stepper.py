@@ -159,6 +159,31 @@ def test_resume_from_a_position_mid_spread_is_identical(at, long_docs):
             assert all(np.array_equal(x[k], y[k]) for k in x)
 
 
+def test_resume_at_every_step_across_epochs_read_ahead_is_identical():
+    """Small epochs, so that every few steps one epoch is drawn empty while the next is read
+    ahead: a position saved at any step (the next epoch part read, or not yet) resumes on the
+    batches of the uninterrupted run, and every epoch delivers each document's chunks once."""
+    spec = _spec(epochs=4, shuffle_window=6)
+    lengths = [[40, 3, 200, 64, 7, 90, 30, 5][: 5 + i] * 3 for i in range(3)]
+    stepper, whole, read_ahead = _stepper(spec, lengths=lengths), [], 0
+    while (step := stepper.next_step()) is not None:
+        whole.append(step)
+        read_ahead += any(s is not None and s.clock for s in stepper.next_spreads)
+    assert read_ahead >= 3, "no step ended with the next epoch partly read"
+    delivered = Counter(
+        (int(s), int(i)) for step in whole for r in range(DP) for s, i, _ in zip(*_rank_rows(step, r)) if s >= 0
+    )
+    assert set(delivered.values()) == {4}  # every chunk once an epoch
+    for at in range(1, len(whole)):
+        first = _stepper(spec, lengths=lengths)
+        _run(first, at)
+        resumed = _stepper(spec, lengths=lengths)
+        resumed.restore(orjson.loads(orjson.dumps(first.export_state("f"))))
+        for a, b in zip(whole[at:], _run(resumed, 400), strict=True):
+            for x, y in zip(a.batches, b.batches, strict=True):
+                assert all(np.array_equal(x[k], y[k]) for k in x), f"resumed at step {at}, step {a.number} differs"
+
+
 @pytest.mark.parametrize("tail", [0, 40 * SEQ])
 def test_an_epoch_ending_in_nothing_to_draw_does_not_end_the_source(tail):
     # the epoch's last documents are empty (or dropped as too long): its window comes back empty
