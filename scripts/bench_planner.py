@@ -2,8 +2,12 @@
 
 The coordinator's delivery is bound by its planning thread (bench_fanout.py's coordinator CPU
 sits near 100% once the pool keeps up), and planning costs per document: reading its record,
-cutting it into units, the shuffle window, the mixture's draw, balancing and building the
-ranks' arrays. This times that path without rings, workers or sockets, in CPU time (which
+cutting it into units, the shuffle (its keys, the document's tokens written to the spill on
+local disk and each unit's read back, as the coordinator keeps them), the mixture's draw,
+balancing and building the ranks' arrays. The shuffle's horizon is a few global batches
+(--horizon-batches), so that the timed steps read a document for each unit they draw, as every
+horizon does once its fill is read: the default horizon would read all of this corpus in the
+first step and time only draws. This times that path without rings, workers or sockets, in CPU time (which
 holds better than wall time on a shared machine): 3 sources of documents with lognormal
 lengths (median 600 tokens, as bench_data's text with the byte tokenizer), each step dp ranks
 of rows x seq_len. Prints ms a step, ns a token slot and a digest of every batch array, so two
@@ -33,6 +37,7 @@ from bench_balance import MemoryIntake  # a sibling script (scripts/ is on sys.p
 from omniload.coordinator.plan.stepper import Stepper
 from omniload.coordinator.pool.catalog import SourceCatalog
 from omniload.coordinator.pool.intake import SourceIntake
+from omniload.coordinator.spill import Spill
 from omniload.formats.records import decode, doc_record, tokens_of
 from omniload.formats.ring import Ring
 from omniload.formats.shards import Shard
@@ -59,11 +64,14 @@ def _ring_intake(source: int, docs: list[np.ndarray], rings: list[Ring]) -> Sour
     return SourceIntake(catalog, [ring], 0, 1)
 
 
-def stepper(dp: int, steps: int, rings: list[Ring] | None = None) -> Stepper:
+HORIZON_BATCHES = 4
+
+
+def stepper(dp: int, steps: int, rings: list[Ring] | None = None, spill: Spill | None = None) -> Stepper:
     """A Stepper over enough documents for `steps` steps after the first (which fills the
     windows); with `rings` (a list the caller closes and unlinks), through real rings."""
     rng = np.random.default_rng(0)
-    per_source = dp * ROWS * SEQ_LEN * (steps + 1) * 1.5 / SOURCES
+    per_source = dp * ROWS * SEQ_LEN * (steps + HORIZON_BATCHES + 1) * 1.5 / SOURCES
     intakes: list = []
     for source in range(SOURCES):
         docs, total = [], 0
@@ -80,9 +88,10 @@ def stepper(dp: int, steps: int, rings: list[Ring] | None = None) -> Stepper:
             "sources": [{"name": f"s{i}", "path": "unused", "weight": 1.0} for i in range(SOURCES)],
             "seq_len": SEQ_LEN,
             "rows": ROWS,
+            "shuffle_window": HORIZON_BATCHES * dp * ROWS,
         }
     )
-    planner = Stepper(spec, intakes)  # type: ignore[arg-type]  (the intake's interface, in memory)
+    planner = Stepper(spec, intakes, store=spill)  # type: ignore[arg-type]  (the intake's interface, in memory)
     planner.dp = dp
     return planner
 
@@ -90,16 +99,19 @@ def stepper(dp: int, steps: int, rings: list[Ring] | None = None) -> Stepper:
 def run(dp: int, steps: int, intake: str = "memory") -> tuple[float, str]:
     """(CPU seconds a step, digest of every array of every step)."""
     rings: list[Ring] | None = [] if intake == "rings" else None
+    spill = Spill()
     try:
-        return _timed(stepper(dp, steps, rings), steps)
+        return _timed(stepper(dp, steps, rings, spill), steps)
     finally:
+        spill.close()
         for ring in rings or []:
             ring.close()
             ring.unlink()
 
 
 def _timed(planner: Stepper, steps: int) -> tuple[float, str]:
-    planner.next_step()  # opens the windows: a start-up cost, not the steady state
+    for _ in range(HORIZON_BATCHES + 1):  # reads the fill: a start-up cost, not the steady state
+        planner.next_step()
     digest, cpu = hashlib.blake2b(digest_size=8), 0.0
     for _ in range(steps):
         start = time.process_time()
