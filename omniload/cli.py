@@ -171,6 +171,15 @@ _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [  # (flag, click's kwargs); -
         ),
     ),
     (
+        "--shuffle-fill",
+        dict(
+            type=int,
+            help="Segments of seq-len tokens of each epoch read before its first draw, split among sources by "
+            "weight: an epoch within it is a global shuffle; less makes the first batch come sooner "
+            "(0: 2**27 tokens, at least 16 global batches, at most the horizon).",
+        ),
+    ),
+    (
         "--shuffle-dir",
         dict(
             metavar="PATH",

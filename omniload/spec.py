@@ -243,6 +243,7 @@ class Spec:
     long_docs: str = "split"
     long_chats: str = "truncate"  # conversations longer than seq_len: cut at a turn boundary, or drop
     shuffle_window: int = 0  # the job's shuffle horizon in segments of seq_len tokens, split by weight; 0: auto
+    shuffle_fill: int = 0  # segments of each epoch read before its first draw, split by weight; 0: auto
     shuffle_dir: str | None = None  # where waiting documents' tokens are kept (local disk); None: the temp folder
     max_doc_share: float = 0.25  # most of one rank's tokens one document may take in a step
     shard_interleave: int = 4  # shards each source reads at once, their rows taken in turn
@@ -302,6 +303,7 @@ class Spec:
             raise ConfigError(f"rank-timeout must be >= 0 seconds (0: wait forever), got {self.rank_timeout}")
         _at_least("balance_window", self.balance_window, 0)
         _at_least("shuffle_window", self.shuffle_window, 0)
+        _at_least("shuffle_fill", self.shuffle_fill, 0)
         _at_least("shard_interleave", self.shard_interleave, 1)
         if not 0 < self.max_doc_share <= 1:
             raise ConfigError(f"max-doc-share must be in (0, 1], got {self.max_doc_share}")
@@ -440,7 +442,7 @@ class Spec:
         number of sources. The fill is at most the horizon."""
         batch = dp * self.rows * self.seq_len
         horizon = self.shuffle_window * self.seq_len or max(_AUTO_HORIZON_TOKENS, _AUTO_HORIZON_BATCHES * batch)
-        fill = min(horizon, max(_AUTO_FILL_TOKENS, _AUTO_FILL_BATCHES * batch))
+        fill = min(horizon, self.shuffle_fill * self.seq_len or max(_AUTO_FILL_TOKENS, _AUTO_FILL_BATCHES * batch))
         return max(1, math.ceil(horizon * share)), math.ceil(fill * share)
 
     def tokenizer_of(self, source: Source) -> str:
@@ -502,6 +504,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "cost_model",
         "balance_window",
         "shuffle_window",
+        "shuffle_fill",
         "shuffle_dir",
         "plan_ahead",
     ),

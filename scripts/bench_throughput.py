@@ -279,6 +279,15 @@ def main() -> None:
     parser.add_argument(
         "--peers", default=",".join(PEERS), help="peers to run in the bpe mix where installed ('' for none)"
     )
+    parser.add_argument(
+        "--shuffle-window",
+        type=int,
+        default=0,
+        help="omniload's --shuffle-window (0: the default). A horizon longer than the corpus reads the "
+        "whole corpus before the first batch; a small one with a small --shuffle-fill keeps the planner "
+        "reading as it delivers, the steady state of every horizon",
+    )
+    parser.add_argument("--shuffle-fill", type=int, default=0, help="omniload's --shuffle-fill (0: the default)")
     args = parser.parse_args()
     peers = [p for p in args.peers.split(",") if p]
     if unknown := sorted(set(peers) - set(PEERS)):
@@ -295,7 +304,15 @@ def main() -> None:
     workers = args.workers or args.ranks * args.workers_per_rank
     sources = [dict(s, tokenizer=tokenizer) for s in make_sources(args.sources, args.docs)]
     # 1 MB rings: omniload's read-ahead (a few dozen steps) stays small beside the timed window
-    base = {"seq_len": args.seq_len, "rows": args.rows, "seed": 0, "epochs": 0, "ring_mb": 1}
+    base = {
+        "seq_len": args.seq_len,
+        "rows": args.rows,
+        "seed": 0,
+        "epochs": 0,
+        "ring_mb": 1,
+        "shuffle_window": args.shuffle_window,
+        "shuffle_fill": args.shuffle_fill,
+    }
     single_core = 1e6 / us_per_token(tokenizer)
     print(
         f"machine: {os.cpu_count()} cores; {args.ranks} ranks; baseline: {args.workers_per_rank} DataLoader "

@@ -105,6 +105,8 @@ def test_the_shuffle_horizon_is_the_jobs_split_by_weight():
     assert spec.shuffle_horizon(dp=4096, share=1.0) == (64 * batch, 16 * batch)  # at least 64 and 16 global batches
     fixed = Spec.from_dict({"sources": [{"name": "a", "path": "x"}], "seq_len": 1024, "shuffle_window": 10})
     assert fixed.shuffle_horizon(dp=8, share=0.01) == (103, 103)  # segments of seq_len tokens, filled whole
+    small_fill = Spec.from_dict({"sources": [{"name": "a", "path": "x"}], "seq_len": 1024, "shuffle_fill": 8})
+    assert small_fill.shuffle_horizon(dp=2, share=0.5) == (1 << 27, 4096)  # --shuffle-fill, its share
     with pytest.raises(ConfigError, match="max-doc-share must be in"):
         Spec.from_dict({"sources": [{"name": "a", "path": "x"}], "max_doc_share": 0})
 
