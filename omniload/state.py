@@ -8,8 +8,9 @@ from. Everything else (ring contents, worker state, token arrays) is recomputed 
     step         steps completed: the next step to deliver
     cursors      per source [group, pos]: the next sample to read in its deterministic order
     spreads      per source its shuffle's position, or null (the next one starts at the cursor):
-                 {start: [group, pos], clock, horizon, frontier: [key, sample_id],
-                  passed: [[key, sample_id]...]} (see omniload.coordinator.plan.spread)
+                 {start: [group, pos], clock, horizon, fill, frontier: [key, sample_id],
+                  passed: [[key, sample_id]...], ended, drawn_since_end}
+                 (see omniload.coordinator.plan.spread)
     passes       per source float: the mixture's stride passes
     weights      per source float: the weights of the last step
     tokens       tokens drawn so far (for schedules over tokens)

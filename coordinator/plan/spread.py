@@ -100,6 +100,8 @@ class SpreadPosition:
     fill: int
     frontier: tuple[int, int]  # the greatest (key, sample_id) drawn; (-1, -1) before the first
     passed: tuple[tuple[int, int], ...]  # (key, sample_id) below the frontier not drawn yet
+    ended: bool = False  # the epoch has been read (Spread.end)
+    drawn_since_end: int = 0  # tokens drawn since it ended (the next epoch is read as many)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -109,6 +111,8 @@ class SpreadPosition:
             "fill": self.fill,
             "frontier": list(self.frontier),
             "passed": [list(p) for p in self.passed],
+            "ended": self.ended,
+            "drawn_since_end": self.drawn_since_end,
         }
 
     @classmethod
@@ -118,15 +122,18 @@ class SpreadPosition:
             start, frontier = _pair(data["start"]), _pair(data["frontier"])
             clock, horizon, fill = int(data["clock"]), int(data["horizon"]), int(data["fill"])
             passed = tuple(_pair(p) for p in data["passed"])
+            ended, drawn_since_end = bool(data["ended"]), int(data["drawn_since_end"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(
-                f"a spread position needs start, clock, horizon, fill, frontier, passed: {exc!r}"
+                "a spread position needs start, clock, horizon, fill, frontier, passed, ended, "
+                f"drawn_since_end: {exc!r}"
             ) from None
-        if clock < 0 or horizon < 1 or fill < 0 or min(start) < 0:
+        if clock < 0 or horizon < 1 or fill < 0 or min(start) < 0 or drawn_since_end < 0:
             raise ValueError(
-                f"a spread position out of range: start {start}, clock {clock}, horizon {horizon}, fill {fill}"
+                f"a spread position out of range: start {start}, clock {clock}, horizon {horizon}, fill {fill}, "
+                f"drawn_since_end {drawn_since_end}"
             )
-        return cls(start, clock, horizon, fill, frontier, passed)
+        return cls(start, clock, horizon, fill, frontier, passed, ended, drawn_since_end)
 
 
 def _pair(value: Any) -> tuple[int, int]:
@@ -190,6 +197,9 @@ class Spread:
         self._passed: set[tuple[int, int]] = set()  # waiting units below the frontier
         self.ended = False
         self.waiting_units = 0
+        # Tokens drawn since end(): the stepper reads as many of the next epoch ahead. Kept in
+        # the position with `ended`, so that a resumed job reads ahead where this one did.
+        self.drawn_since_end = 0 if position is None else position.drawn_since_end
         # Waiting documents: slot s holds handle, length, units left, clock, group, pos, ordinal,
         # flags at _docs[8 s : 8 s + 8] (one array: 64 bytes a document, one slice to read them)
         self._docs = array("q")
@@ -409,7 +419,10 @@ class Spread:
             start, clock = (self._docs[at + 4], self._docs[at + 5]), self._docs[at + 3]
         else:
             start, clock = cursor, self.clock
-        return SpreadPosition(start, clock, self.horizon, self.fill, self.frontier, tuple(sorted(self._passed)))
+        passed = tuple(sorted(self._passed))
+        return SpreadPosition(
+            start, clock, self.horizon, self.fill, self.frontier, passed, self.ended, self.drawn_since_end
+        )
 
 
 class MemoryStore:

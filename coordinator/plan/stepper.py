@@ -144,7 +144,6 @@ class Stepper:
         # The next epoch's spread, read while the current one, its epoch all read, is drawn
         # empty (a token read for each drawn), so that its fill is ready when it is needed.
         self.next_spreads: list[Spread | None] = [None] * len(intakes)
-        self._drawn_ended = [0] * len(intakes)  # tokens drawn from a spread since its epoch was read
         # Right after the last document taken: where the next spread starts and what a
         # checkpoint says (a SKIP record past it included or not, as the intake's cursor may be).
         self._next: list[tuple[int, int]] = [i.cursor for i in intakes]
@@ -188,7 +187,7 @@ class Stepper:
         self.passes, self.weights = list(state["passes"]), list(state["weights"])
         self.live_changes[:] = [(at, weights) for at, weights in state["live"]]
         self.carry, self.spreads = [], [None] * len(self._intakes)
-        self.next_spreads, self._drawn_ended = [None] * len(self._intakes), [0] * len(self._intakes)
+        self.next_spreads = [None] * len(self._intakes)
         saved = self._saved = _Restoring([CarriedSegment(*entry) for entry in state["carry"]], {}, {})
         for intake in self._intakes:
             index, name = intake.catalog.index, intake.catalog.name
@@ -233,9 +232,9 @@ class Stepper:
                     self._add(spread, doc, counting=False)
                 else:  # the next epoch's, read ahead: every unit of it waits
                     self._add(self._next_spread(index, spread), doc, counting=False)
-            if spread is not None:
+            if spread is not None and position is not None:
                 spread.restored()
-                if self._next[index][0] >= spread.epoch_end:
+                if position.ended:  # as the saved one was: when it ended is when the read-ahead began
                     spread.end()
         self.carry = [dataclasses.replace(chunks[c.sample_id], delay=c.delay) for c in saved.carry]
         self._saved = None
@@ -300,7 +299,7 @@ class Stepper:
                 unit = yield from self._draw_reading_on(source, spread, in_step, cap)
             tokens = unit[0].length if len(unit) == 1 else sum(s.length for s in unit)
             if spread.ended:
-                self._read_next_epoch(source, spread, tokens)
+                yield from self._read_next_epoch(source, spread, tokens)
             queue.advance(tokens)
             self.tokens_drawn += tokens
             key = doc_key(unit[0])
@@ -363,7 +362,7 @@ class Stepper:
             if spread is None or spread.exhausted:
                 if (upcoming := self.next_spreads[source]) is not None:  # read ahead: its fill is in
                     spread = self.spreads[source] = upcoming
-                    self.next_spreads[source], self._drawn_ended[source] = None, 0
+                    self.next_spreads[source] = None
                     continue
                 if self._dry(source):
                     return None
@@ -395,19 +394,20 @@ class Stepper:
                 return unit
         return spread.draw(in_step, cap)
 
-    def _read_next_epoch(self, source: int, spread: Spread, tokens: int) -> None:
-        """Read the next epoch's documents that are in the rings, a token for each drawn from
-        the current spread since its epoch was read (never waiting: the draws go on)."""
-        self._drawn_ended[source] += tokens
+    def _read_next_epoch(self, source: int, spread: Spread, tokens: int) -> Requests:
+        """Read the next epoch's documents, a token for each drawn from the current spread since
+        its epoch was read. It waits for a record that is not in its ring yet: what has been
+        read is part of the position, so it must follow from the draws alone, never from
+        which records happened to be there."""
+        spread.drawn_since_end += tokens
         if self._dry(source):
             return
         upcoming = self._next_spread(source, spread)
         intake = self._intakes[source]
-        while not upcoming.ended and upcoming.clock < self._drawn_ended[source]:
-            doc = self._take(intake, upcoming.epoch_end)
+        while not upcoming.ended and upcoming.clock < spread.drawn_since_end:
+            doc = self._take(intake, upcoming.epoch_end) or (yield from self._await_doc(intake, upcoming.epoch_end))
             if doc is None:
-                if intake.dry or intake.group >= upcoming.epoch_end:
-                    upcoming.end()
+                upcoming.end()
                 return
             self._add(upcoming, doc)
 

@@ -117,7 +117,10 @@ class _MemoryCgroup:
     def __init__(self, limit: int) -> None:
         self.path: Path | None = None
         self.why = ""
-        for root, limit_file in (("/sys/fs/cgroup/memory", "memory.limit_in_bytes"), ("/sys/fs/cgroup", "memory.max")):
+        for root, limit_file, swap_file in (
+            ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.memsw.limit_in_bytes"),
+            ("/sys/fs/cgroup", "memory.max", "memory.swap.max"),
+        ):
             folder = Path(root) / f"omniload-test-{os.getpid()}"
             try:
                 folder.mkdir()
@@ -130,6 +133,10 @@ class _MemoryCgroup:
                 folder.rmdir()
                 self.why = f"cannot limit a cgroup's memory under {root}: {exc.strerror}"
                 continue
+            try:  # with swap, the kernel would page the process out rather than kill it
+                (folder / swap_file).write_text(str(limit) if swap_file.startswith("memory.memsw") else "0")
+            except OSError:
+                pass  # no swap accounting: with no swap on, nothing to limit
             self.path = folder
             return
 
@@ -172,11 +179,13 @@ def test_a_worker_the_oom_killer_ends_is_replaced_and_changes_no_batch(corpus, t
                 time.sleep(0.05)
             victim = workers[0]
             cgroup.add(victim.pid)  # its next pages are charged to the cgroup: the OOM killer ends it
-            psutil.wait_procs([victim], timeout=30)
+            _, survived = psutil.wait_procs([victim], timeout=30)
             results = collect(ranks)
             log = "\n".join(job.log_tail())
     finally:
         cgroup.remove()
+    if survived:  # what is tested is omniload's answer to the kill, not the kernel's policy
+        pytest.skip("the kernel did not OOM-kill a worker in a 1 MB cgroup within 30 s (swap without accounting?)")
     assert f"worker {victim.pid} for source" in log and "was killed by SIGKILL; restarting it" in log, log
     for rank in range(2):
         assert results[rank]["hashes"] == reference[rank]["hashes"], f"rank {rank} saw other batches"

@@ -226,7 +226,7 @@ def test_a_position_is_a_few_plain_ints_and_a_malformed_one_is_named():
     _drain(reader, 2, _NO_CAP, steps=1)
     saved = reader.spread.position(reader.cursor()).to_json()
     assert json.loads(json.dumps(saved)) == saved
-    assert set(saved) == {"start", "clock", "horizon", "fill", "frontier", "passed"}
+    assert set(saved) == {"start", "clock", "horizon", "fill", "frontier", "passed", "ended", "drawn_since_end"}
     with pytest.raises(ValueError, match="horizon"):
         SpreadPosition.from_json({k: v for k, v in saved.items() if k != "horizon"})
     with pytest.raises(ValueError, match="out of range"):
