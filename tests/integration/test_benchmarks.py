@@ -48,7 +48,19 @@ def test_bench_worker_runs():
 
 
 def test_bench_memory_runs():
-    out = _run("bench_memory.py", "--ranks", "1", "--sources", "2", "--docs", "300", "--kinds", "dataloader,omniload")
+    out = _run(
+        "bench_memory.py",
+        "--ranks",
+        "1",
+        "--sources",
+        "2",
+        "--docs",
+        "300",
+        "--kinds",
+        "dataloader,omniload",
+        "--settle",
+        "3",
+    )
     assert "DataLoader MB" in out and "omniload at N=1 / at N=1" in out
 
 
