@@ -156,7 +156,8 @@ def _mix64_array(x: np.ndarray) -> np.ndarray:
     """_mix64 of each element of a uint64 array (wrapping, as the masks do)."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    mixed: np.ndarray = x ^ (x >> np.uint64(31))
+    return mixed
 
 
 def _mix64(x: int) -> int:
