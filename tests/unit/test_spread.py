@@ -134,6 +134,33 @@ def test_a_long_documents_chunks_are_spread_evenly_over_the_horizon():
     assert np.diff(at).max() <= 3 * horizon_steps / 60  # evenly, not bunched
 
 
+def test_a_million_token_documents_chunks_land_evenly_across_the_horizon_seeded():
+    """One document of 2**20 tokens (4,096 chunks of 256) read among 2,000 short ones, an epoch
+    within the fill (the default's case up to 2**27 tokens): its chunks are drawn all over the
+    epoch, about its share of the tokens (62%) in every tenth of what is drawn, in an order set
+    by the seed alone. (Read past the fill, a document spreads over the horizon from where it
+    was read: test_a_long_documents_chunks_are_spread_evenly_over_the_horizon.)"""
+    seq, length = 256, 1 << 20
+    docs = [Doc(0, i, np.zeros(300, np.uint16), 0, i) for i in range(1000)]
+    docs += [Doc(0, 1000, np.zeros(length, np.uint16), 0, 1000)]
+    docs += [Doc(0, 1001 + i, np.zeros(300, np.uint16), 0, 1001 + i) for i in range(1000)]
+
+    def order(seed):
+        spread = Spread(0, seed, 2 * length, 2 * length, MemoryStore(), seq, 1)
+        return [u[0] for s in _drain(_Reader(spread, docs), 64, _NO_CAP) for u in s]
+
+    drawn = order(0)
+    long_chunks = [u.sample_id for u in drawn if u.origin == (0, 1000)]
+    assert len(long_chunks) == length // seq
+    tokens = np.array([u.length for u in drawn])
+    is_long = np.array([u.origin == (0, 1000) for u in drawn])
+    tenth = np.minimum(10 * np.cumsum(tokens) // (tokens.sum() + 1), 9)
+    shares = [tokens[(tenth == t) & is_long].sum() / tokens[tenth == t].sum() for t in range(10)]
+    assert min(shares) > 0.5 and max(shares) < 0.75, shares
+    assert [u.sample_id for u in order(0)] == [u.sample_id for u in drawn]
+    assert [u.sample_id for u in order(1) if u.origin == (0, 1000)] != long_chunks
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_the_cap_keeps_a_long_document_read_first_from_filling_the_first_steps(seed):
     """Read first, a long document is all there is to draw; the draws read on for others (up
