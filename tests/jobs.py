@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -133,3 +134,35 @@ def omniload_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = N
         env={**os.environ, **(env or {})},
         cwd=ROOT,
     )
+
+
+def why_no_private_tmpfs() -> str | None:
+    """Why a tmpfs of its own cannot be mounted in a mount namespace here, or None when it can."""
+    if not shutil.which("unshare"):
+        return "no unshare command"
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=16k tmpfs /mnt"], capture_output=True, text=True
+    )
+    return None if probe.returncode == 0 else f"cannot mount a tmpfs in a mount namespace: {probe.stderr.strip()}"
+
+
+def coordinator_on_a_small_disk(
+    spec: dict[str, Any], disk: Path, kept: Path, size: str, token: str
+) -> tuple[subprocess.Popen, str]:
+    """A coordinator for `spec` in a mount namespace of its own where `disk` is a tmpfs of `size`
+    (a disk that fills up); what the tmpfs holds when it exits is copied to `kept`, since the
+    namespace goes with it. Returns the process and the address it announced."""
+    spec_file = kept.parent / f"{disk.name}-spec.json"
+    spec_file.write_text(json.dumps(spec))
+    script = (
+        f'mount -t tmpfs -o size={size} tmpfs "{disk}" && {sys.executable} -m omniload.coordinator '
+        f'< "{spec_file}"; code=$?; cp -a "{disk}"/. "{kept}"/; exit $code'
+    )
+    coordinator = subprocess.Popen(
+        ["unshare", "-m", "sh", "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "OMNILOAD_TOKEN": token},
+    )
+    return coordinator, json.loads(coordinator.stdout.readline())["addr"]  # type: ignore[union-attr]

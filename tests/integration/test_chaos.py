@@ -4,14 +4,10 @@ ranks see exactly the batches of an undisturbed run, and nothing is left behind.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import shutil
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import psutil
@@ -21,7 +17,16 @@ import omniload
 from omniload.coordinator.ha.checkpoint import last_position
 from omniload.protocol import PREFIX, VERSION, Kind, Message, encode
 from tests.corpus import mixed_sources
-from tests.jobs import ROOT, collect, run_ranks, start_ranks, wait_connected, workers_of
+from tests.jobs import (
+    ROOT,
+    collect,
+    coordinator_on_a_small_disk,
+    run_ranks,
+    start_ranks,
+    wait_connected,
+    why_no_private_tmpfs,
+    workers_of,
+)
 from tests.rank_forkserver import spawn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -175,18 +180,8 @@ def test_a_clock_jump_changes_no_batch_and_times_nothing_out(corpus, tmp_path, m
         assert results[rank]["hashes"] == reference[rank]["hashes"], f"rank {rank} saw other batches"
 
 
-def _can_mount_in_a_namespace() -> str | None:
-    """Why a private tmpfs cannot be made here, or None when it can."""
-    if not shutil.which("unshare"):
-        return "no unshare command"
-    probe = subprocess.run(
-        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=16k tmpfs /mnt"], capture_output=True, text=True
-    )
-    return None if probe.returncode == 0 else f"cannot mount a tmpfs in a mount namespace: {probe.stderr.strip()}"
-
-
 def test_a_full_checkpoint_disk_stops_the_job_naming_the_folder_and_leaves_a_loadable_one(corpus, tmp_path):
-    why = _can_mount_in_a_namespace()
+    why = why_no_private_tmpfs()
     if why:
         pytest.skip(why)
     spec = {
@@ -203,22 +198,9 @@ def test_a_full_checkpoint_disk_stops_the_job_naming_the_folder_and_leaves_a_loa
     folder.mkdir()
     kept.mkdir()
     token = "chaos-token"
-    # the coordinator runs in a mount namespace where `folder` is a 16 KB tmpfs; what the tmpfs
-    # holds when it exits is copied out, since the namespace goes with it
-    spec_file = tmp_path / "spec.json"
-    spec_file.write_text(json.dumps({**spec, "checkpoint_dir": str(folder), "snapshot_every": 3}))
-    script = (
-        f'mount -t tmpfs -o size=16k tmpfs "{folder}" && {sys.executable} -m omniload.coordinator '
-        f'< "{spec_file}"; code=$?; cp -a "{folder}"/. "{kept}"/; exit $code'
+    coordinator, addr = coordinator_on_a_small_disk(
+        {**spec, "checkpoint_dir": str(folder), "snapshot_every": 3}, folder, kept, "16k", token
     )
-    coordinator = subprocess.Popen(
-        ["unshare", "-m", "sh", "-c", script],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=ROOT,
-        env={**os.environ, "OMNILOAD_TOKEN": token},
-    )
-    addr = json.loads(coordinator.stdout.readline())["addr"]
     env = {"OMNILOAD_ADDR": addr, "OMNILOAD_TOKEN": token}
     ranks = [
         spawn([str(tmp_path / f"r{r}.json")], env={**os.environ, **env, "RANK": str(r), "WORLD_SIZE": "2"})

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,16 @@ import pytest
 
 import omniload
 from tests.corpus import documents, make_mixed_corpus, mixed_sources, write_megatron, write_parquet, write_token_file
-from tests.jobs import TORCHRUN, collect, omniload_cli, run_ranks, start_ranks, wait_for_checkpoint
+from tests.jobs import (
+    TORCHRUN,
+    collect,
+    coordinator_on_a_small_disk,
+    omniload_cli,
+    run_ranks,
+    start_ranks,
+    wait_for_checkpoint,
+    why_no_private_tmpfs,
+)
 from tests.s3_store import FaultyProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -98,10 +106,9 @@ def test_a_full_cache_disk_changes_no_batch_and_leaves_no_partial_block(uploaded
     """--cache-dir on a disk that fills up (a 256 KB tmpfs, in a mount namespace of the
     coordinator's own): blocks that do not fit are read from the store and not kept, the
     batches are those of an uncached run, and no partial block is left in the cache."""
-    from tests.integration.test_chaos import _can_mount_in_a_namespace
     from tests.rank_forkserver import spawn
 
-    why = _can_mount_in_a_namespace()
+    why = why_no_private_tmpfs()
     if why:
         pytest.skip(why)
     spec = {**SPEC, "sources": mixed_sources(REMOTE)}
@@ -109,19 +116,9 @@ def test_a_full_cache_disk_changes_no_batch_and_leaves_no_partial_block(uploaded
     cache, kept = tmp_path / "small-disk", tmp_path / "what-it-held"
     cache.mkdir()
     kept.mkdir()
-    spec_file = tmp_path / "spec.json"
-    spec_file.write_text(json.dumps({**spec, "cache_dir": str(cache), "read_ahead": 1 << 20}))
-    script = (
-        f'mount -t tmpfs -o size=256k tmpfs "{cache}" && {sys.executable} -m omniload.coordinator '
-        f'< "{spec_file}"; code=$?; cp -a "{cache}"/. "{kept}"/; exit $code'
+    coordinator, addr = coordinator_on_a_small_disk(
+        {**spec, "cache_dir": str(cache), "read_ahead": 1 << 20}, cache, kept, "256k", "cache-token"
     )
-    coordinator = subprocess.Popen(
-        ["unshare", "-m", "sh", "-c", script],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "OMNILOAD_TOKEN": "cache-token"},
-    )
-    addr = json.loads(coordinator.stdout.readline())["addr"]
     env = {**os.environ, "OMNILOAD_ADDR": addr, "OMNILOAD_TOKEN": "cache-token", "WORLD_SIZE": "2"}
     outs = [tmp_path / f"cached{r}.json" for r in range(2)]
     ranks = [spawn([str(out)], env={**env, "RANK": str(r)}) for r, out in enumerate(outs)]
