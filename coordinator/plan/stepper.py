@@ -371,25 +371,15 @@ class Stepper:
                 return spread
             if self._breath_due():
                 yield 0.0
-            # a spread never spans epochs; a document that is here (the most) costs no generator
-            doc = self._take(intake, spread.epoch_end) or (yield from self._await_doc(intake, spread.epoch_end))
-            if doc is None:
-                spread.end()
-            else:
-                self._add(spread, doc)
+            yield from self._read_into(intake, spread)
 
     def _draw_reading_on(self, source: int, spread: Spread, in_step: dict[DocKey, int], cap: int) -> Requests:
         """A unit within the cap found by taking up to _CAP_READS more documents (each makes
         units due); else the cap gives way."""
         intake = self._intakes[source]
         for _ in range(_CAP_READS):
-            if spread.ended:
+            if spread.ended or not (yield from self._read_into(intake, spread)):
                 break
-            doc = self._take(intake, spread.epoch_end) or (yield from self._await_doc(intake, spread.epoch_end))
-            if doc is None:
-                spread.end()
-                break
-            self._add(spread, doc)
             if (unit := spread.draw(in_step, cap, give_way=False)) is not None:
                 return unit
         return spread.draw(in_step, cap)
@@ -405,11 +395,18 @@ class Stepper:
         upcoming = self._next_spread(source, spread)
         intake = self._intakes[source]
         while not upcoming.ended and upcoming.clock < spread.drawn_since_end:
-            doc = self._take(intake, upcoming.epoch_end) or (yield from self._await_doc(intake, upcoming.epoch_end))
-            if doc is None:
-                upcoming.end()
-                return
-            self._add(upcoming, doc)
+            yield from self._read_into(intake, upcoming)
+
+    def _read_into(self, intake: SourceIntake, spread: Spread) -> Requests:
+        """Add the source's next document of the spread's epoch, waiting for its record; at the
+        epoch's end (or the source's), end the spread. Returns whether a document was added.
+        A spread never spans epochs; a document that is here (the most) costs no wait."""
+        doc = self._take(intake, spread.epoch_end) or (yield from self._await_doc(intake, spread.epoch_end))
+        if doc is None:
+            spread.end()
+            return False
+        self._add(spread, doc)
+        return True
 
     def _next_spread(self, source: int, spread: Spread) -> Spread:
         """The spread of the epoch after `spread`'s, made when first needed."""
