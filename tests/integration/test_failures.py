@@ -26,8 +26,10 @@ def importable_tests(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
 
 
-def test_killed_worker_is_replaced_with_nothing_lost_or_repeated(corpus, tmp_path, importable_tests):
-    spec = {
+def _slow_endless_job(corpus) -> dict:
+    """80 steps of workers that never finish on their own (epochs=0), slow enough to be killed
+    mid-run, with 1 MB rings."""
+    return {
         "sources": mixed_sources(corpus),
         "seq_len": 64,
         "rows": 2,
@@ -38,6 +40,10 @@ def test_killed_worker_is_replaced_with_nothing_lost_or_repeated(corpus, tmp_pat
         "tokenizer": "tests.transforms_for_tests:slow_bytes",
         "ring_mb": 1,
     }
+
+
+def test_killed_worker_is_replaced_with_nothing_lost_or_repeated(corpus, tmp_path, importable_tests):
+    spec = _slow_endless_job(corpus)
     reference = run_ranks(spec, world=2, out_dir=tmp_path)
     with omniload.Job(spec) as job:
         ranks = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.05"})  # ~4 s of "training"
@@ -160,17 +166,7 @@ def test_a_worker_the_oom_killer_ends_is_replaced_and_changes_no_batch(corpus, t
     cgroup = _MemoryCgroup(1 << 20)
     if cgroup.path is None:
         pytest.skip(cgroup.why)
-    spec = {
-        "sources": mixed_sources(corpus),
-        "seq_len": 64,
-        "rows": 2,
-        "workers": 3,
-        "seed": 2,
-        "epochs": 0,
-        "steps": 80,
-        "tokenizer": "tests.transforms_for_tests:slow_bytes",
-        "ring_mb": 1,
-    }
+    spec = _slow_endless_job(corpus)
     try:
         reference = run_ranks(spec, world=2, out_dir=tmp_path)
         with omniload.Job(spec) as job:
