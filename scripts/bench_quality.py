@@ -70,7 +70,7 @@ _MAX_DOC_BYTES = 250 * SEQ
 _HOLDOUT = 20  # one document in this many is held out
 _CORPUS_SEED = 20261124
 _DOCS_PACKAGES, _CHANGELOG_PACKAGES = 950, 5000  # about 9 MB and 24 MB
-_EVAL_DOC_TOKENS, _EVAL_WINDOWS = 16 * SEQ, 96  # per source
+_EVAL_DOC_TOKENS = 16 * SEQ
 _LR = 3e-3
 
 
@@ -416,7 +416,7 @@ def _rows(pieces: list[tuple[np.ndarray, int]], masked: bool) -> list[EvalRows]:
     return out
 
 
-def heldout_sets(root: Path, seed: int, eval_docs: int) -> dict[str, list[list[EvalRows]]]:
+def heldout_sets(root: Path, seed: int, eval_docs: int, eval_windows: int) -> dict[str, list[list[EvalRows]]]:
     """Per evaluation, per source, the rows to score (see the module's doc)."""
     rng = np.random.default_rng([seed, 99])
     sets: dict[str, list[list[EvalRows]]] = {"windows": [], "starts": [], "documents": []}
@@ -424,9 +424,9 @@ def heldout_sets(root: Path, seed: int, eval_docs: int) -> dict[str, list[list[E
         docs = [_encode(t) for t in json.loads((root / f"{name}.heldout.json").read_text())]
         docs = [d for d in docs if len(d) > 1]
         stream = np.concatenate(docs)
-        starts = rng.choice(len(stream) - SEQ - 1, _EVAL_WINDOWS, replace=False)
+        starts = rng.choice(len(stream) - SEQ - 1, eval_windows, replace=False)
         sets["windows"].append(_rows([(stream[a : a + SEQ + 1], 0) for a in starts], masked=False))
-        picked = [docs[i] for i in rng.choice(len(docs), min(_EVAL_WINDOWS, len(docs)), replace=False)]
+        picked = [docs[i] for i in rng.choice(len(docs), min(eval_windows, len(docs)), replace=False)]
         sets["starts"].append(_rows([(d[: SEQ + 1], 0) for d in picked], masked=True))
         pieces = []
         for i in rng.choice(len(docs), min(eval_docs, len(docs)), replace=False):
@@ -461,9 +461,16 @@ ARMS = ("windows", "chunks", "omniload", "omniload-nomask")
 
 
 def run_seed(
-    root: Path, docs: list[list[np.ndarray]], arms: list[str], rows: int, steps: int, seed: int, eval_docs: int
+    root: Path,
+    docs: list[list[np.ndarray]],
+    arms: list[str],
+    rows: int,
+    steps: int,
+    seed: int,
+    eval_docs: int,
+    eval_windows: int,
 ) -> dict:
-    evals = heldout_sets(root, seed, eval_docs)
+    evals = heldout_sets(root, seed, eval_docs, eval_windows)
     results: dict[str, dict] = {}
     batches: dict[str, Steps] = {}
     for arm in arms:
@@ -535,6 +542,7 @@ def main() -> None:
     parser.add_argument("--arms", default=",".join(ARMS), help=f"a comma list of {', '.join(ARMS)}")
     parser.add_argument("--baseline", default="chunks", help="the arm the others are compared with")
     parser.add_argument("--eval-docs", type=int, default=64, help="held-out documents a source, for `documents`")
+    parser.add_argument("--eval-windows", type=int, default=96, help="held-out windows (and document starts) a source")
     parser.add_argument("--json", type=Path, help="write every seed's figures here")
     parser.add_argument("--merge", type=Path, nargs="+", help="summarize these --json files instead of running")
     args = parser.parse_args()
@@ -564,7 +572,7 @@ def main() -> None:
     )
     results: dict[str, list[dict]] = {arm: [] for arm in arms}
     for seed in (int(s) for s in args.seeds.split(",")):
-        for arm, figures in run_seed(root, docs, arms, rows, steps, seed, args.eval_docs).items():
+        for arm, figures in run_seed(root, docs, arms, rows, steps, seed, args.eval_docs, args.eval_windows).items():
             results[arm].append(figures)
     if args.baseline in results:
         summarize(results, args.baseline)

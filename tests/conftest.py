@@ -68,6 +68,13 @@ def _ours(process: psutil.Process) -> bool:
         return False
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: a test process for each CPU this run may use (xdist's own count would take the
+    physical cores, 1 on a 2-vCPU CI machine). The tests are independent: each has its own
+    session marker (above), S3 endpoint, rank forkserver and tmp_path."""
+    return len(os.sched_getaffinity(0))
+
+
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
     before = set(_our_segments())

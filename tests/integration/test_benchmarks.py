@@ -66,7 +66,19 @@ def test_bench_memory_runs():
 
 def test_bench_quality_runs(tmp_path):
     results = tmp_path / "quality.json"
-    out = _run("bench_quality.py", "--steps", "5", "--seeds", "0", "--eval-docs", "4", "--json", str(results))
+    out = _run(
+        "bench_quality.py",
+        "--steps",
+        "5",
+        "--seeds",
+        "0",
+        "--eval-docs",
+        "4",
+        "--eval-windows",
+        "16",
+        "--json",
+        str(results),
+    )
     assert "omniload - chunks: windows" in out and "omniload-nomask - chunks" in out
     figures = json.loads(results.read_text())["results"]
     assert set(figures) == {"windows", "chunks", "omniload", "omniload-nomask"}
