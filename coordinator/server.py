@@ -9,7 +9,7 @@ The parts, one role each: the role this coordinator starts in, primary or standb
 (ha/roles.py: a standby announces first, follows the primary's lease and delta log, and takes
 over); the lease and its fence (ha/tenure.py: a fenced primary exits with FENCED_EXIT);
 positions and checkpoints (ha/positions.py, written on a thread by ha/checkpoint.py); the
-workers and their supervision (pool/workforce.py); the planning loop (plan/driver.py, a costly
+workers and their supervision (pool/workforce.py); the planning loop (coordinator/planning.py, a costly
 step's computation on a thread); the ranks' admission, ACKs and watch (serve/ranks.py, the Hub
 of serve/sessions.py); frames, senders and the step arena (serve/sending.py). The loop only
 waits: nothing here blocks on a disk, a join or a long computation. Every unexpected error, in
@@ -34,7 +34,7 @@ from omniload.coordinator.ha.tenure import Tenure
 from omniload.coordinator.loop import run_loop
 from omniload.coordinator.observe.figures import Figures
 from omniload.coordinator.observe.metrics import serve_metrics
-from omniload.coordinator.plan.driver import Planning
+from omniload.coordinator.planning import Planning
 from omniload.coordinator.pool.autoscale import initial_plan
 from omniload.coordinator.pool.catalog import build_catalog, job_identity
 from omniload.coordinator.pool.forkserver import share_tokenizers

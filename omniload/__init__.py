@@ -13,13 +13,14 @@ from omniload.errors import ConfigError, OmniloadError, SourceFailed
 from omniload.spec import Source, Spec
 
 if TYPE_CHECKING:
-    from omniload.client import Loader, connect
+    from omniload.client import Loader
     from omniload.job import Job
+    from omniload.rank_entry import connect
 
 __all__ = ["ConfigError", "Job", "Loader", "OmniloadError", "Source", "SourceFailed", "Spec", "connect"]
 __version__ = "0.1.0"
 
-_LAZY = {"connect": "omniload.client", "Loader": "omniload.client", "Job": "omniload.job"}
+_LAZY = {"connect": "omniload.rank_entry", "Loader": "omniload.client", "Job": "omniload.job"}
 
 
 def __getattr__(name: str) -> object:

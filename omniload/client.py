@@ -1,4 +1,4 @@
-"""The rank client: `omniload.connect()` inside a training script.
+"""The rank client: the Loader `omniload.connect()` returns inside a training script (omniload/rank_entry.py).
 
 A background thread receives whole BATCH frames into fresh buffers; tensors are views of
 them (`torch.frombuffer`), so a batch is never copied after the socket. With pin_memory the
@@ -19,7 +19,6 @@ import atexit
 import collections
 import itertools
 import math
-import os
 import queue
 import socket
 import sys
@@ -27,7 +26,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -35,56 +34,12 @@ from omniload.errors import ConfigError, OmniloadError
 from omniload.protocol import Kind, Message
 from omniload.rank_link import Link, ReceiveFailed, Refused, Unreachable
 
-if TYPE_CHECKING:
-    from omniload.broadcast import BroadcastLoader  # imported when used: it needs torch.distributed
-
 _FAILOVER_S = 120.0  # how long a rank looks for a coordinator to go on with (a standby taking over)
 _RETRY_S = 0.05  # pause between two rounds over the addresses
 _WAIT_WARN_S = 60.0
 _CLOSE_S = 5.0
 _DTYPES = {"int64": torch.int64, "int32": torch.int32, "float32": torch.float32, "uint8": torch.uint8}
 KEPT_POSITIONS = 16  # positions (after the last steps handed out) that position(step) can return
-
-
-def connect(
-    addr: str | None = None,
-    token: str | None = None,
-    *,
-    rank: int | None = None,
-    world_size: int | None = None,
-    prefetch: int = 4,
-    broadcast_at: str | None = None,
-    pin_memory: bool = False,
-    device: str | torch.device | None = None,
-) -> Loader | BroadcastLoader:
-    """Connect this rank to its job's coordinator.
-
-    Defaults come from the environment that `omniload launch` and torchrun set:
-    OMNILOAD_ADDR, OMNILOAD_TOKEN, OMNILOAD_BROADCAST_AT, RANK and WORLD_SIZE. With
-    broadcast_at="tp", call it on every rank after torch.distributed.init_process_group.
-
-    pin_memory=True hands out tensors in page-locked memory, ready for
-    `.to(device, non_blocking=True)`; device="cuda:N" hands them out already on that GPU
-    (copied asynchronously from page-locked memory, on the current stream). Without CUDA,
-    pin_memory=True does nothing but warn once, and device="cuda..." is a ConfigError."""
-    addr = addr or os.environ.get("OMNILOAD_ADDR")
-    token = token or os.environ.get("OMNILOAD_TOKEN")
-    if not addr or not token:
-        raise ConfigError(
-            "OMNILOAD_ADDR and OMNILOAD_TOKEN are not set: start the job with "
-            "`omniload launch ... -- CMD`, or pass addr= and token= from `omniload serve`"
-        )
-    rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-    world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
-    broadcast_at = broadcast_at or os.environ.get("OMNILOAD_BROADCAST_AT", "none")
-    if broadcast_at not in ("none", "tp"):
-        raise ConfigError(f"broadcast_at must be 'none' or 'tp', got {broadcast_at!r}")
-    pin, target = placement(pin_memory, device)
-    if broadcast_at == "tp":
-        from omniload.broadcast import BroadcastLoader
-
-        return BroadcastLoader(addr, token, rank, world_size, prefetch, pin_memory=pin, device=target)
-    return Loader(addr, token, rank, world_size, prefetch, pin_memory=pin, device=target)
 
 
 def placement(pin_memory: bool, device: str | torch.device | None) -> tuple[bool, torch.device | None]:

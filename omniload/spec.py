@@ -259,7 +259,7 @@ class Spec:
     cache_dir: str | None = None  # keep fetched blocks of a store's objects here ("auto": $XDG_CACHE_HOME/omniload)
     cache_limit: int = 16 << 30  # bytes the cache may hold; least recently used blocks go first
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901, PLR0912  (one check a field: to split by group)
         object.__setattr__(self, "sources", tuple(self.sources))
         if not self.sources:
             raise ConfigError("no sources: give at least one --source NAME=GLOB")

@@ -49,10 +49,10 @@ import numpy as np
 from omniload.coordinator.plan.balance import assign
 from omniload.coordinator.plan.budgets import assign_budgets, padded_length, padding_cost
 from omniload.coordinator.plan.cost import cost_function
+from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.plan.packer import Segment, chunk_bounds
 from omniload.coordinator.plan.step_plan import plan_budgets
 from omniload.coordinator.plan.stepper import Stepper
-from omniload.coordinator.pool.intake import Doc
 from omniload.model_shape import PRESETS
 from omniload.order import sample_id
 from omniload.spec import Spec

@@ -22,8 +22,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from omniload.coordinator.ha.checkpoint import CheckpointWriter, last_position
+from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.plan.stepper import Stepper
-from omniload.coordinator.pool.intake import Doc
 from omniload.spec import Spec
 
 _TOKENS = np.zeros(1 << 22, dtype=np.int32)  # every document's tokens are a view of this

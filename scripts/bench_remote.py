@@ -248,7 +248,7 @@ def spread(values: list[float], fmt: str) -> str:
     return "/".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
 
 
-def main() -> None:
+def main() -> None:  # noqa: PLR0915
     from tests.s3_store import CREDENTIALS, FaultyProxy, MotoServer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

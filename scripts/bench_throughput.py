@@ -259,7 +259,7 @@ def loopback_bytes_per_s(total: int = 2 << 30, chunk: int = 1 << 20) -> float:
     return received / seconds
 
 
-def main() -> None:
+def main() -> None:  # noqa: PLR0915
     from bench_data import bpe_tokenizer, make_sources, tokens_per_cpu_s_together, us_per_token
     from peers import PEERS, cache_for, convert, missing
 

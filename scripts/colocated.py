@@ -20,12 +20,12 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from omniload.coordinator.plan.cost import cost_function
+from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.plan.mixture import advance, next_source
 from omniload.coordinator.plan.packer import build_batch
 from omniload.coordinator.plan.step_plan import plan_step
 from omniload.coordinator.plan.units import units_of
 from omniload.coordinator.pool.catalog import SourceCatalog, build_catalog
-from omniload.coordinator.pool.intake import Doc
 from omniload.coordinator.pool.worker_pool import stop_helpers
 from omniload.order import row_permutation, shard_permutation
 from omniload.spec import Spec

@@ -1,5 +1,5 @@
-"""Shared fixtures. Every test ends with the check of DESIGN.md invariant 3: no shared-memory
-segment of ours and no child process of the test left behind."""
+"""Shared fixtures. Every test ends with the check of docs/architecture.md's invariant "Nothing
+left behind": no shared-memory segment of ours and no child process of the test left behind."""
 
 from __future__ import annotations
 

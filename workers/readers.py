@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from omniload.formats.lane_config import Pretokenized
 from omniload.formats.records import ids_fit_uint16
-from omniload.formats.shards import TOKEN_FILES, BadFile, Shard, gzipped, part_name
+from omniload.formats.shards import TOKEN_FILES, BadFile, Shard, gzipped, part_name, slice_rows_for
 from omniload.storage.files import Files
 from omniload.storage.objects import BLOCK, StoreError
 from omniload.storage.urls import is_remote
@@ -50,10 +50,6 @@ JSONL_SHARD_ROWS = 4096
 TAR_SHARD_ROWS = 1024
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm")
 _TEXT_SUFFIXES = ("txt", "text")
-SLICE_BYTES = (
-    256 << 10
-)  # column bytes per slice: a lane holds about this much per shard it reads (--shard-interleave of them)
-MAX_SLICES = 16  # per shard: each slice of a strided shard reads (decodes) the whole shard
 _READ_BUFFER = 256 << 10  # parquet: read column chunks through a buffer, not whole
 
 
@@ -163,14 +159,6 @@ def _is_image_type(kind: pa.DataType) -> bool:
 
 def _is_int_list(kind: pa.DataType) -> bool:
     return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_integer(kind.value_type)
-
-
-def slice_rows_for(rows: int, size: int) -> int:
-    """Rows per slice for a shard of `rows` rows whose column takes `size` bytes: about
-    SLICE_BYTES, or more for a shard so large it would have more than MAX_SLICES slices."""
-    if rows <= 0 or size <= SLICE_BYTES:
-        return rows
-    return max(1, -(-rows // MAX_SLICES), rows * SLICE_BYTES // size)
 
 
 def _index_parquet(

@@ -36,7 +36,7 @@ import numpy as np
 
 from omniload.formats.lane_config import Pretokenized
 from omniload.formats.records import ids_fit_uint16
-from omniload.formats.shards import BadFile, Shard
+from omniload.formats.shards import BadFile, Shard, slice_rows_for
 from omniload.storage.files import Files
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -206,8 +206,6 @@ def _shard(
     path: str, fmt: str, start: int, stop: int, rows: int, ordinal: int, nbytes: int, byte_offset: int = 0
 ) -> Shard:
     """A shard of `rows` documents taking about `nbytes` bytes of the file (from `byte_offset`, if known)."""
-    from omniload.workers.readers import slice_rows_for  # (readers imports this module)
-
     return Shard(path, fmt, start, stop, rows, ordinal, byte_offset, slice_rows=slice_rows_for(rows, nbytes))
 
 

@@ -1,6 +1,6 @@
 """Primary and standby: the two roles a coordinator starts in, over the same parts.
 
-Everything else — lifecycle (server.py), planning (plan/driver.py), ranks and sending
+Everything else — lifecycle (server.py), planning (coordinator/planning.py), ranks and sending
 (serve/), workers (pool/workforce.py), checkpoints (ha/positions.py), the lease once held
 (ha/tenure.py) — is one code for both; a role says only what differs:
 
@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import time
-from typing import TYPE_CHECKING, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, cast
 
 from omniload.coordinator.ha.checkpoint import Recovery, last_position, log_after
 from omniload.coordinator.ha.lease import job_digest
@@ -31,17 +33,39 @@ from omniload.errors import ConfigError, OmniloadError
 from omniload.formats.ring import remove_stale_segments
 
 if TYPE_CHECKING:
-    from omniload.coordinator.server import Coordinator
+    from omniload.coordinator.ha.positions import Positions
+    from omniload.coordinator.ha.tenure import Tenure
+    from omniload.coordinator.planning import Planning
+    from omniload.spec import Spec
 
 log = logging.getLogger("omniload")
 _FOLLOW_S = 0.05  # how often a hot standby looks at the lease and the log
+
+
+class RoleHost(Protocol):
+    """What a role needs of its coordinator (server.py's Coordinator)."""
+
+    spec: Spec
+    token: bytes
+    host: str
+    port: int
+    reserved: socket.socket | None
+    parent: int | None
+    exit_code: int
+    should_exit: asyncio.Event
+    announce: Callable[[str, str | None], None]
+    tenure: Tenure
+    positions: Positions
+    planning: Planning
+
+    def fail(self, where: str, exc: BaseException) -> None: ...
 
 
 class Primary:
     name = "primary"  # in WELCOME
     repositions = True  # the position the first rank brings moves the job there
 
-    def __init__(self, job: Coordinator) -> None:
+    def __init__(self, job: RoleHost) -> None:
         self._job = job
 
     def wait_for_turn(self) -> int | None:
@@ -82,7 +106,7 @@ class Standby:
     name = "promoted"  # in WELCOME, once it serves
     repositions = False  # after a takeover the folder's position starts the job
 
-    def __init__(self, job: Coordinator) -> None:
+    def __init__(self, job: RoleHost) -> None:
         self._job = job
         self._follower: Follower | None = None
         self._brought: dict[int, dict] = {}  # after a takeover: step -> a position a rank brought, to check

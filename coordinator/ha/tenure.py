@@ -15,20 +15,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from omniload.coordinator.ha.lease import job_digest
 from omniload.coordinator.ha.standby import LeaseKeeper, take_first_lease
 from omniload.job import FENCED_EXIT  # the launcher replaces a coordinator that exits with it
 
-if TYPE_CHECKING:
-    from omniload.coordinator.server import Coordinator
-
 log = logging.getLogger("omniload")
 
 
+class TenureHost(Protocol):
+    """What the tenure needs of its coordinator (server.py's Coordinator)."""
+
+    token: bytes
+    loop: asyncio.AbstractEventLoop | None
+    should_exit: asyncio.Event
+
+    def halt(self, code: int, error: dict[str, Any], abandon_checkpoints: bool = False) -> None: ...
+
+
 class Tenure:
-    def __init__(self, job: Coordinator) -> None:
+    def __init__(self, job: TenureHost) -> None:
         self._job = job
         self.epoch = 0  # the lease epoch this coordinator serves under (0: no checkpoint folder, no lease)
         self._keeper: LeaseKeeper | None = None

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from omniload.coordinator.plan.plan_loop import Planner
+from omniload.coordinator.plan_task import PlanTask
 from omniload.coordinator.pool.intake import SourceIntake
 from omniload.coordinator.pool.worker_pool import WorkerPool
 from omniload.coordinator.serve.delivery import Delivery
@@ -48,7 +48,7 @@ class Rates:
 
 class Figures:
     def __init__(
-        self, job_id: str, names: Sequence[str], intakes: Sequence[SourceIntake], pool: WorkerPool, planner: Planner
+        self, job_id: str, names: Sequence[str], intakes: Sequence[SourceIntake], pool: WorkerPool, planner: PlanTask
     ) -> None:
         self._job_id, self._names, self._intakes, self._pool, self._planner = job_id, names, intakes, pool, planner
         self._started = time.monotonic()

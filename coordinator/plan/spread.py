@@ -62,9 +62,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.plan.packer import DocKey
 from omniload.coordinator.plan.units import Unit, chunk_unit, unit_count, unit_span, units_of
-from omniload.coordinator.pool.intake import Doc
 from omniload.order import sample_id
 
 _SCAN = 64  # units due now looked at past the first for one whose document is under its cap

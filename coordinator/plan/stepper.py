@@ -8,7 +8,7 @@ The stepper is sans-I/O in how it waits: a step is a generator (`step_requests`)
 requests, a float (wait that many seconds for records; 0: let others run) or a `Compute`
 (a pure function to evaluate, such as balancing and building the step), and is sent back the
 result. `next_step` drives it on the calling thread, sleeping and computing in place (replay,
-trace, tests); the coordinator drives it on its event loop (coordinator/plan/plan_loop.py), where
+trace, tests); the coordinator drives it on its event loop (coordinator/plan_task.py), where
 it awaits instead of sleeping and moves a costly `Compute` to a thread.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -26,13 +26,13 @@ from numpy.typing import NDArray
 from omniload.coordinator.plan.budgets import padded_length
 from omniload.coordinator.plan.cost import cost_function
 from omniload.coordinator.plan.diversity import step_diversity
+from omniload.coordinator.plan.documents import Doc, DocumentSource
 from omniload.coordinator.plan.mixture import StrideQueue, advance, join
 from omniload.coordinator.plan.packer import DocKey, Segment, doc_key
 from omniload.coordinator.plan.schedule import in_force, weights_at
 from omniload.coordinator.plan.spread import MemoryStore, Spread, SpreadPosition, UnitStore
 from omniload.coordinator.plan.step_plan import StepPlan, plan_budgets, plan_step
 from omniload.coordinator.plan.units import Unit, units_of
-from omniload.coordinator.pool.intake import Doc, SourceIntake
 from omniload.errors import SourceFailed
 from omniload.spec import Spec
 from omniload.state import STATE_VERSION
@@ -116,7 +116,7 @@ class Stepper:
     def __init__(
         self,
         spec: Spec,
-        intakes: list[SourceIntake],
+        intakes: Sequence[DocumentSource],
         live_changes: list[tuple[int, dict[str, float]]] | None = None,
         store: UnitStore | None = None,
     ) -> None:
@@ -397,7 +397,7 @@ class Stepper:
         while not upcoming.ended and upcoming.clock < spread.drawn_since_end:
             yield from self._read_into(intake, upcoming)
 
-    def _read_into(self, intake: SourceIntake, spread: Spread) -> Requests:
+    def _read_into(self, intake: DocumentSource, spread: Spread) -> Requests:
         """Add the source's next document of the spread's epoch, waiting for its record; at the
         epoch's end (or the source's), end the spread. Returns whether a document was added.
         A spread never spans epochs; a document that is here (the most) costs no wait."""
@@ -473,14 +473,14 @@ class Stepper:
     def _dry(self, source: int) -> bool:
         return self._intakes[source].dry
 
-    def _take(self, intake: SourceIntake, until_group: int | None) -> Doc | None:
+    def _take(self, intake: DocumentSource, until_group: int | None) -> Doc | None:
         """The source's next document if its record is in its ring, else None."""
         if (doc := intake.poll(until_group)) is None:
             return None
         self._next[intake.catalog.index] = doc.after
         return doc
 
-    def _await_doc(self, intake: SourceIntake, until_group: int | None) -> Requests:
+    def _await_doc(self, intake: DocumentSource, until_group: int | None) -> Requests:
         """After _take found nothing: wait for the source's next record; None if the source
         ran dry or its cursor reached `until_group`."""
         delay, since = _POLL_MIN_S, time.monotonic()

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.plan.packer import Segment, chunk_bounds
-from omniload.coordinator.pool.intake import Doc
 from omniload.order import MAX_CHUNKS, sample_id
 
 Unit = tuple[Segment, ...]

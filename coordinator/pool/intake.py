@@ -17,10 +17,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
+from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.pool.catalog import SourceCatalog
 from omniload.errors import SourceFailed
 from omniload.formats.records import HEAD_SIZE, RecordFlag, RecordKind, decode, images_of, mask_of, tokens_of
@@ -30,23 +30,6 @@ from omniload.order import group_members, groups_per_epoch, lane_of, shard_permu
 log = logging.getLogger("omniload")
 # looked up once: an enum member read off its class costs ~70 ns, and poll reads three a document
 _ERROR, _SKIP, _CHAT = RecordKind.ERROR, RecordKind.SKIP, RecordKind.CHAT
-
-
-@dataclass(slots=True)  # not frozen, as packer.Segment, and for its reason: one is made per document
-class Doc:
-    source: int
-    ordinal: int
-    tokens: np.ndarray
-    group: int = 0  # where the document sits in its source's order
-    pos: int = 0
-    image_at: np.ndarray | None = None  # where each image's placeholder tokens start
-    pixels: np.ndarray | None = None  # uint8 [images, 3, H, W]
-    after: tuple[int, int] = (0, 0)  # the intake's cursor right after this document (before any SKIP past it)
-    mask: np.ndarray | None = None  # a conversation's label mask: uint8, 1 where a token is a trained target
-
-    @property
-    def origin(self) -> tuple[int, int]:
-        return self.group, self.pos
 
 
 Corrupt = Callable[[int, int, str], None]  # (source, lane, why)

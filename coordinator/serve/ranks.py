@@ -18,7 +18,7 @@ import logging
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from omniload.coordinator.plan.stepper import Step
 from omniload.coordinator.serve.delivery import Delivery, Frames, RankState, Variant
@@ -31,15 +31,43 @@ from omniload.spec import check_weights
 from omniload.state import check_state
 
 if TYPE_CHECKING:
-    from omniload.coordinator.server import Coordinator
+    from omniload.coordinator.ha.positions import Positions
+    from omniload.coordinator.ha.roles import Primary, Standby
+    from omniload.coordinator.ha.tenure import Tenure
+    from omniload.coordinator.observe.figures import Figures
+    from omniload.coordinator.planning import Planning
+    from omniload.coordinator.pool.workforce import Workforce
+    from omniload.coordinator.serve.sending import Sending
+    from omniload.spec import Spec
 
 log = logging.getLogger("omniload")
 _NOTE_EVERY_S = 30.0  # how often waiting ranks hear what they wait for (at most)
 _HANG_UP_S = 2.0  # how long ranks get to read the last frames and hang up when the job stops
 
 
+class RanksHost(Protocol):
+    """What the ranks' hub needs of its coordinator (server.py's Coordinator)."""
+
+    spec: Spec
+    token: bytes
+    job_id: str
+    source_names: list[str]
+    role: Primary | Standby
+    tenure: Tenure
+    positions: Positions
+    planning: Planning
+    workforce: Workforce
+    sending: Sending
+    figures: Figures
+    should_exit: asyncio.Event
+
+    def fail(self, where: str, exc: BaseException) -> None: ...
+
+    def task_ended(self, task: asyncio.Task[None], where: str) -> None: ...
+
+
 class Ranks:
-    def __init__(self, job: Coordinator) -> None:
+    def __init__(self, job: RanksHost) -> None:
         """On the loop, once the job's parts before it exist (server.py's `_main`)."""
         self._job = job
         self._spec = job.spec

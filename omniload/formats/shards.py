@@ -27,6 +27,9 @@ _SUFFIXES = {
     ".bin": "megatron",  # a flat token file (nanoGPT's train.bin) says format=tokens
 }
 TOKEN_FILES = ("megatron", "tokens")  # formats of token ids, read without a tokenizer
+# column bytes per slice: a lane holds about this much per shard it reads (--shard-interleave of them)
+SLICE_BYTES = 256 << 10
+MAX_SLICES = 16  # per shard: each slice of a strided shard reads (decodes) the whole shard
 
 
 class BadFile(Exception):
@@ -88,3 +91,11 @@ def detect_format(path: str) -> str | None:
         if name.endswith(suffix):
             return _SUFFIXES[suffix]
     return None
+
+
+def slice_rows_for(rows: int, size: int) -> int:
+    """Rows per slice for a shard of `rows` rows whose column takes `size` bytes: about
+    SLICE_BYTES, or more for a shard so large it would have more than MAX_SLICES slices."""
+    if rows <= 0 or size <= SLICE_BYTES:
+        return rows
+    return max(1, -(-rows // MAX_SLICES), rows * SLICE_BYTES // size)

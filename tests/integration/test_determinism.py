@@ -1,4 +1,4 @@
-"""DESIGN.md invariant 1: the batches are a function of spec, seed and files only."""
+"""docs/architecture.md, Invariants, "Deterministic": the batches are a function of spec, seed and files only."""
 
 from __future__ import annotations
 

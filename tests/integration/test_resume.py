@@ -1,4 +1,5 @@
-"""Exact checkpoint and resume (DESIGN.md invariants 1 and 2): kill -9, elastic, changed data, DCP."""
+"""Exact checkpoint and resume (docs/architecture.md, Invariants: deterministic, exactly once):
+kill -9, elastic, changed data, DCP."""
 
 from __future__ import annotations
 

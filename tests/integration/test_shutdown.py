@@ -1,4 +1,5 @@
-"""DESIGN.md invariant 3: however a job ends, no segment, worker or port is left behind."""
+"""However a job ends, no segment, worker or port is left behind (docs/architecture.md,
+Invariants, "Nothing left behind")."""
 
 from __future__ import annotations
 

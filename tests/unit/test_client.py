@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from omniload import client
+from omniload import client, rank_entry
 from omniload.coordinator.serve.batch_frames import encode_batch
 from omniload.errors import ConfigError, OmniloadError
 from omniload.protocol import FrameDecoder, Kind
@@ -68,7 +68,7 @@ def test_without_pin_memory_or_device_cuda_is_never_asked(monkeypatch):
 @NO_CUDA
 def test_pin_memory_without_cuda_is_a_no_op_with_a_warning():
     with pytest.warns(UserWarning, match=r"pin_memory=True\): CUDA is not available"):
-        loader = client.connect("127.0.0.1:1", "token", rank=0, world_size=1, pin_memory=True)
+        loader = rank_entry.connect("127.0.0.1:1", "token", rank=0, world_size=1, pin_memory=True)
     assert (loader.pin_memory, loader.device) == (False, None)  # and it has not connected: that is lazy
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from omniload.batch_arrays import expand
 from omniload.coordinator.plan.cost import cost_function
+from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.plan.packer import Segment, compact_batch
 from omniload.coordinator.plan.units import units_of
-from omniload.coordinator.pool.intake import Doc
 from omniload.errors import ConfigError
 from omniload.formats.lane_config import ImageConfig
 from omniload.formats.records import decode, doc_record, images_of, tokens_of

@@ -9,10 +9,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from omniload.formats.shards import BadFile, detect_format
+from omniload.formats.shards import MAX_SLICES, SLICE_BYTES, BadFile, detect_format, slice_rows_for
 from omniload.order import Slicing, row_permutation
 from omniload.workers import readers
-from omniload.workers.readers import MAX_SLICES, SLICE_BYTES, index_file, iter_slices, read_shard, slice_rows_for
+from omniload.workers.readers import index_file, iter_slices, read_shard
 from tests.corpus import documents, write_arrow, write_jsonl, write_parquet
 
 

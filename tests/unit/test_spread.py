@@ -10,9 +10,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.plan.packer import doc_key
 from omniload.coordinator.plan.spread import MemoryStore, Spread, SpreadPosition
-from omniload.coordinator.pool.intake import Doc
 
 SEQ = 16
 _NO_CAP = 1 << 60

@@ -10,8 +10,8 @@ import numpy as np
 import orjson
 import pytest
 
+from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.plan.stepper import Stepper
-from omniload.coordinator.pool.intake import Doc
 from omniload.spec import Spec
 
 SEQ, ROWS, DP = 64, 4, 2

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.plan.units import chunk_unit, unit_count, unit_span, units_of
-from omniload.coordinator.pool.intake import Doc
 
 SEQ = 16
 

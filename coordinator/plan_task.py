@@ -64,7 +64,7 @@ async def drive(requests: Requests, offloader: Offloader) -> Any:
         return done.value
 
 
-class Planner:
+class PlanTask:
     def __init__(
         self,
         stepper: Stepper,

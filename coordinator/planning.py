@@ -1,5 +1,5 @@
 """The planning loop's driver: the stepper, the position the job starts from, and the planner
-task over them (plan/plan_loop.py).
+task over them (coordinator/plan_task.py).
 
 Before the event loop, `place` puts the stepper at the job's start: step 0, or a checkpoint's
 snapshot. On the loop, `replay` plans again (off the loop) the steps from that snapshot to the
@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from omniload.coordinator.ha.checkpoint import Recovery
-from omniload.coordinator.plan.plan_loop import Planner, StepHandler
 from omniload.coordinator.plan.spread import UnitStore
 from omniload.coordinator.plan.stepper import Cancelled, Step, Stepper
+from omniload.coordinator.plan_task import PlanTask, StepHandler
 from omniload.coordinator.pool.intake import SourceIntake
 from omniload.coordinator.pool.workforce import Workforce
 from omniload.spec import Spec
@@ -32,7 +32,7 @@ class Planning:
         self._spec, self._fingerprint = spec, fingerprint
         self.stepper = Stepper(spec, intakes, store=store)
         self.start_position: dict[str, Any] = {}  # the position the job starts from (a resume's, or step 0's)
-        self.planner: Planner
+        self.planner: PlanTask
 
     def place(self, recovery: Recovery | None) -> None:
         """The stepper at the job's start: a snapshot now (the steps after it replayed once the
@@ -48,9 +48,9 @@ class Planning:
 
     def plan_with(
         self, encode: Callable[[Step, dict[str, Any]], Any], on_step: StepHandler, on_end: Callable[[int], None]
-    ) -> Planner:
+    ) -> PlanTask:
         """The planner (on the loop): `encode` makes a step's frames, `on_step` and `on_end` get them."""
-        self.planner = Planner(self.stepper, self._fingerprint, encode, on_step, on_end)
+        self.planner = PlanTask(self.stepper, self._fingerprint, encode, on_step, on_end)
         return self.planner
 
     async def replay(self, recovery: Recovery, doing: str, fail: Callable[[str, BaseException], None]) -> bool:

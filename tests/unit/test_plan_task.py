@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from omniload.coordinator.plan.plan_loop import Offloader, Planner
+from omniload.coordinator.plan_task import Offloader, PlanTask
 from omniload.errors import OmniloadError
 from tests.unit.test_stepper import ListIntake, _spec, _stepper, heavy_tailed
 
@@ -32,7 +32,7 @@ class SlowIntake(ListIntake):
 
 async def _plan(stepper, allowed: int, change_after: float | None = None):
     steps: asyncio.Queue = asyncio.Queue()
-    planner = Planner(
+    planner = PlanTask(
         stepper,
         "f",
         lambda step, position: step.weights,
@@ -76,7 +76,7 @@ def test_stop_ends_a_wait_for_records_and_later_changes_say_why():
     stepper._intakes[:] = [Dry(i, [10]) for i in range(3)]
 
     async def go():
-        planner = Planner(stepper, "f", lambda s, p: None, lambda *a: None, lambda *a: None)
+        planner = PlanTask(stepper, "f", lambda s, p: None, lambda *a: None, lambda *a: None)
         planner.start(4)
         await asyncio.sleep(0.1)
         started = time.monotonic()
