@@ -22,6 +22,8 @@ from. Everything else (ring contents, worker state, token arrays) is recomputed 
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -45,20 +47,212 @@ KEYS = (
 RANK_KEY = "omniload_loader_state"  # the one key of a rank's state_dict (a JSON string: DCP-friendly)
 
 
+@dataclass(frozen=True, slots=True)
+class SpreadPosition:
+    """Where a spread stands, in plain ints (a checkpoint's `spreads` entry)."""
+
+    start: tuple[int, int]  # (group, pos) of the oldest document with a unit waiting, else the cursor
+    clock: int  # the clock at start
+    horizon: int
+    fill: int
+    frontier: tuple[int, int]  # the greatest (key, sample_id) drawn; (-1, -1) before the first
+    passed: tuple[tuple[int, int], ...]  # (key, sample_id) below the frontier not drawn yet
+    ended: bool = False  # the epoch has been read (Spread.end)
+    drawn_since_end: int = 0  # tokens drawn since it ended (the next epoch is read as many)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "start": list(self.start),
+            "clock": self.clock,
+            "horizon": self.horizon,
+            "fill": self.fill,
+            "frontier": list(self.frontier),
+            "passed": [list(p) for p in self.passed],
+            "ended": self.ended,
+            "drawn_since_end": self.drawn_since_end,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SpreadPosition:
+        """Raises ValueError (naming the field) for a malformed entry."""
+        try:
+            start, frontier = _pair(data["start"]), _pair(data["frontier"])
+            clock, horizon, fill = int(data["clock"]), int(data["horizon"]), int(data["fill"])
+            passed = tuple(_pair(p) for p in data["passed"])
+            ended, drawn_since_end = bool(data["ended"]), int(data["drawn_since_end"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(
+                "a spread position needs start, clock, horizon, fill, frontier, passed, ended, "
+                f"drawn_since_end: {exc!r}"
+            ) from None
+        if clock < 0 or horizon < 1 or fill < 0 or min(start) < 0 or drawn_since_end < 0:
+            raise ValueError(
+                f"a spread position out of range: start {start}, clock {clock}, horizon {horizon}, fill {fill}, "
+                f"drawn_since_end {drawn_since_end}"
+            )
+        return cls(start, clock, horizon, fill, frontier, passed, ended, drawn_since_end)
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    first, second = value
+    return int(first), int(second)
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """A segment chosen but not delivered (a checkpoint's `carry` entry): enough to find its
+    document again and rebuild it; stored as the plain list of these fields, in this order."""
+
+    source: int
+    sample_id: int
+    length: int
+    position_start: int
+    group: int
+    delay: int
+    doc_group: int  # where its document sits in the source's order (Segment.origin)
+    doc_pos: int
+
+    @property
+    def origin(self) -> tuple[int, int]:
+        return self.doc_group, self.doc_pos
+
+    def to_json(self) -> list[int]:
+        return [
+            self.source,
+            self.sample_id,
+            self.length,
+            self.position_start,
+            self.group,
+            self.delay,
+            self.doc_group,
+            self.doc_pos,
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderState:
+    """The loader position (see the module's doc), typed; `to_json` is what checkpoints and
+    ranks hold, `from_json` checks every field by value and names the one that is wrong."""
+
+    fingerprint: str
+    step: int
+    cursors: dict[str, tuple[int, int]]
+    spreads: dict[str, SpreadPosition | None]
+    passes: tuple[float, ...]
+    weights: tuple[float, ...]
+    tokens: int
+    dropped: int
+    carry: tuple[Carried, ...]
+    live: tuple[tuple[int, dict[str, float]], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "fingerprint": self.fingerprint,
+            "step": self.step,
+            "cursors": {name: list(cursor) for name, cursor in self.cursors.items()},
+            "spreads": {name: None if p is None else p.to_json() for name, p in self.spreads.items()},
+            "passes": list(self.passes),
+            "weights": list(self.weights),
+            "tokens": self.tokens,
+            "dropped": self.dropped,
+            "carry": [c.to_json() for c in self.carry],
+            "live": [[at, dict(weights)] for at, weights in self.live],
+        }
+
+    @classmethod
+    def from_json(cls, state: Any, where: str) -> LoaderState:
+        """Raises ConfigError naming `where` and the field for anything but a position this
+        omniload wrote."""
+        if not isinstance(state, dict):
+            raise ConfigError(f"{where}: loader state must be a mapping, got {type(state).__name__}")
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(
+                f"{where}: loader state version {state.get('version')} is not supported "
+                f"(this omniload reads version {STATE_VERSION}): resume with the omniload that "
+                "wrote it, or start the job afresh"
+            )
+        missing = [k for k in KEYS if k not in state]
+        if missing:
+            raise ConfigError(f"{where}: loader state lacks {', '.join(missing)}")
+        field = "fingerprint"
+        try:
+            fingerprint = _typed(state["fingerprint"], str)
+            field = "step"
+            step = _count(state["step"])
+            field = "tokens"
+            tokens = _count(state["tokens"])
+            field = "dropped"
+            dropped = _count(state["dropped"])
+            field = "cursors"
+            cursors = {_typed(n, str): _cursor(c) for n, c in _typed(state["cursors"], dict).items()}
+            field = "spreads"
+            spreads = {
+                _typed(n, str): None if p is None else _spread(p) for n, p in _typed(state["spreads"], dict).items()
+            }
+            if set(spreads) != set(cursors):
+                raise ValueError(f"names {sorted(spreads)}, the cursors' {sorted(cursors)}")
+            field = "passes"
+            passes = tuple(_number(x) for x in _typed(state["passes"], list))
+            field = "weights"
+            weights = tuple(_number(x) for x in _typed(state["weights"], list))
+            field = "passes"
+            if len(passes) != len(cursors) or len(weights) != len(cursors):
+                raise ValueError(f"{len(passes)} passes and {len(weights)} weights for {len(cursors)} sources")
+            field = "carry"
+            carry = tuple(_carried(entry) for entry in _typed(state["carry"], list))
+            field = "live"
+            live = tuple(_change(entry) for entry in _typed(state["live"], list))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: loader state field {field!r} is malformed: {exc}") from None
+        return cls(fingerprint, step, cursors, spreads, passes, weights, tokens, dropped, carry, live)
+
+
+def _typed(value: Any, kind: type) -> Any:
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise TypeError(f"expected {kind.__name__}, got {type(value).__name__} {value!r:.60}")
+    return value
+
+
+def _count(value: Any) -> int:
+    if _typed(value, int) < 0:
+        raise ValueError(f"expected a count, got {value}")
+    return int(value)
+
+
+def _number(value: Any) -> float:
+    """The number as it was read (an int stays one: the position round-trips byte for byte)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value!r:.60}")
+    return value
+
+
+def _cursor(value: Any) -> tuple[int, int]:
+    group, pos = _typed(value, list)
+    return _count(group), _count(pos)
+
+
+def _spread(value: Any) -> SpreadPosition:
+    return SpreadPosition.from_json(_typed(value, dict))
+
+
+def _carried(value: Any) -> Carried:
+    fields = [_typed(x, int) for x in _typed(value, list)]
+    if len(fields) != len(Carried.__slots__):
+        raise ValueError(f"a carried segment has {len(Carried.__slots__)} fields, got {len(fields)}")
+    return Carried(*fields)
+
+
+def _change(value: Any) -> tuple[int, dict[str, float]]:
+    at, weights = _typed(value, list)
+    return _count(at), {_typed(n, str): _number(w) for n, w in _typed(weights, dict).items()}
+
+
 def check_state(state: Any, where: str) -> dict[str, Any]:
-    """Validate a position read from a file or a rank; raises ConfigError naming the problem."""
-    if not isinstance(state, dict):
-        raise ConfigError(f"{where}: loader state must be a mapping, got {type(state).__name__}")
-    if state.get("version") != STATE_VERSION:
-        raise ConfigError(
-            f"{where}: loader state version {state.get('version')} is not supported "
-            f"(this omniload reads version {STATE_VERSION}): resume with the omniload that "
-            "wrote it, or start the job afresh"
-        )
-    missing = [k for k in KEYS if k not in state]
-    if missing:
-        raise ConfigError(f"{where}: loader state lacks {', '.join(missing)}")
-    return state
+    """Validate a position read from a file or a rank (LoaderState.from_json); returns it."""
+    LoaderState.from_json(state, where)
+    checked: dict[str, Any] = state  # a dict: from_json checked it
+    return checked
 
 
 def to_rank_dict(state: dict[str, Any] | None) -> dict[str, str]:

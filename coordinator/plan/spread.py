@@ -57,7 +57,6 @@ import heapq
 from array import array
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -66,6 +65,7 @@ from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.plan.packer import DocKey
 from omniload.coordinator.plan.units import Unit, chunk_unit, unit_count, unit_span, units_of
 from omniload.order import sample_id
+from omniload.state import SpreadPosition
 
 _SCAN = 64  # units due now looked at past the first for one whose document is under its cap
 _BUCKETS = 64  # the horizon's keys are kept in about this many buckets; the first one in a heap
@@ -89,57 +89,6 @@ class UnitStore(Protocol):
     def release(self, handle: int) -> None:
         """One unit of the document at `handle` was drawn."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class SpreadPosition:
-    """Where a spread stands, in plain ints (a checkpoint's `spreads` entry)."""
-
-    start: tuple[int, int]  # (group, pos) of the oldest document with a unit waiting, else the cursor
-    clock: int  # the clock at start
-    horizon: int
-    fill: int
-    frontier: tuple[int, int]  # the greatest (key, sample_id) drawn; (-1, -1) before the first
-    passed: tuple[tuple[int, int], ...]  # (key, sample_id) below the frontier not drawn yet
-    ended: bool = False  # the epoch has been read (Spread.end)
-    drawn_since_end: int = 0  # tokens drawn since it ended (the next epoch is read as many)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "start": list(self.start),
-            "clock": self.clock,
-            "horizon": self.horizon,
-            "fill": self.fill,
-            "frontier": list(self.frontier),
-            "passed": [list(p) for p in self.passed],
-            "ended": self.ended,
-            "drawn_since_end": self.drawn_since_end,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SpreadPosition:
-        """Raises ValueError (naming the field) for a malformed entry."""
-        try:
-            start, frontier = _pair(data["start"]), _pair(data["frontier"])
-            clock, horizon, fill = int(data["clock"]), int(data["horizon"]), int(data["fill"])
-            passed = tuple(_pair(p) for p in data["passed"])
-            ended, drawn_since_end = bool(data["ended"]), int(data["drawn_since_end"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(
-                "a spread position needs start, clock, horizon, fill, frontier, passed, ended, "
-                f"drawn_since_end: {exc!r}"
-            ) from None
-        if clock < 0 or horizon < 1 or fill < 0 or min(start) < 0 or drawn_since_end < 0:
-            raise ValueError(
-                f"a spread position out of range: start {start}, clock {clock}, horizon {horizon}, fill {fill}, "
-                f"drawn_since_end {drawn_since_end}"
-            )
-        return cls(start, clock, horizon, fill, frontier, passed, ended, drawn_since_end)
-
-
-def _pair(value: Any) -> tuple[int, int]:
-    first, second = value
-    return int(first), int(second)
 
 
 def _held(doc: Doc) -> int:

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from numpy.typing import NDArray
 
@@ -30,12 +30,12 @@ from omniload.coordinator.plan.documents import Doc, DocumentSource
 from omniload.coordinator.plan.mixture import StrideQueue, advance, join
 from omniload.coordinator.plan.packer import DocKey, Segment, doc_key
 from omniload.coordinator.plan.schedule import in_force, weights_at
-from omniload.coordinator.plan.spread import MemoryStore, Spread, SpreadPosition, UnitStore
+from omniload.coordinator.plan.spread import MemoryStore, Spread, UnitStore
 from omniload.coordinator.plan.step_plan import StepPlan, plan_budgets, plan_step
 from omniload.coordinator.plan.units import Unit, units_of
 from omniload.errors import SourceFailed
 from omniload.spec import Spec
-from omniload.state import STATE_VERSION
+from omniload.state import Carried, LoaderState, SpreadPosition
 
 _POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
 _CAP_READS = 64  # documents read on, at most, to find a unit under its document's cap
@@ -81,35 +81,17 @@ class Step:
     weights: list[float]
 
 
-class CarriedSegment(NamedTuple):
-    """A carried segment as a checkpoint's `carry` holds it (omniload.state): enough to find its
-    document again and rebuild it; stored as the plain list of these fields, in this order."""
-
-    source: int
-    sample_id: int
-    length: int
-    position_start: int
-    group: int
-    delay: int
-    doc_group: int  # where its document sits in the source's order (Segment.origin)
-    doc_pos: int
-
-    @classmethod
-    def of(cls, s: Segment) -> CarriedSegment:
-        return cls(s.source, s.sample_id, s.length, s.position_start, s.group, s.delay, *s.origin)
-
-    @property
-    def origin(self) -> tuple[int, int]:
-        return self.doc_group, self.doc_pos
-
-
 @dataclass(slots=True)
 class _Restoring:
     """What restore read and the first step (or rehydrate) rebuilds from."""
 
-    carry: list[CarriedSegment]
+    carry: tuple[Carried, ...]
     spreads: dict[int, SpreadPosition]  # source -> the position of its spread
     resume_at: dict[int, tuple[int, int]]  # source -> its cursor in the checkpoint
+
+
+def _carried(s: Segment) -> Carried:
+    return Carried(s.source, s.sample_id, s.length, s.position_start, s.group, s.delay, *s.origin)
 
 
 class Stepper:
@@ -153,22 +135,21 @@ class Stepper:
         self._saved: _Restoring | None = None  # set by restore until the carry and spreads are rebuilt
 
     def export_state(self, fingerprint: str) -> dict[str, Any]:
-        """The position after the last step planned (see omniload.state for the keys)."""
-        return {
-            "version": STATE_VERSION,
-            "fingerprint": fingerprint,
-            "step": self.step,
-            "cursors": {i.catalog.name: list(self._next[i.catalog.index]) for i in self._intakes},
-            "spreads": {i.catalog.name: self._spread_position(i.catalog.index) for i in self._intakes},
-            "passes": list(self.passes),
-            "weights": list(self.weights),
-            "tokens": self.tokens_drawn,
-            "dropped": self.dropped,
-            "carry": [list(CarriedSegment.of(s)) for s in self.carry],
-            "live": [[at, weights] for at, weights in in_force(self.live_changes, self.step)],
-        }
+        """The position after the last step planned (omniload.state's LoaderState, as JSON)."""
+        return LoaderState(
+            fingerprint,
+            self.step,
+            {i.catalog.name: self._next[i.catalog.index] for i in self._intakes},
+            {i.catalog.name: self._spread_position(i.catalog.index) for i in self._intakes},
+            tuple(self.passes),
+            tuple(self.weights),
+            self.tokens_drawn,
+            self.dropped,
+            tuple(_carried(s) for s in self.carry),
+            tuple((at, weights) for at, weights in in_force(self.live_changes, self.step)),
+        ).to_json()
 
-    def _spread_position(self, source: int) -> dict[str, Any] | None:
+    def _spread_position(self, source: int) -> SpreadPosition | None:
         """The source's spread's position (where a restore reads from; the next epoch's spread,
         read ahead, follows from it); None when the next spread starts afresh at the cursor
         (none yet, or the last one used up its epoch and nothing of the next was read)."""
@@ -177,25 +158,25 @@ class Stepper:
             spread = self.next_spreads[source]
         if spread is None or (not spread.waiting_units and cursor[0] >= spread.epoch_end):
             return None
-        return spread.position(cursor).to_json()
+        return spread.position(cursor)
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a position. Each source's intake is moved back to the earliest of its
         spread's start and its carried documents; the first step re-reads from there to the
         saved cursor to rebuild the spread and the carry."""
-        self.step, self.tokens_drawn, self.dropped = state["step"], state["tokens"], state["dropped"]
-        self.passes, self.weights = list(state["passes"]), list(state["weights"])
-        self.live_changes[:] = [(at, weights) for at, weights in state["live"]]
+        typed = LoaderState.from_json(state, "the loader position to restore")
+        self.step, self.tokens_drawn, self.dropped = typed.step, typed.tokens, typed.dropped
+        self.passes, self.weights = list(typed.passes), list(typed.weights)
+        self.live_changes[:] = list(typed.live)
         self.carry, self.spreads = [], [None] * len(self._intakes)
         self.next_spreads = [None] * len(self._intakes)
-        saved = self._saved = _Restoring([CarriedSegment(*entry) for entry in state["carry"]], {}, {})
+        saved = self._saved = _Restoring(typed.carry, {}, {})
         for intake in self._intakes:
             index, name = intake.catalog.index, intake.catalog.name
-            group, pos = state["cursors"][name]
-            cursor = (group, pos)
+            cursor = typed.cursors[name]
             starts = [c.origin for c in saved.carry if c.source == index]
-            if state["spreads"][name] is not None:
-                position = saved.spreads[index] = SpreadPosition.from_json(state["spreads"][name])
+            if (position := typed.spreads[name]) is not None:
+                saved.spreads[index] = position
                 starts.append(position.start)
             intake.seek(*min([cursor, *starts]))
             self._next[index] = intake.cursor

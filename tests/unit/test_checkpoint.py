@@ -23,8 +23,11 @@ def _state(step: int) -> dict:
                 "start": [step // 6, 0],
                 "clock": 100 * step,
                 "horizon": 1 << 20,
+                "fill": 1 << 16,
                 "frontier": [7 * step, 4096 * step],
                 "passed": [[7 * step - 1, 4096]] if step % 2 else [],
+                "ended": False,
+                "drawn_since_end": 0,
             },
             "code": None,
         },
@@ -216,14 +219,33 @@ def test_mismatch_names_what_changed():
         ({"version": STATE_VERSION, "step": 1}, "lacks"),
         ({**_state(1), "version": 99}, "version 99"),
         ({**_state(1), "version": 1}, "version 1 is not supported"),
+        ({**_state(1), "step": -1}, "field 'step' is malformed: expected a count, got -1"),
+        ({**_state(1), "step": "1"}, "field 'step' is malformed: expected int, got str"),
+        ({**_state(1), "cursors": {"web": [0], "code": [0, 1]}}, "field 'cursors' is malformed"),
+        ({**_state(1), "spreads": {"web": None}}, "field 'spreads' is malformed: names"),
+        ({**_state(1), "spreads": {"web": {"start": [0, 0]}, "code": None}}, "field 'spreads' is malformed"),
+        ({**_state(1), "passes": [1.0]}, "field 'passes' is malformed: 1 passes and 2 weights for 2 sources"),
+        ({**_state(1), "weights": [0.6, float("nan")]}, "field 'weights' is malformed: expected a finite number"),
+        ({**_state(3), "carry": [[0, 1, 2]]}, "field 'carry' is malformed: a carried segment has 8 fields, got 3"),
+        ({**_state(5), "live": [[5, {"web": "1"}]]}, "field 'live' is malformed"),
     ],
 )
-def test_bad_states_are_refused(bad, message):
+def test_bad_states_are_refused_naming_the_field(bad, message):
     from omniload.errors import ConfigError
     from omniload.state import check_state
 
     with pytest.raises(ConfigError, match=message):
         check_state(bad, "test")
+
+
+@pytest.mark.parametrize("step", range(8))
+def test_a_position_round_trips_through_its_typed_form_byte_for_byte(step):
+    import orjson
+
+    from omniload.state import LoaderState
+
+    state = _state(step)
+    assert orjson.dumps(LoaderState.from_json(state, "test").to_json()) == orjson.dumps(state)
 
 
 def test_the_first_snapshot_is_kept_when_the_disk_falls_behind():
