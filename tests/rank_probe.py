@@ -4,8 +4,10 @@ Usage: python tests/rank_probe.py OUT.json [MAX_STEPS]   (OMNILOAD_*, RANK, WORL
 PROBE_STEP_S: seconds each step takes, like a training step (PROBE_SLOW_AFTER=N: only after
 the first N steps, which go as fast as they can); PROBE_HANG_AFTER=N: stop consuming
 after N batches and sleep, like a rank stuck in a collective; PROBE_NO_CLOSE=1: end without
-close(), as many trainers do). Under torchrun, OUT may contain {rank}; the probe joins the
-gloo process group (needed for broadcast_at=tp). Each step's segments are recorded as
+close(), as many trainers do; PROBE_GATE=FILE: take a step only while FILE holds a number above
+the steps taken, so a test acts at the steps it chose however slow the machine). Under
+torchrun, OUT may contain {rank}; the probe joins the gloo process group (needed for
+broadcast_at=tp). Each step's segments are recorded as
 [sample_id, tokens, crc32 of their input_ids as int64] ("step_segments", padding included;
 empty where the rank holds slices of the rows, with context parallelism), and the shape of its
 input_ids ("shapes"). With images, each
@@ -28,6 +30,13 @@ import zlib
 import omniload
 
 
+def _gate(path: str) -> int:
+    try:
+        return int(open(path).read() or 0)
+    except (OSError, ValueError):  # not written yet
+        return 0
+
+
 def main() -> None:
     out, max_steps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0
     out = out.format(rank=os.environ.get("RANK", "0"))
@@ -39,6 +48,7 @@ def main() -> None:
     step_seconds = float(os.environ.get("PROBE_STEP_S", 0))
     slow_after = int(os.environ.get("PROBE_SLOW_AFTER", 0))
     hang_after = int(os.environ.get("PROBE_HANG_AFTER", 0))
+    gate = os.environ.get("PROBE_GATE")
     hashes, sample_ids, source_tokens, steps, waits, step_segments, shapes = [], [], {}, [], [], [], []
     to_bound = []  # each step's max rank cost over its lower bound
     images, image_tokens, step_labels = [], [], []
@@ -48,6 +58,8 @@ def main() -> None:
     for batch in loader:
         waits.append(loader.wait_seconds - waited)  # how long this batch kept the rank waiting
         waited = loader.wait_seconds
+        while gate and _gate(gate) <= len(hashes):
+            time.sleep(0.01)
         time.sleep(step_seconds if len(hashes) >= slow_after else 0.0)
         digest = hashlib.blake2b(digest_size=16)
         for name in sorted(batch):

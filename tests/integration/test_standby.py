@@ -66,6 +66,13 @@ def _kill_primary(folder: Path, at_least: int) -> int:
     return held.epoch
 
 
+def _open_gate(gate: Path, steps: int) -> None:
+    """Let the ranks (PROBE_GATE) take their first `steps` steps."""
+    written = gate.with_suffix(".new")
+    written.write_text(str(steps))
+    written.replace(gate)
+
+
 def _polled(job: omniload.Job) -> bool:
     """One poll of the job, as `omniload launch` polls every 0.2 s (it raises once the job
     ended). The killed primary is replaced only by a poll that finds it reaped, which can come
@@ -157,17 +164,21 @@ def test_launch_standby_under_torchrun_survives_kill_9_of_the_primary(uninterrup
 
 
 def test_a_killed_standby_changes_nothing_and_a_second_primary_kill_is_survived(uninterrupted, tmp_path):
-    """The standby is killed (replaced, unnoticed by the ranks), then the primary twice."""
+    """The standby is killed (replaced, unnoticed by the ranks), then the primary twice. The
+    ranks go as far as a gate lets them, so each kill comes at the step chosen for it, however
+    long a standby takes to start on a busy machine."""
     spec, reference = uninterrupted
-    folder = tmp_path / "ckpt"
+    folder, gate = tmp_path / "ckpt", tmp_path / "gate"
+    _open_gate(gate, 10)
     with omniload.Job({**spec, "checkpoint_dir": str(folder), "snapshot_every": 20}, standby=1) as job:
         assert len(job.addrs) == 2 and job.env()["OMNILOAD_ADDR"] == ",".join(job.addrs)
-        ranks = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.05"})
+        ranks = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.02", "PROBE_GATE": str(gate)})
         _wait_for("step 5", lambda: checkpointed_step(folder) >= 5)
         job.coordinators[1].send_signal(signal.SIGKILL)
         job.coordinators[1].wait()
         _replace_lost(job)
         killed = job.coordinators[0].pid
+        _open_gate(gate, 20)
         first = _kill_primary(folder, 15)
         promoted = job.coordinators[1].pid
         # no poll before the takeover: a standby started at the killed primary's address could win it
@@ -178,9 +189,11 @@ def test_a_killed_standby_changes_nothing_and_a_second_primary_kill_is_survived(
         _wait_for("status from the promoted standby", lambda: _answers(job.env()["OMNILOAD_ADDR"], job.token))
         # the second kill comes once a standby stands where the first primary was
         _wait_for("the killed primary's replacement", lambda: _polled(job) and job.coordinators[0].pid != killed)
+        _open_gate(gate, 40)
         second = _kill_primary(folder, 35)
         _wait_for("the second takeover", lambda: _polled(job) and read_lease(folder).epoch == second + 1)
         last = read_lease(folder).pid  # a standby started at either address may win the second takeover
+        _open_gate(gate, _STEPS)
         got = collect(ranks)
         log = "\n".join(job.log_tail())
     _assert_same(reference(2), got)
