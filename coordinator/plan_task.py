@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from omniload.coordinator.plan.stepper import Compute, Requests, Step, Stepper
+from omniload.coordinator.plan.requests import Compute, Requests
+from omniload.coordinator.plan.stepper import Step, Stepper
 from omniload.errors import OmniloadError
 
 _INLINE_MAX_S = 0.003  # computations of a kind that take longer than this (on average) go to a thread

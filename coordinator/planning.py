@@ -17,8 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from omniload.coordinator.ha.checkpoint import Recovery
+from omniload.coordinator.plan.requests import Cancelled
 from omniload.coordinator.plan.spread import UnitStore
-from omniload.coordinator.plan.stepper import Cancelled, Step, Stepper
+from omniload.coordinator.plan.stepper import Step, Stepper
 from omniload.coordinator.plan_task import PlanTask, StepHandler
 from omniload.coordinator.pool.intake import SourceIntake
 from omniload.coordinator.pool.workforce import Workforce

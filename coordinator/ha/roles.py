@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 from omniload.coordinator.ha.checkpoint import Recovery, last_position, log_after
 from omniload.coordinator.ha.lease import job_digest
 from omniload.coordinator.ha.standby import Follower, follow, warm_forkserver
-from omniload.coordinator.plan.stepper import Cancelled
+from omniload.coordinator.plan.requests import Cancelled
 from omniload.coordinator.serve.delivery import Delivery
 from omniload.coordinator.serve.listening import reachable, reserve
 from omniload.errors import ConfigError, OmniloadError

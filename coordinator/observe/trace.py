@@ -28,7 +28,8 @@ from typing import Any
 import orjson
 
 from omniload.coordinator.ha.checkpoint import explain_mismatch, last_position, log_after, read_snapshot, snapshot_steps
-from omniload.coordinator.plan.stepper import Cancelled, Step, Stepper
+from omniload.coordinator.plan.requests import Cancelled
+from omniload.coordinator.plan.stepper import Step, Stepper
 from omniload.coordinator.pool.catalog import SourceCatalog, build_catalog, fingerprint, job_identity
 from omniload.coordinator.pool.intake import SourceIntake
 from omniload.coordinator.pool.lane_split import assign_lanes

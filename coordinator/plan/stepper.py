@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,50 +26,19 @@ from numpy.typing import NDArray
 from omniload.coordinator.plan.budgets import padded_length
 from omniload.coordinator.plan.cost import cost_function
 from omniload.coordinator.plan.diversity import step_diversity
-from omniload.coordinator.plan.documents import Doc, DocumentSource
+from omniload.coordinator.plan.documents import DocumentSource
 from omniload.coordinator.plan.mixture import StrideQueue, advance, join
 from omniload.coordinator.plan.packer import DocKey, Segment, doc_key
+from omniload.coordinator.plan.requests import Compute, Requests, drive
 from omniload.coordinator.plan.schedule import in_force, weights_at
+from omniload.coordinator.plan.source_reading import SourceReading
 from omniload.coordinator.plan.spread import MemoryStore, Spread, UnitStore
 from omniload.coordinator.plan.step_plan import StepPlan, plan_budgets, plan_step
-from omniload.coordinator.plan.units import Unit, units_of
-from omniload.errors import SourceFailed
 from omniload.spec import Spec
 from omniload.state import Carried, LoaderState, SpreadPosition
 
-_POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
-_CAP_READS = 64  # documents read on, at most, to find a unit under its document's cap
 _BREATHE_S = 0.002  # the longest a step computes between two chances for others to run
 _BREATHE_EVERY = 16  # calls of _breath_due between two readings of the clock
-
-
-class Cancelled(Exception):
-    """The stepper was cancelled while it waited for a record (the job is stopping)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Compute:
-    """A request of a step: evaluate `fn()` (pure: it touches no stepper state) and send back the result."""
-
-    fn: Callable[[], Any]
-
-
-Requests = Generator[float | Compute, Any, Any]  # what a step yields, is sent, and returns
-
-
-def drive(requests: Requests, cancel: threading.Event) -> Any:
-    """Run a step's requests on this thread: sleep where it waits, compute in place."""
-    try:
-        request = next(requests)
-        while True:
-            if isinstance(request, Compute):
-                request = requests.send(request.fn())
-                continue
-            if cancel.wait(request) if request else cancel.is_set():
-                raise Cancelled()
-            request = requests.send(None)
-    except StopIteration as done:
-        return done.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,12 +74,10 @@ class Stepper:
         """`store`: where the spreads' waiting documents are kept (the coordinator's is on disk,
         coordinator/spill.py; by default this process's memory)."""
         self._spec = spec
-        self._intakes = intakes
         self.dp = 0  # data-parallel size: known once the first rank connects
         self._names = [s.name for s in spec.sources]
         self._base_weights = spec.weights()
         self._cost = cost_function(spec.balance, spec.cost_coeffs, self._names)
-        self._bucket_rows = spec.rows if spec.long_docs == "bucket" else 0
         self._rank_cap = int(spec.max_doc_share * spec.rows * spec.seq_len)  # one document's tokens on a rank
         self._image_hw = spec.image_hw if spec.has_images else None
         self._plain = not spec.has_images and spec.long_docs != "bucket"  # no segment has images or a group
@@ -121,14 +88,11 @@ class Stepper:
         self.tokens_drawn = 0
         self.dropped = 0
         self.carry: list[Segment] = []
-        self._store = store if store is not None else MemoryStore()
-        self.spreads: list[Spread | None] = [None] * len(intakes)  # None: the next epoch's starts at the cursor
-        # The next epoch's spread, read while the current one, its epoch all read, is drawn
-        # empty (a token read for each drawn), so that its fill is ready when it is needed.
-        self.next_spreads: list[Spread | None] = [None] * len(intakes)
-        # Right after the last document taken: where the next spread starts and what a
-        # checkpoint says (a SKIP record past it included or not, as the intake's cursor may be).
-        self._next: list[tuple[int, int]] = [i.cursor for i in intakes]
+        store = store if store is not None else MemoryStore()
+        self._sources = [
+            SourceReading(spec, intake, store, self._horizon_of(i), self._breath_due, self._count_drop)
+            for i, intake in enumerate(intakes)
+        ]
         self.step = 0
         self.cancel = threading.Event()  # set from another thread to end a wait for records
         self._breathed, self._calls = time.monotonic(), 0
@@ -139,8 +103,8 @@ class Stepper:
         return LoaderState(
             fingerprint,
             self.step,
-            {i.catalog.name: self._next[i.catalog.index] for i in self._intakes},
-            {i.catalog.name: self._spread_position(i.catalog.index) for i in self._intakes},
+            {source.name: source.cursor for source in self._sources},
+            {source.name: source.position() for source in self._sources},
             tuple(self.passes),
             tuple(self.weights),
             self.tokens_drawn,
@@ -149,16 +113,10 @@ class Stepper:
             tuple((at, weights) for at, weights in in_force(self.live_changes, self.step)),
         ).to_json()
 
-    def _spread_position(self, source: int) -> SpreadPosition | None:
-        """The source's spread's position (where a restore reads from; the next epoch's spread,
-        read ahead, follows from it); None when the next spread starts afresh at the cursor
-        (none yet, or the last one used up its epoch and nothing of the next was read)."""
-        spread, cursor = self.spreads[source], self._next[source]
-        if spread is None or spread.exhausted:
-            spread = self.next_spreads[source]
-        if spread is None or (not spread.waiting_units and cursor[0] >= spread.epoch_end):
-            return None
-        return spread.position(cursor)
+    @property
+    def next_spreads(self) -> list[Spread | None]:
+        """Each source's next epoch's spread, read ahead (None where none is)."""
+        return [source.next_spread for source in self._sources]
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a position. Each source's intake is moved back to the earliest of its
@@ -168,18 +126,15 @@ class Stepper:
         self.step, self.tokens_drawn, self.dropped = typed.step, typed.tokens, typed.dropped
         self.passes, self.weights = list(typed.passes), list(typed.weights)
         self.live_changes[:] = list(typed.live)
-        self.carry, self.spreads = [], [None] * len(self._intakes)
-        self.next_spreads = [None] * len(self._intakes)
+        self.carry = []
         saved = self._saved = _Restoring(typed.carry, {}, {})
-        for intake in self._intakes:
-            index, name = intake.catalog.index, intake.catalog.name
-            cursor = typed.cursors[name]
+        for index, source in enumerate(self._sources):
+            cursor = typed.cursors[source.name]
             starts = [c.origin for c in saved.carry if c.source == index]
-            if (position := typed.spreads[name]) is not None:
+            if (position := typed.spreads[source.name]) is not None:
                 saved.spreads[index] = position
                 starts.append(position.start)
-            intake.seek(*min([cursor, *starts]))
-            self._next[index] = intake.cursor
+            source.seek(min([cursor, *starts]))
             saved.resume_at[index] = cursor
 
     def rehydrate(self) -> None:
@@ -193,30 +148,9 @@ class Stepper:
         saved = self._saved
         wanted = {(c.source, *c.origin) for c in saved.carry}
         chunks: dict[int, Segment] = {}  # sample_id -> segment, of the carried documents
-        for intake in self._intakes:
-            index = intake.catalog.index
-            position = saved.spreads.get(index)
-            spread = None
-            if position is not None:
-                spread = self.spreads[index] = self._new_spread(index, position.start[0], position)
-            while intake.cursor < saved.resume_at[index]:
-                if self._breath_due():
-                    yield 0.0
-                doc = self._take(intake, None) or (yield from self._await_doc(intake, None))
-                if doc is None:
-                    break
-                if (doc.source, *doc.origin) in wanted:
-                    chunks.update((s.sample_id, s) for unit in self._units(doc) or [] for s in unit)
-                if spread is None or position is None or doc.origin < position.start:
-                    continue
-                if doc.group < spread.epoch_end:
-                    self._add(spread, doc, counting=False)
-                else:  # the next epoch's, read ahead: every unit of it waits
-                    self._add(self._next_spread(index, spread), doc, counting=False)
-            if spread is not None and position is not None:
-                spread.restored()
-                if position.ended:  # as the saved one was: when it ended is when the read-ahead began
-                    spread.end()
+        for index, source in enumerate(self._sources):
+            units = yield from source.rehydrate(saved.spreads.get(index), saved.resume_at[index], wanted)
+            chunks.update((s.sample_id, s) for unit in units for s in unit)
         self.carry = [dataclasses.replace(chunks[c.sample_id], delay=c.delay) for c in saved.carry]
         self._saved = None
 
@@ -259,28 +193,25 @@ class Stepper:
             if weights[segment.source] > 0:  # the mixture counts what a step delivers (see below)
                 advance(self.passes, segment.source, segment.length, weights)
         fresh: list[Segment] = []
-        live = [
-            not (self._dry(i) and (s is None or s.exhausted) and self.next_spreads[i] is None)
-            for i, s in enumerate(self.spreads)
-        ]
-        queue = StrideQueue(self.passes, weights, live)
+        queue = StrideQueue(self.passes, weights, [source.live for source in self._sources])
         cap = self._rank_cap * self.dp
         while need > 0:
             source = queue.peek()
             if source is None:
                 break
-            spread = self.spreads[source]
+            reading = self._sources[source]
+            spread = reading.spread
             if spread is None or not spread.ready():  # (most draws need no generator: a unit is due)
-                spread = yield from self._ready_spread(source)
+                spread = yield from reading.ready()
                 if spread is None:
                     queue.drop()
                     continue
             unit = spread.draw(in_step, cap, give_way=False)
             if unit is None:  # every unit due is over its document's cap: read on for others
-                unit = yield from self._draw_reading_on(source, spread, in_step, cap)
+                unit = yield from reading.draw_reading_on(spread, in_step, cap)
             tokens = unit[0].length if len(unit) == 1 else sum(s.length for s in unit)
             if spread.ended:
-                yield from self._read_next_epoch(source, spread, tokens)
+                yield from reading.read_next_epoch(spread, tokens)
             queue.advance(tokens)
             self.tokens_drawn += tokens
             key = doc_key(unit[0])
@@ -318,7 +249,7 @@ class Stepper:
             return plan, plan.batches(widths, image_hw, masked) if build else []
 
         plan, batches = yield Compute(balance_and_build)
-        documents, top_shares = step_diversity(batches, len(self._intakes))
+        documents, top_shares = step_diversity(batches, len(self._sources))
         self.carry = plan.carry
         for segment in self.carry:  # not delivered: the next step counts it, and draws around it
             if weights[segment.source] > 0:
@@ -334,107 +265,17 @@ class Stepper:
         self.live_changes[:] = in_force(self.live_changes, self.step)  # what replay needs, no history
         return step
 
-    def _ready_spread(self, source: int) -> Requests:
-        """The source's spread once a unit of it is due: documents are taken until one is, or
-        until its epoch has been read (then the next epoch's spread); None when the source has
-        ended."""
-        intake, spread = self._intakes[source], self.spreads[source]
-        while True:
-            if spread is None or spread.exhausted:
-                if (upcoming := self.next_spreads[source]) is not None:  # read ahead: its fill is in
-                    spread = self.spreads[source] = upcoming
-                    self.next_spreads[source] = None
-                    continue
-                if self._dry(source):
-                    return None
-                spread = self.spreads[source] = self._new_spread(source, self._next_group(source))
-            if spread.ready():
-                return spread
-            if self._breath_due():
-                yield 0.0
-            yield from self._read_into(intake, spread)
+    def _horizon_of(self, source: int) -> Callable[[], tuple[int, int]]:
+        """A new spread's horizon and fill for `source`: its share of the job's, at the weights now."""
 
-    def _draw_reading_on(self, source: int, spread: Spread, in_step: dict[DocKey, int], cap: int) -> Requests:
-        """A unit within the cap found by taking up to _CAP_READS more documents (each makes
-        units due); else the cap gives way."""
-        intake = self._intakes[source]
-        for _ in range(_CAP_READS):
-            if spread.ended or not (yield from self._read_into(intake, spread)):
-                break
-            if (unit := spread.draw(in_step, cap, give_way=False)) is not None:
-                return unit
-        return spread.draw(in_step, cap)
+        def horizon() -> tuple[int, int]:
+            share = self.weights[source] / (sum(self.weights) or 1.0)
+            return self._spec.shuffle_horizon(self.dp, share)
 
-    def _read_next_epoch(self, source: int, spread: Spread, tokens: int) -> Requests:
-        """Read the next epoch's documents, a token for each drawn from the current spread since
-        its epoch was read. It waits for a record that is not in its ring yet: what has been
-        read is part of the position, so it must follow from the draws alone, never from
-        which records happened to be there."""
-        spread.drawn_since_end += tokens
-        if self._dry(source):
-            return
-        upcoming = self._next_spread(source, spread)
-        intake = self._intakes[source]
-        while not upcoming.ended and upcoming.clock < spread.drawn_since_end:
-            yield from self._read_into(intake, upcoming)
+        return horizon
 
-    def _read_into(self, intake: DocumentSource, spread: Spread) -> Requests:
-        """Add the source's next document of the spread's epoch, waiting for its record; at the
-        epoch's end (or the source's), end the spread. Returns whether a document was added.
-        A spread never spans epochs; a document that is here (the most) costs no wait."""
-        doc = self._take(intake, spread.epoch_end) or (yield from self._await_doc(intake, spread.epoch_end))
-        if doc is None:
-            spread.end()
-            return False
-        self._add(spread, doc)
-        return True
-
-    def _next_spread(self, source: int, spread: Spread) -> Spread:
-        """The spread of the epoch after `spread`'s, made when first needed."""
-        if (upcoming := self.next_spreads[source]) is None:
-            upcoming = self.next_spreads[source] = self._new_spread(source, spread.epoch_end)
-        return upcoming
-
-    def _new_spread(self, source: int, group: int, position: SpreadPosition | None = None) -> Spread:
-        """The spread of the epoch that holds `group`: its horizon the source's share of the
-        job's, at the weights now (a restored spread keeps its own)."""
-        share = self.weights[source] / (sum(self.weights) or 1.0)
-        return Spread(
-            source,
-            self._spec.seed,
-            *self._spec.shuffle_horizon(self.dp, share),
-            self._store,
-            self._spec.seq_len,
-            self._intakes[source].epoch_end(group),
-            2 / self._spec.max_doc_share,  # a very long document takes at most half its cap a step
-            self._bucket_rows,
-            self._spec.rows,
-            self._image_hw,
-            position,
-        )
-
-    def _next_group(self, source: int) -> int:
-        """The group of the source's next document (its intake has skipped what cannot be read)."""
-        return max(self._next[source][0], self._intakes[source].cursor[0])
-
-    def _add(self, spread: Spread, doc: Doc, counting: bool = True) -> None:
-        """Put a document's units in the spread (long_docs=drop drops a long one: `counting`)."""
-        if self._spec.long_docs == "drop" and len(doc.tokens) > self._spec.seq_len:
-            self.dropped += counting
-            return
-        try:
-            spread.add(doc)
-        except ValueError as exc:
-            raise SourceFailed(self._names[doc.source], str(exc)) from None
-
-    def _units(self, doc: Doc) -> list[Unit] | None:
-        """The document's units; None when long_docs=drop drops it."""
-        if self._spec.long_docs == "drop" and len(doc.tokens) > self._spec.seq_len:
-            return None
-        try:
-            return units_of(doc, self._spec.seq_len, self._bucket_rows, self._spec.rows)
-        except ValueError as exc:
-            raise SourceFailed(self._names[doc.source], str(exc)) from None
+    def _count_drop(self) -> None:
+        self.dropped += 1
 
     def _breath_due(self) -> bool:
         """Whether to let others run now: every _BREATHE_S of work (a restore re-reads a spread
@@ -450,34 +291,3 @@ class Stepper:
             self._breathed = now
             return True
         return False
-
-    def _dry(self, source: int) -> bool:
-        return self._intakes[source].dry
-
-    def _take(self, intake: DocumentSource, until_group: int | None) -> Doc | None:
-        """The source's next document if its record is in its ring, else None."""
-        if (doc := intake.poll(until_group)) is None:
-            return None
-        self._next[intake.catalog.index] = doc.after
-        return doc
-
-    def _await_doc(self, intake: DocumentSource, until_group: int | None) -> Requests:
-        """After _take found nothing: wait for the source's next record; None if the source
-        ran dry or its cursor reached `until_group`."""
-        delay, since = _POLL_MIN_S, time.monotonic()
-        while True:
-            if intake.dry or (until_group is not None and intake.group >= until_group):
-                return None
-            waited = time.monotonic() - since
-            if waited > self._spec.worker_timeout:
-                raise SourceFailed(
-                    intake.catalog.name,
-                    f"no sample arrived for {waited:.0f}s (worker timeout "
-                    f"{self._spec.worker_timeout:.0f}s): is a transform stuck? "
-                    "Raise --worker-timeout for very slow transforms",
-                )
-            yield delay
-            delay = min(delay * 2, _POLL_MAX_S)
-            if (doc := intake.poll(until_group)) is not None:
-                self._next[intake.catalog.index] = doc.after
-                return doc
