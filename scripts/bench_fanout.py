@@ -5,8 +5,9 @@ ranks consume batches without a model until the job's --steps end (every rank of
 consumes the same steps: a rank that stopped early would hold the others). Prints, per world
 size: delivered real tokens/s and received MB/s over all ranks, the gap between a rank's
 consecutive batches (p50/p99 over every rank), the time until every rank had its first batch,
-the coordinator's CPU use while every rank is served, and the bytes received per token slot
-(frames and headers included).
+the coordinator's CPU use while every rank is served and its CPU time per delivered token slot
+(coord ns/slot: issue 41's figure, whatever the machine's cores), and the bytes received per
+token slot (frames and headers included).
 
     python scripts/bench_fanout.py [--worlds 16,64,256,1024] [--tokens 100e6] [--procs 8]
                                    [--clients lean|full]
@@ -207,10 +208,12 @@ def _serve_ranks(
     span = served[-1][0] - served[0][0] if len(served) > 1 else float("nan")
     cpu = (served[-1][1] - served[0][1]) / span if len(served) > 1 else float("nan")
     sender_cpu = (served[-1][2] - served[0][2]) / span if len(served) > 1 else float("nan")
+    slots_per_s = sum(r["slots"] for r in results) / (end - begin)
     return {
         "world": world,
         "procs": procs,
         "tokens_per_s": sum(r["tokens"] for r in results) / (end - begin),
+        "ns_per_slot": cpu / slots_per_s * 1e9,
         "mb_per_s": received / (end - begin) / 1e6,
         "gap_p50": float(np.percentile(gaps, 50)),
         "gap_p99": float(np.percentile(gaps, 99)),
@@ -264,7 +267,7 @@ def main() -> None:
     print(
         f"{'world':>6}{'mode':>10}{'conns':>6}{'tokens/s':>14}{'MB/s':>8}"
         f"{'gap p50':>9}{'gap p99':>9}{'p99/p50':>8}{'1st batch':>10}"
-        f"{'coord CPU':>10}{'send CPU':>9}{'B/token':>9}"
+        f"{'coord CPU':>10}{'ns/slot':>8}{'send CPU':>9}{'B/token':>9}"
     )
     for world, mode in ((int(w), m) for w in args.worlds.split(",") for m in args.modes.split(",")):
         steps = max(12, round(args.tokens / (world * args.rows * args.seq_len)))
@@ -275,10 +278,11 @@ def main() -> None:
             f"{world:>6}{mode:>10}{r['connections']:>6}{r['tokens_per_s']:>14,.0f}{r['mb_per_s']:>8.0f}"
             f"{r['gap_p50'] * 1000:>7.0f}ms"
             f"{r['gap_p99'] * 1000:>7.0f}ms{r['gap_p99'] / r['gap_p50']:>8.1f}{r['first_batch']:>9.1f}s"
-            f"{r['cpu']:>9.0%}{r['sender_cpu']:>9.0%}{r['bytes_per_token']:>9.2f}",
+            f"{r['cpu']:>9.0%}{r['ns_per_slot']:>9.1f}{r['sender_cpu']:>9.0%}{r['bytes_per_token']:>9.2f}",
             flush=True,
         )
     print(
+        "ns/slot: the coordinator's CPU time per token slot delivered while every rank was served; "
         "B/token: bytes the rank clients received (frames, headers included) per token slot of their batches; "
         "relayN: N ranks share one relay (`omniload relay`, ranks on its Unix socket); sendersN: N sender "
         "processes write the batches from shared memory; conns: TCP connections the coordinator holds while serving"

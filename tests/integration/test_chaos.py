@@ -135,8 +135,10 @@ def test_workers_killed_at_random_change_no_batch_and_stall_no_rank(corpus, tmp_
     assert log.count("was killed by SIGKILL; restarting it at the source cursor") == kills, log
     for rank in range(2):
         assert results[rank]["hashes"] == reference[rank]["hashes"], f"rank {rank} saw other batches"
+    # a stall is a wait for something that never comes (a lost record, a worker never replaced:
+    # the worker timeout, 300 s); a replacement's start on a busy 2-core machine takes seconds
     worst = max(max(r["waits"]) for r in results)
-    assert worst < 2.0, f"a rank waited {worst:.2f}s for a batch"
+    assert worst < 10.0, f"a rank waited {worst:.2f}s for a batch"
     assert_port_closed(job.addr)
 
 
