@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from omniload.coordinator.ha.checkpoint import Recovery
+from omniload.coordinator.checkpoint.folder import Recovery
 from omniload.coordinator.plan.requests import Cancelled
 from omniload.coordinator.plan.spread import UnitStore
 from omniload.coordinator.plan.stepper import Step, Stepper

@@ -8,7 +8,7 @@ close connections, stop workers, unlink rings). A second Ctrl-C forces the exit.
 The parts, one role each: the role this coordinator starts in, primary or standby
 (ha/roles.py: a standby announces first, follows the primary's lease and delta log, and takes
 over); the lease and its fence (ha/tenure.py: a fenced primary exits with FENCED_EXIT);
-positions and checkpoints (ha/positions.py, written on a thread by ha/checkpoint.py); the
+positions and checkpoints (checkpoint/positions.py, written on a thread by checkpoint/folder.py); the
 workers and their supervision (pool/workforce.py); the planning loop (coordinator/planning.py, a costly
 step's computation on a thread); the ranks' admission, ACKs and watch (serve/ranks.py, the Hub
 of serve/sessions.py); frames, senders and the step arena (serve/sending.py). The loop only
@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from omniload.coordinator.ha.checkpoint import Recovery
-from omniload.coordinator.ha.positions import Positions
+from omniload.coordinator.checkpoint.folder import Recovery
+from omniload.coordinator.checkpoint.positions import Positions
 from omniload.coordinator.ha.roles import Primary, Standby
 from omniload.coordinator.ha.tenure import Tenure
 from omniload.coordinator.loop import run_loop

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from omniload.coordinator.ha.checkpoint import CheckpointWriter, last_position
+from omniload.coordinator.checkpoint.folder import CheckpointWriter, last_position
 from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.plan.stepper import Stepper
 from omniload.spec import Spec

@@ -59,7 +59,7 @@ def measure(world: int, steps: int, kill_at: int, step_s: float, root: Path) -> 
     from bench_data import make_sources
 
     import omniload
-    from omniload.coordinator.ha.checkpoint import last_position
+    from omniload.coordinator.checkpoint.folder import last_position
     from omniload.coordinator.ha.lease import read_lease
 
     folder = root / f"ckpt{world}"

@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 
 import omniload
-from omniload.coordinator.ha.checkpoint import last_position
+from omniload.coordinator.checkpoint.folder import last_position
 from tests.rank_forkserver import ForkedRank, spawn
 
 PROBE = Path(__file__).parent / "rank_probe.py"

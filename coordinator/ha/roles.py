@@ -1,7 +1,7 @@
 """Primary and standby: the two roles a coordinator starts in, over the same parts.
 
 Everything else — lifecycle (server.py), planning (coordinator/planning.py), ranks and sending
-(serve/), workers (pool/workforce.py), checkpoints (ha/positions.py), the lease once held
+(serve/), workers (pool/workforce.py), checkpoints (checkpoint/positions.py), the lease once held
 (ha/tenure.py) — is one code for both; a role says only what differs:
 
 - a **primary** starts from step 0 or its --resume folder, takes the first lease of its
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, cast
 
-from omniload.coordinator.ha.checkpoint import Recovery, last_position, log_after
+from omniload.coordinator.checkpoint.folder import Recovery, last_position, log_after
 from omniload.coordinator.ha.lease import job_digest
 from omniload.coordinator.ha.standby import Follower, follow, warm_forkserver
 from omniload.coordinator.plan.requests import Cancelled
@@ -33,7 +33,7 @@ from omniload.errors import ConfigError, OmniloadError
 from omniload.formats.ring import remove_stale_segments
 
 if TYPE_CHECKING:
-    from omniload.coordinator.ha.positions import Positions
+    from omniload.coordinator.checkpoint.positions import Positions
     from omniload.coordinator.ha.tenure import Tenure
     from omniload.coordinator.planning import Planning
     from omniload.spec import Spec

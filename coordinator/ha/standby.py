@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from omniload.coordinator.checkpoint.folder import snapshot_steps
 from omniload.coordinator.ha import lease as leases
-from omniload.coordinator.ha.checkpoint import snapshot_steps
 
 log = logging.getLogger("omniload")
 _POLL_S = 0.05  # how often a standby looks at the lease

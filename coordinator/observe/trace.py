@@ -27,7 +27,13 @@ from typing import Any
 
 import orjson
 
-from omniload.coordinator.ha.checkpoint import explain_mismatch, last_position, log_after, read_snapshot, snapshot_steps
+from omniload.coordinator.checkpoint.folder import (
+    explain_mismatch,
+    last_position,
+    log_after,
+    read_snapshot,
+    snapshot_steps,
+)
 from omniload.coordinator.plan.requests import Cancelled
 from omniload.coordinator.plan.stepper import Step, Stepper
 from omniload.coordinator.pool.catalog import SourceCatalog, build_catalog, fingerprint, job_identity

@@ -31,7 +31,7 @@ from omniload.spec import check_weights
 from omniload.state import check_state
 
 if TYPE_CHECKING:
-    from omniload.coordinator.ha.positions import Positions
+    from omniload.coordinator.checkpoint.positions import Positions
     from omniload.coordinator.ha.roles import Primary, Standby
     from omniload.coordinator.ha.tenure import Tenure
     from omniload.coordinator.observe.figures import Figures

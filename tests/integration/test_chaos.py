@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import omniload
-from omniload.coordinator.ha.checkpoint import last_position
+from omniload.coordinator.checkpoint.folder import last_position
 from omniload.protocol import PREFIX, VERSION, Kind, Message, encode
 from tests.corpus import mixed_sources
 from tests.jobs import (

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import omniload
-from omniload.coordinator.ha.checkpoint import last_position
+from omniload.coordinator.checkpoint.folder import last_position
 from tests.corpus import documents, mixed_sources, write_parquet
 from tests.jobs import ROOT, TORCHRUN, collect, omniload_cli, run_ranks, start_ranks, wait_for_checkpoint
 

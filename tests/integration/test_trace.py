@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import omniload
-from omniload.coordinator.ha.checkpoint import last_position, snapshot_steps
+from omniload.coordinator.checkpoint.folder import last_position, snapshot_steps
 from omniload.coordinator.observe.trace import Traced, trace_step, trace_to_dict
 from tests.corpus import documents, make_mixed_corpus, mixed_sources, write_parquet
 from tests.jobs import collect, omniload_cli, run_ranks, start_ranks, wait_for_checkpoint

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from omniload.coordinator.ha.checkpoint import CheckpointWriter, explain_mismatch, last_position
+from omniload.coordinator.checkpoint.folder import CheckpointWriter, explain_mismatch, last_position
 from omniload.state import STATE_VERSION
 
 JOB = {"spec": {"seq_len": 64, "seed": 1}, "files": {"web": [["a.parquet", 100, 10]]}}
@@ -96,7 +96,7 @@ def test_a_stalled_disk_holds_at_most_one_snapshot_and_two_records(tmp_path, mon
     import threading
     import time
 
-    from omniload.coordinator.ha import checkpoint
+    from omniload.coordinator.checkpoint import folder as checkpoint
 
     gate = threading.Event()
     real_append = checkpoint.CheckpointWriter._append
@@ -131,7 +131,7 @@ def test_any_error_of_the_writer_reaches_the_job_once(tmp_path, monkeypatch):
     """Not only a full disk: a bug in the writer must stop the job too, never leave it
     training on without checkpoints. Writes after it are dropped: the job is stopping, and a
     second error there would hide the first."""
-    from omniload.coordinator.ha import checkpoint
+    from omniload.coordinator.checkpoint import folder as checkpoint
 
     def broken(self, *args):
         raise ValueError("a bug in a snapshot")
@@ -251,7 +251,7 @@ def test_a_position_round_trips_through_its_typed_form_byte_for_byte(step):
 def test_the_first_snapshot_is_kept_when_the_disk_falls_behind():
     """A slow disk merges pending snapshots into the newest, but never drops the job's first:
     early steps are traced and resumed from it."""
-    from omniload.coordinator.ha.checkpoint import _Pending
+    from omniload.coordinator.checkpoint.folder import _Pending
 
     pending = _Pending()
     pending.add(1, [], None, ({"step": 1}, 2, None), first=True)

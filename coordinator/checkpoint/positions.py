@@ -4,7 +4,7 @@ checkpoints written as the ranks consume steps.
 A --resume folder's last consistent position is read before the event loop starts. A position
 a rank brings, or one saved in a folder, must be of the same spec and files (the fingerprint),
 unless --allow-changed-data, which says once in the checkpoint log how they differ. Every
-position every rank has consumed goes to the CheckpointWriter (ha/checkpoint.py), which writes
+position every rank has consumed goes to the CheckpointWriter (checkpoint/folder.py), which writes
 on its own thread; a failure there stops the job through the coordinator's one failure path,
 naming the folder and what to do.
 """
@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from omniload.coordinator.ha.checkpoint import CheckpointWriter, Recovery, explain_mismatch, last_position
+from omniload.coordinator.checkpoint.folder import CheckpointWriter, Recovery, explain_mismatch, last_position
 from omniload.coordinator.pool.catalog import fingerprint
 from omniload.errors import ConfigError, OmniloadError
 from omniload.spec import Spec
