@@ -133,7 +133,7 @@ class PlanTask:
                     )
                     self._on_end(stepper.step)
                     return
-                position = stepper.export_state(self._fingerprint)
+                position = stepper.state_dict(self._fingerprint)
                 # awaited within this iteration: the lambda never outlives its step and position
                 frames = await self._offloader.run("encode", lambda: self._encode(step, position))  # noqa: B023
                 self._count(step, time.perf_counter() - started)

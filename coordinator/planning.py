@@ -39,13 +39,13 @@ class Planning:
         """The stepper at the job's start: a snapshot now (the steps after it replayed once the
         loop runs), or step 0."""
         if recovery:
-            self.stepper.restore({**recovery.state, "live": recovery.state["live"] + recovery.live})
+            self.stepper.load_state_dict({**recovery.state, "live": recovery.state["live"] + recovery.live})
         else:
-            self.start_position = self.export()
+            self.start_position = self.state_dict()
 
-    def export(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """The stepper's position now, the job's fingerprint with it."""
-        return self.stepper.export_state(self._fingerprint)
+        return self.stepper.state_dict(self._fingerprint)
 
     def plan_with(
         self, encode: Callable[[Step, dict[str, Any]], Any], on_step: StepHandler, on_end: Callable[[int], None]
@@ -65,7 +65,7 @@ class Planning:
             self.stepper.rehydrate()
             for _ in range(recovery.replay):
                 self.stepper.next_step(build=False)
-            return self.export()
+            return self.state_dict()
 
         try:
             self.start_position = await asyncio.get_running_loop().run_in_executor(None, replay)
@@ -87,7 +87,7 @@ class Planning:
 
     async def reposition(self, position: dict[str, Any], workforce: Workforce) -> None:
         """Move the job to the loader position the first rank brought, before any step is planned."""
-        await workforce.restart_all(lambda: self.stepper.restore(position))
+        await workforce.restart_all(lambda: self.stepper.load_state_dict(position))
         self.planner.reapply_early_changes()
         self.start_position = position
         log.warning("resuming at step %d, the loader position the ranks brought", position["step"])

@@ -6,12 +6,49 @@ holds a connection."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import torch
 
 from omniload.broadcast import BroadcastLoader
 from omniload.client import Loader, placement
 from omniload.errors import ConfigError
+
+
+class RankLoader(Protocol):
+    """What `connect()` returns, a Loader or a BroadcastLoader: the one interface the
+    integrations (omniload/integrations/) and a training script rely on."""
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What the coordinator said when this rank joined: the job, its layout, who serves it."""
+        ...
+
+    @property
+    def step(self) -> int | None:
+        """The last step handed out (steps count from 0 over the job); None before the first."""
+        ...
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The last batch's figures (its tokens, the balance, documents a step)."""
+        ...
+
+    @property
+    def wait_seconds(self) -> float:
+        """Time spent waiting for batches inside iteration."""
+        ...
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]: ...
+
+    def state_dict(self, *, step: int | None = None) -> dict[str, str]:
+        """The loader position after the last batch handed out, or after batch `step`."""
+        ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def connect(
@@ -24,7 +61,7 @@ def connect(
     broadcast_at: str | None = None,
     pin_memory: bool = False,
     device: str | torch.device | None = None,
-) -> Loader | BroadcastLoader:
+) -> RankLoader:
     """Connect this rank to its job's coordinator.
 
     Defaults come from the environment that `omniload launch` and torchrun set:

@@ -90,7 +90,7 @@ def folder_size(steps: int, dp: int, seq_len: int, rows: int) -> None:
         started = time.perf_counter()
         for _ in range(steps):
             stepper.next_step(build=False)
-            writer.write(stepper.export_state("f"), dp)
+            writer.write(stepper.state_dict("f"), dp)
             writer.flush()
         writer.close()
         assert not errors, errors
@@ -117,19 +117,19 @@ def resume_time(dp: int, seq_len: int, rows: int, snapshot_at: int, replays: lis
 
             for _ in range(snapshot_at + replay):
                 stepper.next_step(build=False)
-                writer.write(stepper.export_state("f"), dp)
+                writer.write(stepper.state_dict("f"), dp)
             writer.close()
-            expected = stepper.export_state("f")
+            expected = stepper.state_dict("f")
             started = time.perf_counter()
             found = last_position(folder)
             resumed = _stepper(spec, found.dp)
-            resumed.restore({**found.state, "live": found.state["live"] + found.live})
+            resumed.load_state_dict({**found.state, "live": found.state["live"] + found.live})
 
             resumed.rehydrate()
             for _ in range(found.replay):
                 resumed.next_step(build=False)
             took = time.perf_counter() - started
-            assert resumed.export_state("f") == expected, "the replay must land on the same position"
+            assert resumed.state_dict("f") == expected, "the replay must land on the same position"
             print(
                 f"  {found.replay:4d} steps replayed: {took:6.2f}s ({took / max(1, found.replay) * 1000:.0f} ms/step)"
             )

@@ -177,7 +177,7 @@ class Standby:
                 return False
             if turn is not None:
                 await loop.run_in_executor(None, self._take_over, turn.epoch)
-                planning.start_position = planning.export()
+                planning.start_position = planning.state_dict()
                 log.warning(
                     "took over at step %d: caught up %d steps in %.2fs (a hot standby)",
                     planning.stepper.step,

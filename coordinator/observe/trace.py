@@ -206,7 +206,7 @@ def _plan(
         intakes = [SourceIntake(src, pool.source_rings(src.index), spec.seed, spec.shard_interleave) for src in catalog]
         stepper = Stepper(spec, intakes, live_changes=[(at, weights) for at, weights in live], store=spill)
         if state is not None:
-            stepper.restore({**state, "live": live})
+            stepper.load_state_dict({**state, "live": live})
         for worker_id in range(len(plan)):
             pool.start(worker_id, lambda source, _lane: intakes[source].cursor)
         watch = _Watch(pool, stepper.cancel)
@@ -217,7 +217,7 @@ def _plan(
             planned = _next_step(stepper, build=True)
         except Cancelled:
             raise OmniloadError(watch.failure) from None
-        return planned, stepper.export_state(state["fingerprint"] if state else "")
+        return planned, stepper.state_dict(state["fingerprint"] if state else "")
     finally:
         if watch is not None:
             watch.stop()

@@ -52,7 +52,7 @@ class Step:
 
 @dataclass(slots=True)
 class _Restoring:
-    """What restore read and the first step (or rehydrate) rebuilds from."""
+    """What load_state_dict read and the first step (or rehydrate) rebuilds from."""
 
     carry: tuple[Carried, ...]
     spreads: dict[int, SpreadPosition]  # source -> the position of its spread
@@ -96,9 +96,9 @@ class Stepper:
         self.step = 0
         self.cancel = threading.Event()  # set from another thread to end a wait for records
         self._breathed, self._calls = time.monotonic(), 0
-        self._saved: _Restoring | None = None  # set by restore until the carry and spreads are rebuilt
+        self._saved: _Restoring | None = None  # set by load_state_dict until the carry and spreads are rebuilt
 
-    def export_state(self, fingerprint: str) -> dict[str, Any]:
+    def state_dict(self, fingerprint: str) -> dict[str, Any]:
         """The position after the last step planned (omniload.state's LoaderState, as JSON)."""
         return LoaderState(
             fingerprint,
@@ -118,7 +118,7 @@ class Stepper:
         """Each source's next epoch's spread, read ahead (None where none is)."""
         return [source.next_spread for source in self._sources]
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a position. Each source's intake is moved back to the earliest of its
         spread's start and its carried documents; the first step re-reads from there to the
         saved cursor to rebuild the spread and the carry."""
@@ -139,7 +139,7 @@ class Stepper:
 
     def rehydrate(self) -> None:
         """Rebuild the carried segments and the spreads by re-reading their documents; the
-        first step does it too. Until then export_state does not hold the restored position."""
+        first step does it too. Until then state_dict does not hold the restored position."""
         drive(self._rehydrate(), self.cancel)
 
     def _rehydrate(self) -> Requests:

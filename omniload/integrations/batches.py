@@ -10,7 +10,7 @@ by its step count, not the loader: `trained_step` turns the one into the other, 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset
@@ -19,15 +19,6 @@ from omniload.batch_arrays import IGNORE_INDEX
 from omniload.errors import ConfigError
 
 Batch = dict[str, torch.Tensor]
-
-
-class RankLoader(Protocol):
-    """What the integrations use of `omniload.connect()`'s result (a Loader, or a
-    BroadcastLoader with --broadcast-at tp)."""
-
-    def __iter__(self) -> Iterator[Batch]: ...
-    def state_dict(self, *, step: int | None = None) -> dict[str, str]: ...
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
 def require_whole_rows(loader: Any, who: str) -> None:

@@ -28,7 +28,8 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from omniload.errors import ConfigError
-from omniload.integrations.batches import Batch, LoaderDataset, RankLoader, trained_step, unshifted_labels
+from omniload.integrations.batches import Batch, LoaderDataset, trained_step, unshifted_labels
+from omniload.rank_entry import RankLoader
 
 STATE_FILE = "omniload-loader-rank{rank}.json"
 MODEL_INPUTS = ("input_ids", "position_ids")  # what a causal LM's forward takes from a batch

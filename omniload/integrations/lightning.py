@@ -20,7 +20,8 @@ from typing import Any
 import pytorch_lightning as pl
 from torch.utils.data import DataLoader
 
-from omniload.integrations.batches import Batch, LoaderDataset, RankLoader, trained_step
+from omniload.integrations.batches import Batch, LoaderDataset, trained_step
+from omniload.rank_entry import RankLoader
 
 STATE_KEY = "loader"
 

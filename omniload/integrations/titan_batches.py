@@ -5,17 +5,12 @@ it torchtitan's `BaseDataLoader`."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from omniload.integrations.batches import Batch, require_whole_rows
-
-
-class _Loader(Protocol):  # what TitanBatches needs of omniload's Loader (a test can fake it)
-    def __iter__(self) -> Iterator[Batch]: ...
-    def state_dict(self) -> dict[str, str]: ...
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+from omniload.integrations.batches import require_whole_rows
+from omniload.rank_entry import RankLoader
 
 
 class TitanBatches:
@@ -27,7 +22,7 @@ class TitanBatches:
     iterating (torchtitan loads its checkpoint before the first step); an empty state (a
     checkpoint saved without a data loader) leaves the loader at the job's start."""
 
-    def __init__(self, loader: _Loader) -> None:
+    def __init__(self, loader: RankLoader) -> None:
         self.loader = loader
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:

@@ -154,10 +154,10 @@ def test_resume_from_a_position_mid_spread_is_identical(at, long_docs):
     whole = _run(_stepper(spec, lengths=lengths), at + 25)
     first = _stepper(spec, lengths=lengths)
     _run(first, at)
-    state = orjson.loads(orjson.dumps(first.export_state("f")))  # as it travels and is stored
+    state = orjson.loads(orjson.dumps(first.state_dict("f")))  # as it travels and is stored
     assert any(s is not None for s in state["spreads"].values())
     resumed = _stepper(spec, lengths=lengths)
-    resumed.restore(state)
+    resumed.load_state_dict(state)
     for a, b in zip(whole[at:], _run(resumed, 25), strict=True):
         for x, y in zip(a.batches, b.batches, strict=True):
             assert all(np.array_equal(x[k], y[k]) for k in x)
@@ -175,7 +175,7 @@ def test_resume_at_every_step_across_epochs_read_ahead_is_identical():
     stepper, whole, states, read_ahead = _stepper(spec, lengths=lengths, late=0.3), [], [], 0
     while (step := stepper.next_step()) is not None:
         whole.append(step)
-        states.append(stepper.export_state("f"))
+        states.append(stepper.state_dict("f"))
         read_ahead += any(s is not None and s.clock for s in stepper.next_spreads)
     assert read_ahead >= 3, "no step ended with the next epoch partly read"
     delivered = Counter(
@@ -185,14 +185,14 @@ def test_resume_at_every_step_across_epochs_read_ahead_is_identical():
     for at in range(1, len(whole)):
         first = _stepper(spec, lengths=lengths, late=0.3, seed=at)
         _run(first, at)
-        assert first.export_state("f") == states[at - 1], f"step {at - 1}'s position depends on the records' timing"
+        assert first.state_dict("f") == states[at - 1], f"step {at - 1}'s position depends on the records' timing"
         resumed = _stepper(spec, lengths=lengths, late=0.3, seed=100 + at)
-        resumed.restore(orjson.loads(orjson.dumps(first.export_state("f"))))
+        resumed.load_state_dict(orjson.loads(orjson.dumps(first.state_dict("f"))))
         for a, state in zip(whole[at:], states[at:], strict=True):
             b = resumed.next_step()
             for x, y in zip(a.batches, b.batches, strict=True):
                 assert all(np.array_equal(x[k], y[k]) for k in x), f"resumed at step {at}, step {a.number} differs"
-            assert resumed.export_state("f") == state, f"resumed at step {at}, step {a.number}'s position differs"
+            assert resumed.state_dict("f") == state, f"resumed at step {at}, step {a.number}'s position differs"
         assert resumed.next_step() is None
 
 
@@ -217,16 +217,16 @@ def test_replaying_k_steps_from_a_snapshot_reaches_the_same_position(k):
     direct = Stepper(spec, [ListIntake(i, heavy_tailed(i, 1500)) for i in range(3)], list(live))
     direct.dp = DP
     _run(direct, 10)
-    snapshot = orjson.loads(orjson.dumps(direct.export_state("f")))
+    snapshot = orjson.loads(orjson.dumps(direct.state_dict("f")))
     _run(direct, k)
     replayed = Stepper(spec, [ListIntake(i, heavy_tailed(i, 1500)) for i in range(3)])
     replayed.dp = DP
-    replayed.restore({**snapshot, "live": [list(c) for c in live]})
+    replayed.load_state_dict({**snapshot, "live": [list(c) for c in live]})
 
     replayed.rehydrate()
     for _ in range(k):
         replayed.next_step(build=False)
-    assert replayed.export_state("f") == orjson.loads(orjson.dumps(direct.export_state("f")))
+    assert replayed.state_dict("f") == orjson.loads(orjson.dumps(direct.state_dict("f")))
 
 
 def test_the_position_holds_no_tokens_and_stays_small():
@@ -234,7 +234,7 @@ def test_the_position_holds_no_tokens_and_stays_small():
     sizes = []
     for _ in range(20):
         _run(stepper, 10)
-        sizes.append(len(repr(stepper.export_state("f"))))
+        sizes.append(len(repr(stepper.state_dict("f"))))
     assert max(sizes) < 4000
 
 
