@@ -84,7 +84,7 @@ class PlanTask:
         self._over: str | None = None  # why no more changes can be applied, once planning ended
         self._early: list[dict[str, float]] = []  # changes applied before start, in order
         self._steps, self._seconds, self._last_step_s = 0, 0.0, 0.0
-        self._last: dict = {}  # the last step's figures (balance, weights, carry)
+        self._last: dict = {}  # the last step's balance, weights and carry
 
     def start(self, allowed: int) -> asyncio.Task:
         self._allowed = allowed
@@ -157,7 +157,7 @@ class PlanTask:
             self._wake.clear()
             await self._wake.wait()
 
-    def figures(self) -> dict:
+    def progress(self) -> dict:
         """What the planner has done: steps, time per step (waiting for records included), and
         the last step's balance, carry-over and weights."""
         mean = self._seconds / self._steps if self._steps else 0.0
@@ -172,7 +172,7 @@ class PlanTask:
         self._steps += 1
         self._seconds += seconds
         self._last_step_s = seconds
-        plan = step.figures
+        plan = step.balance
         self._last = {
             "imbalance": round(plan.get("imbalance", 1.0), 4),
             "to_bound": round(plan.get("to_bound", 1.0), 4),

@@ -272,7 +272,7 @@ def planner_time(sample: Sampler, steps: int, dp: int = 1024, seq_len: int = 327
         started = time.thread_time()
         assign_budgets(lengths, c, 0, dp, 2 * rows * seq_len)
         assigns.append(time.thread_time() - started)
-        to_bound.append(plan.figures["to_bound"])
+        to_bound.append(plan.balance["to_bound"])
         segments.append(len(fresh))
     return {
         "plan_ms": 1000 * float(np.median(plans)),
@@ -353,10 +353,10 @@ def stepper_balance(
             if src >= 0
         ]
         costs = cost(np.array(real, dtype=np.int64), np.zeros(len(real)), np.zeros(len(real)))
-        worst = max(step.figures["rank_cost"])
-        to_bound.append(step.figures["to_bound"])
+        worst = max(step.balance["rank_cost"])
+        to_bound.append(step.balance["to_bound"])
         to_tight.append(worst / lower_bound(costs, dp))
-        carried.append(step.figures["carried"])
+        carried.append(step.balance["carried"])
     return {
         "to_bound": float(np.mean(to_bound)),
         "to_tight": float(np.mean(to_tight)),

@@ -113,7 +113,7 @@ class Figures:
         }
 
     def _planner_figures(self) -> dict[str, Any]:
-        figures = self._planner.figures()
+        figures = self._planner.progress()
         if "weights" in figures:
             figures["weights"] = dict(zip(self._names, figures["weights"]))
         if "top_doc_share" in figures:

@@ -41,11 +41,11 @@ class Assignment:
     row: Ints  # per segment: row within the rank, or -1
     cost: Floats  # per rank: total cost
 
-    def figures(self, costs: Floats) -> dict[str, float]:
-        return balance_figures(self.cost, costs[self.rank >= 0])
+    def balance(self, costs: Floats) -> dict[str, float]:
+        return balance_stats(self.cost, costs[self.rank >= 0])
 
 
-def balance_figures(rank_cost: Floats, placed: Floats) -> dict[str, float]:
+def balance_stats(rank_cost: Floats, placed: Floats) -> dict[str, float]:
     """How even a step is: max and mean rank cost, and the lower bound max(mean, the costliest
     item placed) that no assignment can beat."""
     mean = float(rank_cost.mean()) if len(rank_cost) else 0.0

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from omniload.coordinator.plan.balance import balance_figures
+from omniload.coordinator.plan.balance import balance_stats
 from omniload.coordinator.plan.cost import CostFn
 
 _MOVE_PASSES = 2  # vectorized passes of moves between many pairs of ranks (more moved nothing useful in the bench)
@@ -55,13 +55,13 @@ class Budgets:
     cost: Floats  # per rank: total cost
     tokens: Ints  # per rank: real tokens
 
-    def figures(self, costs: Floats, groups: Sequence[Ints] = ()) -> dict[str, float]:
+    def balance(self, costs: Floats, groups: Sequence[Ints] = ()) -> dict[str, float]:
         """max/mean rank cost and the max over the lower bound; a group counts as one item."""
         item_cost = costs.copy()
         for group in groups:
             item_cost[group] = 0.0
             item_cost[group[0]] = costs[group].sum()
-        return balance_figures(self.cost, item_cost[self.rank >= 0])
+        return balance_stats(self.cost, item_cost[self.rank >= 0])
 
 
 def assign_budgets(

@@ -5,7 +5,7 @@
 
 Which segments are in the step is already decided (the mixture); this regroups them by
 cost (balance.py) and returns each rank's rows, what waits for the next step, and the
-step's figures: each rank's cost, max/mean, and the lower bound. A document may hold at most
+step's balance: each rank's cost, max/mean, and the lower bound. A document may hold at most
 `doc_cap` tokens of a rank (or one segment, if that is longer): a further chunk of it placed
 on the same rank waits for the next step instead, unless it has waited --balance-window steps.
 """
@@ -41,7 +41,7 @@ class StepPlan:
     rows_per_rank: int
     tokens: list[int]  # per rank: real tokens placed
     carry: list[Segment]  # chosen for this step but not placed; first in line next step
-    figures: dict[str, Any]
+    balance: dict[str, Any]  # rank costs, max/mean, the lower bound, what was carried
 
     def rank_rows(self, rank: int) -> list[list[Segment]]:
         """Rank `rank`'s rows: each a list of its segments in order."""
@@ -82,7 +82,7 @@ def plan_step(
     may_wait = m.delay < window if window else None
     placed = assign(m.lengths, m.costs, len(carry), dp, rows, seq_len, m.groups, may_wait)
     plan = _distribute(segments, m, placed.rank, placed.row, placed.cost, rows, window, doc_cap)
-    return dataclasses.replace(plan, figures=_figures(placed.figures(m.costs), placed.cost, m, plan.carry))
+    return dataclasses.replace(plan, balance=_balance(placed.balance(m.costs), placed.cost, m, plan.carry))
 
 
 def plan_budgets(
@@ -105,7 +105,7 @@ def plan_budgets(
     placed = assign_budgets(m.lengths, m.costs, len(carry), dp, cap, m.groups, pad_to, pad_cost)
     rows = np.zeros(len(segments), dtype=np.int64)
     plan = _distribute(segments, m, placed.rank, rows, placed.cost, 1, window, doc_cap)
-    return dataclasses.replace(plan, figures=_figures(placed.figures(m.costs, m.groups), placed.cost, m, plan.carry))
+    return dataclasses.replace(plan, balance=_balance(placed.balance(m.costs, m.groups), placed.cost, m, plan.carry))
 
 
 class _Measured(NamedTuple):
@@ -155,7 +155,7 @@ def _distribute(
     doc_cap: int,
 ) -> StepPlan:
     """Each rank's rows of segments, in the step's order, and what is carried (_hold_back);
-    the figures are the caller's."""
+    the balance is the caller's."""
     if doc_cap:
         _hold_back(segments, m, rank_of, rank_cost, window, doc_cap)
     dp = len(rank_cost)
@@ -202,7 +202,7 @@ def _hold_back(
             held[key] = tokens + segment.length
 
 
-def _figures(placed: dict[str, float], rank_cost: Floats, m: _Measured, left: list[Segment]) -> dict[str, Any]:
+def _balance(placed: dict[str, float], rank_cost: Floats, m: _Measured, left: list[Segment]) -> dict[str, Any]:
     return {
         **placed,
         "rank_cost": rank_cost.tolist(),

@@ -46,7 +46,7 @@ class Step:
     number: int  # 0-based
     batches: list[dict[str, NDArray[Any]]]  # one per data-parallel rank, as on the wire (omniload.batch_arrays)
     tokens: list[int]  # real (non-padding) tokens per data-parallel rank
-    figures: dict[str, Any]  # the planner's: rank costs, max/mean, lower bound, carried
+    balance: dict[str, Any]  # the step plan's balance, with the step's diversity and drops
     weights: list[float]
 
 
@@ -258,7 +258,7 @@ class Stepper:
             self.step,
             batches,
             plan.tokens,
-            {**plan.figures, "dropped": self.dropped, "documents": documents, "top_doc_share": top_shares},
+            {**plan.balance, "dropped": self.dropped, "documents": documents, "top_doc_share": top_shares},
             weights,
         )
         self.step += 1

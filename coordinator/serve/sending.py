@@ -103,14 +103,14 @@ class Sending:
         shared = step_fields(
             {
                 "dp": dp,
-                "imbalance": round(step.figures["imbalance"], 4),
-                "to_bound": round(step.figures["to_bound"], 4),
+                "imbalance": round(step.balance["imbalance"], 4),
+                "to_bound": round(step.balance["to_bound"], 4),
                 # the loss's denominator: sum of token losses / this, times dp (docs/planning.md)
                 "global_trained_tokens": trained_tokens(step.batches),
                 "weights": dict(zip(self._source_names, step.weights)),
                 # per-step diversity (plan/diversity.py): distinct documents, each source's top share
-                "documents": step.figures["documents"],
-                "top_doc_share": dict(zip(self._source_names, step.figures["top_doc_share"])),
+                "documents": step.balance["documents"],
+                "top_doc_share": dict(zip(self._source_names, step.balance["top_doc_share"])),
                 "state": position,
             }
         )

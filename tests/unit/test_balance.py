@@ -41,7 +41,7 @@ def test_balance_beats_round_robin_and_nears_the_bound(lengths, dp):
     costs = attention(lengths, np.zeros_like(lengths), np.zeros_like(lengths))
     a = assign(lengths, costs, 0, dp, rows, seq_len)
     assert (a.rank >= 0).all()
-    figures = a.figures(costs)
+    figures = a.balance(costs)
     naive = max(costs[r::dp].sum() for r in range(dp))
     # greedy can lose to round robin by a hair where a few long segments decide (the example
     # above: 1,939,183 against 1,939,134, also at fdab950); it must never lose more
@@ -89,7 +89,7 @@ def test_plan_counts_the_delay_of_what_it_carries():
     plan = plan_step(_segments([30], delay=2), _segments([64, 64]), dp=1, rows=1, seq_len=64, cost_fn=attention)
     assert [s.length for s in plan.rows[0][0]] == [30]  # the carried segment went first
     assert [(s.length, s.delay) for s in plan.carry] == [(64, 1), (64, 1)]
-    assert plan.figures["carried"] == 2 and plan.figures["max_delay"] == 2
+    assert plan.balance["carried"] == 2 and plan.balance["max_delay"] == 2
 
 
 @settings(max_examples=300, deadline=None)

@@ -53,7 +53,7 @@ def test_the_busiest_rank_is_within_one_segment_of_the_lower_bound(lengths, dp):
     costs = _costs(lengths, llama_8b)
     b = assign_budgets(lengths, costs, 0, dp, cap=int(lengths.sum()))  # the cap never binds: balance alone
     assert (b.rank >= 0).all()
-    f = b.figures(costs)
+    f = b.balance(costs)
     assert f["lower_bound"] == max(costs.sum() / dp, costs.max())
     # a rank takes an item only while below the bound, so it ends at most one item above it
     assert f["max_cost"] <= f["lower_bound"] + costs.max() * (1 + 1e-9)
@@ -72,7 +72,7 @@ def test_on_long_tailed_lengths_the_busiest_rank_is_at_the_bound():
         costs = _costs(lengths, llama_8b)
         b = assign_budgets(lengths, costs, 0, dp, 2 * rank_tokens)
         assert (b.rank >= 0).all()
-        assert b.figures(costs)["to_bound"] <= 1.005, (dp, b.figures(costs))
+        assert b.balance(costs)["to_bound"] <= 1.005, (dp, b.balance(costs))
         assert b.tokens.min() != b.tokens.max()  # equal cost, unequal tokens
 
 
@@ -89,7 +89,7 @@ def test_counting_padding_makes_the_busiest_rank_with_its_padding_cheaper():
         for out, pad in ((blind, (1, 0.0)), (aware, (128, pad_cost))):
             b = assign_budgets(lengths, costs, 0, dp, cap, (), *pad)
             padded = np.array([padded_length(int(n), 128, cap) for n in b.tokens])
-            out.append((b.cost + pad_cost * (padded - b.tokens)).max() / b.figures(costs)["lower_bound"])
+            out.append((b.cost + pad_cost * (padded - b.tokens)).max() / b.balance(costs)["lower_bound"])
     assert pad_cost == pytest.approx(llama_8b(np.array([128]), np.zeros(1), np.zeros(1))[0] / 128)
     assert np.mean(aware) < np.mean(blind) and all(a <= b * (1 + 1e-9) for a, b in zip(aware, blind)), (
         np.mean(aware),
@@ -135,4 +135,4 @@ def test_a_step_plan_gives_each_rank_one_sequence_and_holds_back_a_document_over
     for rows in plan.rows:
         assert sum(s.length for s in rows[0] if s.origin == (0, 999)) <= 1024
     tokens = [sum(s.length for s in rows[0]) for rows in plan.rows]
-    assert tokens[0] != tokens[1] and plan.figures["to_bound"] < 1.01
+    assert tokens[0] != tokens[1] and plan.balance["to_bound"] < 1.01

@@ -70,7 +70,7 @@ def test_a_change_applies_from_exactly_the_step_it_names_even_mid_step():
 def test_a_change_while_held_by_the_slowest_rank_names_the_next_step():
     got, at, planner = asyncio.run(_plan(_stepper(_spec()), allowed=3, change_after=0.3))
     assert at == 3 and [n for n, _ in got] == [0, 1, 2]
-    assert planner.figures()["steps"] == 3
+    assert planner.progress()["steps"] == 3
 
 
 def test_stop_ends_a_wait_for_records_and_later_changes_say_why():

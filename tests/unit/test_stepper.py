@@ -249,7 +249,7 @@ def test_the_planner_keeps_a_documents_share_of_each_rank():
     placed = [s.sample_id for row in plan.rows[0] for s in row]
     assert sum(1 for i in placed if i < 3) == 1 and len(placed) == 5
     assert sorted(s.sample_id for s in plan.carry) == [1, 2] and all(s.delay == 1 for s in plan.carry)
-    assert plan.figures["carried"] == 2
+    assert plan.balance["carried"] == 2
 
 
 class LateIntake(ListIntake):
