@@ -3,7 +3,7 @@
 Reads the spec as JSON on stdin and the token from OMNILOAD_TOKEN; prints one JSON line
 `{"addr": "HOST:PORT", "metrics": "HOST:PORT" or null}` on stdout when ranks can connect;
 exits with the job's code. With --standby, the line comes at once with the address it will
-listen on if it takes over (coordinator/ha/standby.py).
+listen on if it takes over (coordinator/ha/following.py).
 """
 
 from __future__ import annotations

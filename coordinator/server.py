@@ -70,7 +70,7 @@ class Coordinator:
         standby: bool = False,
     ) -> None:
         """`announce(addr, metrics_addr)` is called once ranks can connect (metrics_addr: None
-        without --metrics-port); a standby (coordinator/ha/standby.py) announces the address it
+        without --metrics-port); a standby (coordinator/ha/following.py) announces the address it
         will listen on once it takes over, as soon as it follows the primary."""
         self.spec = spec
         self.token = token.encode()

@@ -14,7 +14,7 @@ END, ERROR. Either side may send ERROR and close. A relay (`omniload relay`) sen
 role "relay", is answered by WELCOME, and then carries its node's ranks' streams, untouched,
 in ROUTE frames (omniload.route).
 
-Failover (coordinator/ha/standby.py): a WELCOME names the serving coordinator, "pid", "host",
+Failover (coordinator/ha/following.py): a WELCOME names the serving coordinator, "pid", "host",
 "role" ("primary", or "promoted" for a standby that took over) and "epoch" (its lease's; 0
 without a checkpoint folder). A rank never accepts a WELCOME of a lower epoch than one it was
 served by, and the epoch changes only with the connection, so frames carry none. An ERROR

@@ -6,7 +6,7 @@ Everything else — lifecycle (server.py), planning (coordinator/planning.py), r
 
 - a **primary** starts from step 0 or its --resume folder, takes the first lease of its
   checkpoint folder once it listens, and moves the job to the position the first rank brings;
-- a **standby** (`--standby`, ha/standby.py) announces the address it will listen on, follows
+- a **standby** (`--standby`, ha/following.py) announces the address it will listen on, follows
   the primary's lease before any worker, thread or loop exists, and once the folder holds a
   snapshot replays it and plans along the primary's delta log (`follow`) until it takes over.
   Then it serves as "promoted": the folder's position starts the job, and each rank goes on
@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, cast
 
 from omniload.coordinator.checkpoint.folder import Recovery, last_position, log_after
+from omniload.coordinator.ha.following import Follower, follow, warm_forkserver
 from omniload.coordinator.ha.lease import job_digest
-from omniload.coordinator.ha.standby import Follower, follow, warm_forkserver
 from omniload.coordinator.plan.requests import Cancelled
 from omniload.coordinator.serve.delivery import Delivery
 from omniload.coordinator.serve.listening import reachable, reserve

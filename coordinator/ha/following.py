@@ -1,4 +1,4 @@
-"""A hot standby's wait for its turn, and the primary's side of the lease.
+"""A hot standby's wait for its turn: it follows the primary's lease and the checkpoint folder.
 
 A standby coordinator (`omniload launch --standby N`, `omniload serve --as-standby`) builds its
 catalog, announces its address and `follow`s the lease in the shared checkpoint folder
@@ -17,18 +17,13 @@ standby to hold the primary back. Exactness does not depend on how fresh the sta
 is: the folder's step is a lower bound of every rank's own position, and planning forward
 from it is deterministic. The lease lives beside the log, so the folder the job's exactness
 depends on is also the one arbiter of who is primary.
-
-The primary's `LeaseKeeper` renews the lease on a thread (a disk write never waits on the
-event loop) and calls `on_fenced` once, from that thread, when the primary must stop serving.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from omniload.coordinator.checkpoint.folder import snapshot_steps
@@ -36,7 +31,6 @@ from omniload.coordinator.ha import lease as leases
 
 log = logging.getLogger("omniload")
 _POLL_S = 0.05  # how often a standby looks at the lease
-_ACQUIRE_TRIES = 20
 _NO_PRIMARY_WARN_S = 60.0  # a standby that has seen no lease of its job this long says so (once)
 
 
@@ -138,53 +132,3 @@ def warm_forkserver() -> None:
 
     forkserver_context()
     forkserver.ensure_running()
-
-
-def take_first_lease(folder: str, job: str, addr: str) -> int:
-    """The primary's lease at startup: the epoch after the folder's highest."""
-    for _ in range(_ACQUIRE_TRIES):
-        epoch = leases.highest_epoch(folder) + 1
-        if leases.acquire(folder, epoch, addr, job):
-            return epoch
-    raise RuntimeError(f"could not take a lease in {folder}: other coordinators keep taking one")
-
-
-class LeaseKeeper:
-    """Renews the primary's lease every _RENEW_S on its own thread; `on_fenced(reason)` once."""
-
-    def __init__(self, folder: str, epoch: int, on_fenced: Callable[[str], None]) -> None:
-        self.folder, self.epoch = folder, epoch
-        self._on_fenced = on_fenced
-        self._stop = threading.Event()
-        self.fenced: str | None = None
-        self._thread = threading.Thread(target=self._run, name="omniload-lease", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        renewed = time.monotonic()
-        leases.remove_older(self.folder, self.epoch)
-        while not self._stop.wait(leases.RENEW_S):
-            try:
-                leases.renew(self.folder, self.epoch)
-                renewed = time.monotonic()
-            except OSError as exc:
-                log.warning("could not renew the lease in %s: %s", self.folder, exc)
-            try:
-                highest = leases.highest_epoch(self.folder)
-            except OSError:
-                highest = self.epoch  # the folder is unreachable: the renewal's age decides
-            reason = leases.must_fence(self.epoch, highest, renewed, time.monotonic())
-            if reason is not None:
-                self.fenced = reason
-                self._on_fenced(reason)
-                return
-
-    def stop(self, code: int | None) -> None:
-        """Stop renewing; with `code`, record that this primary ended the job (its standbys leave)."""
-        self._stop.set()
-        self._thread.join(leases.RENEW_S * 4)
-        if code is not None and self.fenced is None:
-            try:
-                leases.mark_ended(self.folder, self.epoch, code)
-            except OSError as exc:
-                log.warning("could not record the job's end in %s: %s", self.folder, exc)
