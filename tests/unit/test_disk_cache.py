@@ -11,9 +11,10 @@ from omniload.storage.disk_cache import DiskCache
 
 def test_blocks_past_the_limit_go_least_recently_used_first(tmp_path):
     cache = DiskCache(tmp_path, limit=12_500)
+    written = time.time() - 100
     for i in range(4):
         cache.put(f"aa{i}", bytes([i]) * 3000)
-        time.sleep(0.01)  # distinct mtimes
+        os.utime(cache._path(f"aa{i}"), (written + i, written + i))  # written one after another
     os.utime(cache._path("aa0"))  # a hit (get touches it) makes the oldest the newest
     assert cache.get("aa0") == bytes([0]) * 3000
     cache.put("aa4", b"x" * 3000)  # 15,000 > 12,500: evict down to 90% of the limit
