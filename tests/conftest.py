@@ -20,22 +20,45 @@ _GRACE_S = 10.0
 _MARKER = "OMNILOAD_TEST_SESSION"
 os.environ[_MARKER] = uuid.uuid4().hex
 _SESSION_PROCESSES: set[int] = set()  # helpers that live for the session (the S3 endpoint), never leaks
+# Under pytest-xdist the test processes share /dev/shm, and a segment whose owner died may be
+# another process's test at work (a coordinator it killed on purpose, its segments removed
+# moments later). So there each test checks the segments of its own live coordinators, and the
+# run's end checks that no dead owner's segment is left (pytest_sessionfinish, below).
+_PARALLEL = "PYTEST_XDIST_WORKER" in os.environ
 
 
-def _our_segments() -> list[str]:
-    """Segments of this session's coordinators, or of dead ones (a leak is often a dead owner);
-    never those of a live coordinator of a run beside this one."""
+def _our_segments(dead_owners: bool = not _PARALLEL) -> list[str]:
+    """Segments of this session's coordinators, and with `dead_owners` those of dead ones (a
+    leak is often a dead owner); never those of a live coordinator of a run beside this one."""
     found = []
     for path in SHM_DIR.glob(f"{PREFIX}*"):
         pid = path.name[len(PREFIX) :].split("-", 1)[0]
         try:
             owner = psutil.Process(int(pid))
         except (ValueError, psutil.NoSuchProcess):
-            found.append(path.name)
+            if dead_owners:
+                found.append(path.name)
             continue
         if _ours(owner):
             found.append(path.name)
     return sorted(found)
+
+
+def _dead_owners_segments() -> list[str]:
+    return sorted(set(_our_segments(dead_owners=True)) - set(_our_segments(dead_owners=False)))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The whole run's check: no segment of a dead coordinator left in /dev/shm (in a parallel
+    run, once every test process is done: here, in the one that started them)."""
+    if _PARALLEL:
+        return
+    deadline = time.monotonic() + _GRACE_S
+    while (left := _dead_owners_segments()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if left:
+        session.config.get_terminal_writer().line(f"\nshared-memory segments of dead coordinators left behind: {left}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _orphans(since: float) -> list[psutil.Process]:

@@ -85,7 +85,7 @@ def test_killed_coordinator_takes_its_workers_and_the_next_job_removes_its_segme
     os.kill(dead._process.pid, signal.SIGKILL)
     dead.wait(10)
     assert _wait_gone(workers) == [], "workers outlived their coordinator"
-    assert job_segments(dead.job_id), "nothing could clean up after a SIGKILL yet"
+    # (its segments outlive it; in a parallel run another test's new job may remove them first)
     with omniload.Job(spec):
         assert job_segments(dead.job_id) == [], "a new job removes a dead job's segments"
     dead.stop()
