@@ -46,7 +46,6 @@ import contextlib
 import multiprocessing
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -55,7 +54,6 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
-sys.path.insert(0, str(HERE))
 
 _ROUNDS_ENV = "OMNILOAD_BENCH_ROUNDS"
 _ROUNDS = int(os.environ.get(_ROUNDS_ENV, "40"))  # a cheap source's per-token work; the costly one does 10x

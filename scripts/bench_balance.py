@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import subprocess
-import sys
 import sysconfig
 import time
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import quality_corpus  # noqa: E402
 
 from omniload.coordinator.plan.balance import assign
 from omniload.coordinator.plan.budgets import assign_budgets, padded_length, padding_cost
@@ -56,9 +56,6 @@ from omniload.coordinator.plan.stepper import Stepper
 from omniload.model_shape import PRESETS
 from omniload.order import sample_id
 from omniload.spec import Spec
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import quality_corpus  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "omniload" / "bench" / "balance-lengths-v2.npz"
 PAD_TO = 128

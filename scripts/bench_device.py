@@ -22,14 +22,10 @@ training over NCCL), several GPUs sharing a host's PCIe lanes, or a real model's
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 WAYS = ("plain + .to()", "pin_memory", "device=")
 

@@ -50,7 +50,6 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 
 def _ranks(addrs: dict[int, str], token: str, world: int, conn) -> None:

@@ -25,7 +25,6 @@ import argparse
 import io
 import multiprocessing
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -34,7 +33,6 @@ from torch.utils.data import IterableDataset
 
 HERE = Path(__file__).resolve().parent
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
-sys.path.insert(0, str(HERE))
 
 IMAGE_TOKEN, PER_IMAGE, SIZE = 256, 64, 224
 

@@ -34,14 +34,12 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import sys
 import time
 from pathlib import Path
 
 import psutil
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 from peers import PEERS, cache_for, clean_streaming_leftovers, convert, missing  # noqa: E402
 
 from omniload.coordinator.serve.listening import free_port  # noqa: E402
@@ -95,7 +93,7 @@ def _rank(kind: str, spec_dict: dict, rank: int, world: int, workers: int, conn,
         time.sleep(max(0.0, started + step / _RATE - time.monotonic()))
 
 
-def _pss(pids: list[int]) -> float:
+def pss(pids: list[int]) -> float:
     total = 0
     for pid in pids:
         try:
@@ -105,7 +103,7 @@ def _pss(pids: list[int]) -> float:
     return total / 2**20
 
 
-def _roles(coordinator: int) -> dict[str, list[int]]:
+def pids_by_role(coordinator: int) -> dict[str, list[int]]:
     """omniload's processes by role: the forkserver and resource tracker are the coordinator's
     children, the workers the forkserver's (forked from it, so they share its command line)."""
     roles: dict[str, list[int]] = {"coordinator": [coordinator], "forkserver": [], "tracker": [], "workers": []}
@@ -139,7 +137,7 @@ def bare_torch_mb(n: int) -> float:
     for e in events:
         e.wait(120)
     time.sleep(0.5)
-    mb = _pss([p.pid for p in procs])
+    mb = pss([p.pid for p in procs])
     for p in procs:
         p.kill()
         p.join()
@@ -201,7 +199,7 @@ def loading_mb(  # noqa: C901, PLR0912  (one branch a kind of loader)
     began, done = time.monotonic(), min(progress[:])
     for _ in range(_SAMPLES):
         pids = [pid for p in procs for pid in _tree(p.pid)] + (_tree(job._process.pid) if job else [])
-        samples.append(_pss(pids))
+        samples.append(pss(pids))
         time.sleep(_SAMPLE_GAP_S)
     rate = (min(progress[:]) - done) / (time.monotonic() - began)
     if rate < 0.9 * _RATE:  # a loader that falls behind holds less in flight: its figure flatters it
@@ -211,8 +209,8 @@ def loading_mb(  # noqa: C901, PLR0912  (one branch a kind of loader)
             flush=True,
         )
     if job and breakdown is not None:
-        for role, pids in _roles(job._process.pid).items():
-            breakdown[role] = _pss(pids) if role != "workers" else [round(_pss([pid])) for pid in pids]
+        for role, pids in pids_by_role(job._process.pid).items():
+            breakdown[role] = pss(pids) if role != "workers" else [round(pss([pid])) for pid in pids]
     for p in procs:
         for pid in reversed(_tree(p.pid)):
             try:

@@ -38,7 +38,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]  # the bench helpers, and tests/s3_
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH")]))
 
 from bench_data import CACHE, bpe_tokenizer, make_sources, us_per_token  # noqa: E402
-from bench_throughput import _WARMUP_STEPS, run  # noqa: E402
+from bench_throughput import WARMUP_STEPS, run  # noqa: E402
 
 BUCKET = "bench"
 
@@ -94,7 +94,7 @@ def _peer_rank(
 
     sys.path.insert(0, sysconfig.get_paths()["purelib"])
     from colocated import rank_dataloader
-    from peers import _Packed, _stub_torchvision, clean_streaming_leftovers, rank_environment
+    from peers import Packed, clean_streaming_leftovers, rank_environment, stub_torchvision
 
     if rank == 0:
         clean_streaming_leftovers()
@@ -105,7 +105,7 @@ def _peer_rank(
     t0, _, _ = conn.recv()
 
     if peer == "streaming":
-        _stub_torchvision()
+        stub_torchvision()
         from streaming import Stream, StreamingDataset
 
         streams = [Stream(remote=u, local=f"{cache}/{i}") for i, u in enumerate(urls)]
@@ -132,11 +132,11 @@ def _peer_rank(
             iterate_over_all=False,
             seed=0,
         )
-    packed = _Packed(_Tokenized(dataset, spec["sources"][0]["tokenizer"]), spec["rows"], spec["seq_len"])
+    packed = Packed(_Tokenized(dataset, spec["sources"][0]["tokenizer"]), spec["rows"], spec["seq_len"])
     batches = iter(rank_dataloader(packed, workers))
     next(batches)
     first_batch = time.time()
-    for _ in range(_WARMUP_STEPS):
+    for _ in range(WARMUP_STEPS):
         next(batches)
     first = time.time()
     tokens = 0

@@ -49,7 +49,6 @@ import multiprocessing
 import os
 import socket
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -57,9 +56,8 @@ import psutil
 
 HERE = Path(__file__).resolve().parent
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
-sys.path.insert(0, str(HERE))
 
-_WARMUP_STEPS = 50
+WARMUP_STEPS = 50
 _LABELS = {"streaming": "streaming", "litdata": "LitData"}
 
 
@@ -115,7 +113,7 @@ def _rank(kind: str, spec_dict: dict, rank: int, world: int, steps: int, workers
 
     warm = real_tokens(next(batches))
     first_batch = time.time()
-    for _ in range(_WARMUP_STEPS):  # the first steps drain what was prefetched during startup
+    for _ in range(WARMUP_STEPS):  # the first steps drain what was prefetched during startup
         warm += real_tokens(next(batches))
     warmed[rank] = 1
     first = time.time()

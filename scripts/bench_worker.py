@@ -33,12 +33,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # one core, as the workers run it: set before the tokenizers library starts its thread pool
 os.environ["TOKENIZERS_PARALLELISM"] = "false"

@@ -30,7 +30,6 @@ from pathlib import Path
 import psutil
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 
 def _rank(addr: str, token: str, rank: int, world: int, step_s: float, conn) -> None:

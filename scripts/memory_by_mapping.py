@@ -17,11 +17,9 @@ import argparse
 import collections
 import os
 import statistics
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 
 def pss_by_mapping(pid: int) -> collections.Counter:
@@ -40,7 +38,7 @@ def pss_by_mapping(pid: int) -> collections.Counter:
 
 def main() -> None:
     from bench_data import bpe_tokenizer, make_sources
-    from bench_memory import _pss, _roles
+    from bench_memory import pids_by_role, pss
 
     import omniload
 
@@ -72,11 +70,11 @@ def main() -> None:
         for sample in range(args.samples if args.samples > 1 else 0):
             for _ in range(10 if sample else 0):
                 next(batches)
-            for role, pids in _roles(job._process.pid).items():
+            for role, pids in pids_by_role(job._process.pid).items():
                 for pid in pids:  # a worker the pool let go meanwhile counts 0 in that sample
-                    sampled[role, pid].append(_pss([pid]))
+                    sampled[role, pid].append(pss([pid]))
         print(f"{args.sources} sources, {args.workers} workers, tokenizer {args.tokenizer}; PSS MB, largest mappings")
-        for role, pids in _roles(job._process.pid).items():
+        for role, pids in pids_by_role(job._process.pid).items():
             for pid in pids:
                 by = pss_by_mapping(pid)
                 top = ", ".join(f"{name[:32]} {kb / 1024:.1f}" for name, kb in by.most_common(5))

@@ -29,7 +29,7 @@ def missing(peer: str) -> str | None:
     """Why `peer` cannot run here, or None."""
     try:
         if peer == "streaming":
-            _stub_torchvision()
+            stub_torchvision()
             import streaming  # noqa: F401
         else:
             import litdata  # noqa: F401
@@ -38,7 +38,7 @@ def missing(peer: str) -> str | None:
     return None
 
 
-def _stub_torchvision() -> None:
+def stub_torchvision() -> None:
     """streaming's package imports its vision datasets, hence torchvision, which this text
     benchmark never uses and which may not match the installed torch: stand in empty modules
     (they hold nothing, so the peer's memory is not understated by a real torchvision)."""
@@ -56,7 +56,7 @@ def _stub_torchvision() -> None:
     sys.modules["torchvision.transforms.functional"].to_tensor = lambda x: x
 
 
-_stub_torchvision()  # here too: a DataLoader worker that is not forked imports this module first
+stub_torchvision()  # here too: a DataLoader worker that is not forked imports this module first
 
 
 def source_texts(spec_dict: dict) -> list[list[str]]:
@@ -90,7 +90,7 @@ def convert(peer: str, spec_dict: dict, cache: Path) -> list[str]:
         texts = texts or source_texts(spec_dict)
         folder.mkdir(parents=True, exist_ok=True)
         if peer == "streaming":
-            _stub_torchvision()
+            stub_torchvision()
             from streaming import MDSWriter
 
             with MDSWriter(out=str(folder), columns={"text": "str"}, size_limit=1 << 26) as writer:
@@ -108,7 +108,7 @@ def _litdata_item(text: str) -> dict:
     return {"text": text}
 
 
-class _Packed(IterableDataset):
+class Packed(IterableDataset):
     """The peer's dataset, its documents tokenized and packed as the lean baseline does;
     iterated in each DataLoader worker, where the peer splits the data by worker."""
 
@@ -126,7 +126,7 @@ def peer_loader(
     """Must run in the rank, with RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE (streaming) and
     GLOBAL_RANK/NNODES (LitData) already in the environment."""
     if peer == "streaming":
-        _stub_torchvision()
+        stub_torchvision()
         from streaming import Stream, StreamingDataset
 
         dataset = StreamingDataset(
@@ -142,7 +142,7 @@ def peer_loader(
             iterate_over_all=False,
             seed=0,
         )
-    return rank_dataloader(_Packed(dataset, rows, seq_len, tokenizer), workers)
+    return rank_dataloader(Packed(dataset, rows, seq_len, tokenizer), workers)
 
 
 def rank_environment(rank: int, world: int, port: int) -> None:
