@@ -74,28 +74,25 @@ class SpreadPosition:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SpreadPosition:
-        """Raises ValueError (naming the field) for a malformed entry."""
+        """Raises ValueError (naming the field) for a malformed entry: checked as the rest of
+        the position is, by type and value (`_count`, `_ints`), nothing coerced."""
         try:
-            start, frontier = _pair(data["start"]), _pair(data["frontier"])
-            clock, horizon, fill = int(data["clock"]), int(data["horizon"]), int(data["fill"])
-            passed = tuple(_pair(p) for p in data["passed"])
-            ended, drawn_since_end = bool(data["ended"]), int(data["drawn_since_end"])
-        except (KeyError, TypeError, ValueError) as exc:
+            start, frontier = _ints(data["start"], minimum=0), _ints(data["frontier"], minimum=-1)
+            clock, horizon, fill = _count(data["clock"]), _count(data["horizon"]), _count(data["fill"])
+            passed = tuple(_ints(p, minimum=0) for p in _typed(data["passed"], list))
+            ended, drawn_since_end = data["ended"], _count(data["drawn_since_end"])
+            if not isinstance(ended, bool):
+                raise TypeError(f"ended: expected bool, got {type(ended).__name__}")
+        except KeyError as exc:
             raise ValueError(
                 "a spread position needs start, clock, horizon, fill, frontier, passed, ended, "
                 f"drawn_since_end: {exc!r}"
             ) from None
-        if clock < 0 or horizon < 1 or fill < 0 or min(start) < 0 or drawn_since_end < 0:
-            raise ValueError(
-                f"a spread position out of range: start {start}, clock {clock}, horizon {horizon}, fill {fill}, "
-                f"drawn_since_end {drawn_since_end}"
-            )
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"a spread position out of range or of the wrong type: {exc}") from None
+        if horizon < 1:
+            raise ValueError(f"a spread position out of range: horizon {horizon}")
         return cls(start, clock, horizon, fill, frontier, passed, ended, drawn_since_end)
-
-
-def _pair(value: Any) -> tuple[int, int]:
-    first, second = value
-    return int(first), int(second)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +182,7 @@ class LoaderState:
             field = "dropped"
             dropped = _count(state["dropped"])
             field = "cursors"
-            cursors = {_typed(n, str): _cursor(c) for n, c in _typed(state["cursors"], dict).items()}
+            cursors = {_typed(n, str): _ints(c, minimum=0) for n, c in _typed(state["cursors"], dict).items()}
             field = "spreads"
             spreads = {
                 _typed(n, str): None if p is None else _spread(p) for n, p in _typed(state["spreads"], dict).items()
@@ -227,9 +224,13 @@ def _number(value: Any) -> float:
     return value
 
 
-def _cursor(value: Any) -> tuple[int, int]:
-    group, pos = _typed(value, list)
-    return _count(group), _count(pos)
+def _ints(value: Any, minimum: int) -> tuple[int, int]:
+    """A pair of ints, each at least `minimum`."""
+    first, second = _typed(value, list)
+    for x in (first, second):
+        if _typed(x, int) < minimum:
+            raise ValueError(f"expected ints of at least {minimum}, got {value}")
+    return first, second
 
 
 def _spread(value: Any) -> SpreadPosition:
