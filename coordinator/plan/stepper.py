@@ -31,7 +31,7 @@ from omniload.coordinator.plan.mixture import StrideQueue, advance, join
 from omniload.coordinator.plan.packer import DocKey, Segment, doc_key
 from omniload.coordinator.plan.requests import Compute, Requests, drive
 from omniload.coordinator.plan.schedule import in_force, weights_at
-from omniload.coordinator.plan.source_reading import SourceReading
+from omniload.coordinator.plan.source_spreads import SourceSpreads
 from omniload.coordinator.plan.spread import MemoryStore, Spread, UnitStore
 from omniload.coordinator.plan.step_plan import StepPlan, plan_budgets, plan_step
 from omniload.spec import Spec
@@ -90,7 +90,7 @@ class Stepper:
         self.carry: list[Segment] = []
         store = store if store is not None else MemoryStore()
         self._sources = [
-            SourceReading(spec, intake, store, self._horizon_of(i), self._breath_due, self._count_drop)
+            SourceSpreads(spec, intake, store, self._horizon_of(i), self._breath_due, self._count_drop)
             for i, intake in enumerate(intakes)
         ]
         self.step = 0

@@ -22,7 +22,9 @@ _POLL_MIN_S, _POLL_MAX_S = 200e-6, 10e-3
 _CAP_READS = 64  # documents read on, at most, to find a unit under its document's cap
 
 
-class SourceReading:
+class SourceSpreads:
+    """A source's spreads: the current epoch's, the next one's read ahead, and the reading into them."""
+
     def __init__(
         self,
         spec: Spec,
@@ -174,9 +176,13 @@ class SourceReading:
             position,
         )
 
+    def _dropped(self, doc: Doc) -> bool:
+        """Whether long_docs=drop drops this document."""
+        return self._spec.long_docs == "drop" and len(doc.tokens) > self._spec.seq_len
+
     def add(self, spread: Spread, doc: Doc, counting: bool = True) -> None:
         """Put a document's units in the spread (long_docs=drop drops a long one: `counting`)."""
-        if self._spec.long_docs == "drop" and len(doc.tokens) > self._spec.seq_len:
+        if self._dropped(doc):
             if counting:
                 self._count_drop()
             return
@@ -187,7 +193,7 @@ class SourceReading:
 
     def units(self, doc: Doc) -> list[Unit] | None:
         """The document's units; None when long_docs=drop drops it."""
-        if self._spec.long_docs == "drop" and len(doc.tokens) > self._spec.seq_len:
+        if self._dropped(doc):
             return None
         try:
             return units_of(doc, self._spec.seq_len, self._bucket_rows, self._spec.rows)
@@ -218,6 +224,5 @@ class SourceReading:
                 )
             yield delay
             delay = min(delay * 2, _POLL_MAX_S)
-            if (doc := self.intake.poll(until_group)) is not None:
-                self.cursor = doc.after
+            if (doc := self.take(until_group)) is not None:
                 return doc
