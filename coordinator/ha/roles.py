@@ -42,8 +42,8 @@ log = logging.getLogger("omniload")
 _FOLLOW_S = 0.05  # how often a hot standby looks at the lease and the log
 
 
-class RoleHost(Protocol):
-    """What a role needs of its coordinator (server.py's Coordinator)."""
+class RoleJob(Protocol):
+    """What a role needs of its job: the parts of server.py's Coordinator it uses, and no more."""
 
     spec: Spec
     token: bytes
@@ -65,7 +65,7 @@ class Primary:
     name = "primary"  # in WELCOME
     repositions = True  # the position the first rank brings moves the job there
 
-    def __init__(self, job: RoleHost) -> None:
+    def __init__(self, job: RoleJob) -> None:
         self._job = job
 
     def wait_for_turn(self) -> int | None:
@@ -106,7 +106,7 @@ class Standby:
     name = "promoted"  # in WELCOME, once it serves
     repositions = False  # after a takeover the folder's position starts the job
 
-    def __init__(self, job: RoleHost) -> None:
+    def __init__(self, job: RoleJob) -> None:
         self._job = job
         self._follower: Follower | None = None
         self._brought: dict[int, dict] = {}  # after a takeover: step -> a position a rank brought, to check

@@ -28,8 +28,8 @@ log = logging.getLogger("omniload")
 _ACQUIRE_TRIES = 20
 
 
-class TenureHost(Protocol):
-    """What the tenure needs of its coordinator (server.py's Coordinator)."""
+class TenureJob(Protocol):
+    """What the tenure needs of its job: the parts of server.py's Coordinator it uses, and no more."""
 
     token: bytes
     loop: asyncio.AbstractEventLoop | None
@@ -39,7 +39,7 @@ class TenureHost(Protocol):
 
 
 class Tenure:
-    def __init__(self, job: TenureHost) -> None:
+    def __init__(self, job: TenureJob) -> None:
         self._job = job
         self.epoch = 0  # the lease epoch this coordinator serves under (0: no checkpoint folder, no lease)
         self._keeper: LeaseKeeper | None = None

@@ -45,8 +45,8 @@ _NOTE_EVERY_S = 30.0  # how often waiting ranks hear what they wait for (at most
 _HANG_UP_S = 2.0  # how long ranks get to read the last frames and hang up when the job stops
 
 
-class RanksHost(Protocol):
-    """What the ranks' hub needs of its coordinator (server.py's Coordinator)."""
+class RanksJob(Protocol):
+    """What the ranks' hub needs of its job: the parts of server.py's Coordinator it uses, and no more."""
 
     spec: Spec
     token: bytes
@@ -67,7 +67,7 @@ class RanksHost(Protocol):
 
 
 class Ranks:
-    def __init__(self, job: RanksHost) -> None:
+    def __init__(self, job: RanksJob) -> None:
         """On the loop, once the job's parts before it exist (server.py's `_main`)."""
         self._job = job
         self._spec = job.spec
