@@ -26,13 +26,14 @@ import os
 import sys
 import time
 import zlib
+from pathlib import Path
 
 import omniload
 
 
 def _gate(path: str) -> int:
     try:
-        return int(open(path).read() or 0)
+        return int(Path(path).read_text() or 0)
     except (OSError, ValueError):  # not written yet
         return 0
 
