@@ -10,10 +10,9 @@ import time
 
 import pytest
 
-from omniload.coordinator.plan.stepper import Stepper
 from omniload.coordinator.plan_task import Offloader, PlanTask
 from omniload.errors import OmniloadError
-from tests.unit.test_stepper import DP, ListIntake, _spec, _stepper, heavy_tailed
+from tests.unit.test_stepper import ListIntake, _spec, _stepper, heavy_tailed
 
 pytestmark = pytest.mark.timeout(60)
 NEW = {"s0": 0.0, "s1": 0.0, "s2": 1.0}
@@ -29,12 +28,6 @@ class SlowIntake(ListIntake):
     def poll(self, until_group=None):
         self._asked += 1
         return super().poll(until_group) if self._asked % 4 == 0 else None
-
-
-def _stepper_over(intakes: list) -> Stepper:
-    stepper = Stepper(_spec(), intakes)
-    stepper.dp = DP
-    return stepper
 
 
 async def _plan(stepper, allowed: int, change_after: float | None = None):
@@ -60,7 +53,7 @@ async def _plan(stepper, allowed: int, change_after: float | None = None):
 
 
 def test_a_change_applies_from_exactly_the_step_it_names_even_mid_step():
-    stepper = _stepper_over([SlowIntake(i, heavy_tailed(i, 1500)) for i in range(3)])
+    stepper = _stepper(_spec(), intakes=[SlowIntake(i, heavy_tailed(i, 1500)) for i in range(3)])
     got, at, _ = asyncio.run(_plan(stepper, allowed=12, change_after=0.05))
     assert 0 < at < 12, "the change came while steps were being planned"
     for number, weights in got:
@@ -81,7 +74,7 @@ def test_stop_ends_a_wait_for_records_and_later_changes_say_why():
             asked.set()
             return None  # a source that never delivers (its worker is stuck)
 
-    stepper = _stepper_over([Dry(i, [10]) for i in range(3)])
+    stepper = _stepper(_spec(), intakes=[Dry(i, [10]) for i in range(3)])
 
     async def go():
         planner = PlanTask(stepper, "f", lambda s, p: None, lambda *a: None, lambda *a: None)

@@ -74,9 +74,13 @@ def _spec(**overrides) -> Spec:
     return Spec.from_dict({**fields, **overrides})
 
 
-def _stepper(spec: Spec, dp: int = DP, lengths=None, late: float = 0.0, seed: int = 0) -> Stepper:
+def _stepper(
+    spec: Spec, dp: int = DP, lengths=None, late: float = 0.0, seed: int = 0, intakes: list | None = None
+) -> Stepper:
+    """A Stepper over ListIntakes of `lengths` (or over `intakes`, intakes of a test's own)."""
     lengths = lengths or [heavy_tailed(i, 1500) for i in range(3)]
-    stepper = Stepper(spec, [ListIntake(i, n, spec.epochs, late, seed + i) for i, n in enumerate(lengths)])
+    intakes = intakes or [ListIntake(i, n, spec.epochs, late, seed + i) for i, n in enumerate(lengths)]
+    stepper = Stepper(spec, intakes)
     stepper.dp = dp
     return stepper
 
