@@ -8,12 +8,13 @@ close connections, stop workers, unlink rings). A second Ctrl-C forces the exit.
 The parts, one role each: the role this coordinator starts in, primary or standby
 (ha/roles.py: a standby announces first, follows the primary's lease and delta log, and takes
 over); the lease and its fence (ha/tenure.py: a fenced primary exits with FENCED_EXIT);
-positions and checkpoints (checkpoint/positions.py, written on a thread by checkpoint/folder.py); the
-workers and their supervision (pool/workforce.py); the planning loop (coordinator/planning.py, a costly
-step's computation on a thread); the ranks' admission, ACKs and watch (serve/ranks.py, the Hub
-of serve/sessions.py); frames, senders and the step arena (serve/sending.py). The loop only
-waits: nothing here blocks on a disk, a join or a long computation. Every unexpected error, in
-any task, thread or callback, ends in `fail`, which names where it happened and tells every rank.
+positions and checkpoints (checkpoint/positions.py, written on a thread by
+checkpoint/folder.py); the workers and their supervision (pool/workforce.py); the planning loop
+(planning.py and plan_task.py, a costly step's computation on a thread); the ranks'
+admission, ACKs and watch (serve/ranks.py, the Hub of serve/sessions.py); frames, senders and
+the step arena (serve/sending.py). The loop only waits: nothing here blocks on a disk, a join
+or a long computation. Every unexpected error, in any task, thread or callback, ends in `fail`,
+which names where it happened and tells every rank.
 """
 
 from __future__ import annotations

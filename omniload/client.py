@@ -1,4 +1,5 @@
-"""The rank client: the Loader `omniload.connect()` returns inside a training script (omniload/rank_entry.py).
+"""The rank client: the Loader that `omniload.connect()` (omniload/rank_entry.py) returns inside
+a training script.
 
 A background thread receives whole BATCH frames into fresh buffers; tensors are views of
 them (`torch.frombuffer`), so a batch is never copied after the socket. With pin_memory the

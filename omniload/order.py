@@ -1,4 +1,5 @@
-"""The deterministic consumption order of a source (docs/architecture.md, Invariants: deterministic).
+"""The deterministic consumption order of a source (docs/architecture.md, Invariants:
+deterministic).
 
 A source is a list of shards (a file's row-group range). Epoch `e` visits the shards in a
 permutation drawn from `(seed, source, e)` and the rows of each shard in a permutation drawn

@@ -1,12 +1,12 @@
 """Which documents trained a step: recomputed from a checkpoint folder, never stored.
 
 Every step is a pure function of the position, the data-parallel size and the live mixture
-changes (docs/architecture.md, Invariants: deterministic), so `trace_step` does offline what a resuming coordinator
-does (coordinator/planning.py's `replay`): rebuild the job from the spec saved in the snapshot (refused if
-the files changed), restore the newest snapshot at or before the step, replay the planner to
-it without building batches, and plan the step itself with its batches. A segment's
-sample_id names its document (omniload.order: source, ordinal, chunk); the catalog's shards
-name the file and the row. Where the folder holds the snapshot right after the step, the
+changes (docs/architecture.md, Invariants: deterministic), so `trace_step` does offline what a
+resuming coordinator does (coordinator/planning.py's `replay`): rebuild the job from the spec
+saved in the snapshot (refused if the files changed), restore the newest snapshot at or before
+the step, replay the planner to it without building batches, and plan the step itself with
+its batches. A segment's sample_id names its document (omniload.order: source, ordinal,
+chunk); the catalog's shards name the file and the row. Where the folder holds the snapshot right after the step, the
 position after the traced step must equal it, or the trace is refused: that catches a step
 planned by a job that resumed there at another size.
 

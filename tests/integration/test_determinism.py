@@ -1,4 +1,5 @@
-"""docs/architecture.md, Invariants, "Deterministic": the batches are a function of spec, seed and files only."""
+"""The batches are a function of spec, seed and files only (docs/architecture.md, Invariants,
+"Deterministic")."""
 
 from __future__ import annotations
 
