@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -95,10 +95,12 @@ class SpreadPosition:
         return cls(start, clock, horizon, fill, frontier, passed, ended, drawn_since_end)
 
 
-@dataclass(frozen=True, slots=True)
-class Carried:
+class Carried(NamedTuple):
     """A segment chosen but not delivered (a checkpoint's `carry` entry): enough to find its
-    document again and rebuild it; stored as the plain list of these fields, in this order."""
+    document again and rebuild it; stored as the plain list of these fields, in this order. A
+    NamedTuple, not a frozen dataclass: the stepper makes one for each carried segment at every
+    step, on the event loop (frozen dataclasses made the export 211 us against 93 at dp 256
+    with 110 carried segments)."""
 
     source: int
     sample_id: int
@@ -114,16 +116,7 @@ class Carried:
         return self.doc_group, self.doc_pos
 
     def to_json(self) -> list[int]:
-        return [
-            self.source,
-            self.sample_id,
-            self.length,
-            self.position_start,
-            self.group,
-            self.delay,
-            self.doc_group,
-            self.doc_pos,
-        ]
+        return list(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,8 +232,8 @@ def _spread(value: Any) -> SpreadPosition:
 
 def _carried(value: Any) -> Carried:
     fields = [_typed(x, int) for x in _typed(value, list)]
-    if len(fields) != len(Carried.__slots__):
-        raise ValueError(f"a carried segment has {len(Carried.__slots__)} fields, got {len(fields)}")
+    if len(fields) != len(Carried._fields):
+        raise ValueError(f"a carried segment has {len(Carried._fields)} fields, got {len(fields)}")
     return Carried(*fields)
 
 
