@@ -15,14 +15,17 @@ number, and an xxh3-64 digest of both and the payload) and its payload padded to
 it may wrap around the end of the data area.
 
 Every record is checked when it is read: its sequence number must be the one the consumer
-expects (records are numbered from 0 since the ring was made or reset; a new producer goes on
-after the newest record's) and its digest must match, so a reader that lost its place or a
-record torn or overwritten never passes for data. A mismatch raises RingCorrupt, naming the
-ring, the offset and what was found; the reader takes nothing. The coordinator treats that as
-its worker's death: the worker is replaced and the ring reset, and the lane is produced again
-from the source's cursor, so the order is kept (coordinator/pool/intake.py).
+expects (records are numbered from 0 when the ring is made, a reset skips past every number it
+has held, and a new producer goes on after the newest record's) and its digest must match, so
+a reader that lost its place or a record torn or overwritten never passes for data. A mismatch
+raises RingCorrupt, naming the ring, the offset and what was found; the reader takes nothing.
+The coordinator treats that as its worker's death: the worker is replaced and the ring reset,
+and the lane is produced again from the source's cursor, so the order is kept
+(coordinator/pool/intake.py).
 
-Python stores the write position with a plain store after copying the record: on x86 (TSO)
+Header words are read and stored whole, each in one aligned 8-byte access (see Ring.__init__),
+so a producer killed while it publishes leaves the old write position or the new one, never a
+torn one. Python stores the write position with a plain store after copying the record: on x86 (TSO)
 a consumer that sees the position sees the record. A weakly ordered CPU (aarch64) may make
 them visible out of order; there the checks see a record that is not all there yet, and the
 reader reads it again after a pause before it calls the ring corrupt (_SETTLE_S).
@@ -54,6 +57,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import sys
 import time
 from pathlib import Path
 
@@ -63,11 +67,12 @@ import xxhash
 SHM_DIR = Path("/dev/shm")
 PREFIX = "omniload-"
 _HEADER = 128
-_WRITE, _CAP, _CPU_NS, _TOKENS, _SPAN, _RETRIES, _FETCHED, _HELD, _READ = 0, 8, 16, 24, 32, 40, 48, 56, 64
-_HANDOVER = 72  # RUNNING, ASKED (by the coordinator) or RELEASED (by the producer)
-_BUSY_NS = 80  # wall time the producers spent producing, waits inside included (not idling)
-_EXPECT = 88  # the sequence number of the next record the consumer reads
-_LAYOUT = 96  # _MAGIC: the layout a producer must agree with
+# The header's words, by index (word i is at byte 8 * i).
+_WRITE, _CAP, _CPU_NS, _TOKENS, _SPAN, _RETRIES, _FETCHED, _HELD, _READ = range(9)
+_HANDOVER = 9  # RUNNING, ASKED (by the coordinator) or RELEASED (by the producer)
+_BUSY_NS = 10  # wall time the producers spent producing, waits inside included (not idling)
+_EXPECT = 11  # the sequence number of the next record the consumer reads
+_LAYOUT = 96  # (a byte offset) _MAGIC: the layout a producer must agree with
 _MAGIC = b"OLRING\x00\x02"  # version 2: checked records (24-byte frames)
 RUNNING, ASKED, RELEASED = 0, 1, 2
 _U64 = struct.Struct("<Q")
@@ -75,6 +80,10 @@ _FRAME = struct.Struct("<QQQ")  # payload length, sequence number, digest
 FRAME = _FRAME.size  # bytes a record takes beyond its payload (and its padding to 8)
 _PAD = (1 << 64) - 1  # a length that means: the rest of the data area is padding, go on at its start
 _SETTLE_S = (0.0001, 0.001, 0.01)  # pauses before a record that fails its checks is read again
+
+
+if sys.byteorder != "little":  # the header's words are native (Ring.__init__), the layout little-endian
+    raise ImportError("omniload's shared-memory rings need a little-endian CPU (x86-64, aarch64)")
 
 
 class RecordTooLarge(ValueError):
@@ -109,8 +118,15 @@ class Ring:
     def __init__(self, path: Path, mm: mmap.mmap) -> None:
         self.path = path
         self._mm = mm
-        self.capacity: int = _U64.unpack_from(mm, _CAP)[0]
-        self.span: int = _U64.unpack_from(mm, _SPAN)[0] or self.capacity
+        # Every header word is read and stored whole, in one 8-byte access: struct.pack_into
+        # stores a word a byte at a time (zeroing it first), so a producer killed inside it
+        # left a torn write position, and the consumer read past the records into stale bytes
+        # (scripts/ring_soak.py found it: one kill in about 1,500). A view of native 8-byte
+        # words stores with one aligned move, which a kill cannot split. Native order is the
+        # layout's little-endian on every platform omniload runs on (x86-64, aarch64).
+        self._head = memoryview(mm)[:_HEADER].cast("Q")
+        self.capacity: int = self._head[_CAP]
+        self.span: int = self._head[_SPAN] or self.capacity
         self._allocated = self.span  # data bytes known to be allocated (the producer's view)
         self._seq: int | None = None  # the producer's next sequence number, found at its first write
         self.corrupt: str | None = None  # the consumer's: why a record failed its checks, until reset
@@ -134,8 +150,8 @@ class Ring:
             raise
         finally:
             os.close(fd)
-        _U64.pack_into(mm, _CAP, capacity)
-        _U64.pack_into(mm, _SPAN, span)
+        _U64.pack_into(mm, 8 * _CAP, capacity)
+        _U64.pack_into(mm, 8 * _SPAN, span)
         mm[_LAYOUT : _LAYOUT + len(_MAGIC)] = _MAGIC
         return cls(path, mm)
 
@@ -165,8 +181,8 @@ class Ring:
         total = FRAME + _pad8(size)
         if total > self.capacity:
             raise RecordTooLarge(f"record of {size} bytes does not fit a ring of {self.capacity} bytes")
-        write = _U64.unpack_from(self._mm, _WRITE)[0]
-        read = _U64.unpack_from(self._mm, _READ)[0]
+        write = self._head[_WRITE]
+        read = self._head[_READ]
         start = write % self.capacity
         pad = self.capacity - start if start >= self.span else 0  # past the span: go on at the start
         if pad + total > self.capacity:
@@ -193,7 +209,7 @@ class Ring:
         newest = self._newest_frame()
         if newest is not None:
             return int(_FRAME.unpack(newest)[1]) + 1
-        return int(_U64.unpack_from(self._mm, _EXPECT)[0])
+        return int(self._head[_EXPECT])
 
     def _allocate(self, end: int) -> None:
         """Allocate the data area up to `end` before writing there (OSError ENOSPC if
@@ -214,66 +230,66 @@ class Ring:
         return (offset + len(data)) % self.capacity
 
     def _publish(self, write: int) -> None:
-        _U64.pack_into(self._mm, _WRITE, write)
+        self._head[_WRITE] = write
 
     def release_asked(self) -> bool:
         """The coordinator wants this lane to go to another producer: stop writing it, then
         `confirm_release`."""
-        return bool(_U64.unpack_from(self._mm, _HANDOVER)[0] == ASKED)
+        return bool(self._head[_HANDOVER] == ASKED)
 
     def confirm_release(self) -> None:
         """This producer writes no more records here."""
-        _U64.pack_into(self._mm, _HANDOVER, RELEASED)
+        self._head[_HANDOVER] = RELEASED
 
     def count_work(self, cpu_ns: int, tokens: int, busy_ns: int = 0) -> None:
         """Add to the lane's producer counters (kept across a reset: a replacement worker
         adds to its predecessor's, so readers see them only grow)."""
-        _U64.pack_into(self._mm, _CPU_NS, _U64.unpack_from(self._mm, _CPU_NS)[0] + cpu_ns)
-        _U64.pack_into(self._mm, _TOKENS, _U64.unpack_from(self._mm, _TOKENS)[0] + tokens)
-        _U64.pack_into(self._mm, _BUSY_NS, _U64.unpack_from(self._mm, _BUSY_NS)[0] + busy_ns)
+        self._head[_CPU_NS] = self._head[_CPU_NS] + cpu_ns
+        self._head[_TOKENS] = self._head[_TOKENS] + tokens
+        self._head[_BUSY_NS] = self._head[_BUSY_NS] + busy_ns
 
     def work(self) -> tuple[float, int, float]:
         """(CPU seconds, tokens, busy wall seconds) the lane's producers have spent, written and
         spent so far."""
-        cpu, tokens, busy = (_U64.unpack_from(self._mm, at)[0] for at in (_CPU_NS, _TOKENS, _BUSY_NS))
+        cpu, tokens, busy = (self._head[at] for at in (_CPU_NS, _TOKENS, _BUSY_NS))
         return cpu / 1e9, tokens, busy / 1e9
 
     def count_store(self, retries: int, fetched: int, held: int) -> None:
         """Add retries and fetched bytes to the lane's store counters (kept across a reset, as
         count_work's); set the bytes its block cache holds now."""
-        _U64.pack_into(self._mm, _RETRIES, _U64.unpack_from(self._mm, _RETRIES)[0] + retries)
-        _U64.pack_into(self._mm, _FETCHED, _U64.unpack_from(self._mm, _FETCHED)[0] + fetched)
-        _U64.pack_into(self._mm, _HELD, held)
+        self._head[_RETRIES] = self._head[_RETRIES] + retries
+        self._head[_FETCHED] = self._head[_FETCHED] + fetched
+        self._head[_HELD] = held
 
     def store(self) -> tuple[int, int, int]:
         """(retries, bytes fetched, bytes held) of the lane's reads from a store."""
         return (
-            _U64.unpack_from(self._mm, _RETRIES)[0],
-            _U64.unpack_from(self._mm, _FETCHED)[0],
-            _U64.unpack_from(self._mm, _HELD)[0],
+            self._head[_RETRIES],
+            self._head[_FETCHED],
+            self._head[_HELD],
         )
 
     # -- consumer ---------------------------------------------------------------------------
     def ask_release(self) -> None:
         """Ask the producer to let the lane go (see the module's notes on handover)."""
-        _U64.pack_into(self._mm, _HANDOVER, ASKED)
+        self._head[_HANDOVER] = ASKED
 
     @property
     def released(self) -> bool:
         """The producer asked to let go has stopped writing."""
-        return bool(_U64.unpack_from(self._mm, _HANDOVER)[0] == RELEASED)
+        return bool(self._head[_HANDOVER] == RELEASED)
 
     def clear_release(self) -> None:
         """Before a new producer starts on the ring."""
-        _U64.pack_into(self._mm, _HANDOVER, RUNNING)
+        self._head[_HANDOVER] = RUNNING
 
     def read(self) -> bytes | None:
         """Take the oldest record, or None if the ring is empty. Raises RingCorrupt (taking
         nothing) when the record fails its checks."""
-        read = _U64.unpack_from(self._mm, _READ)[0]
-        if read == _U64.unpack_from(self._mm, _WRITE)[0]:
+        read = self._head[_READ]
+        if read == self._head[_WRITE]:
             return None
-        expected = _U64.unpack_from(self._mm, _EXPECT)[0]
+        expected = self._head[_EXPECT]
         found = self._checked(read, expected)
         for pause in _SETTLE_S:
             if not isinstance(found, str):
@@ -284,8 +300,8 @@ class Ring:
             self.corrupt = f"ring {self.path.name}: {found}"
             raise RingCorrupt(self.corrupt)
         after, data = found
-        _U64.pack_into(self._mm, _EXPECT, expected + 1)  # before the read position: see _next_seq
-        _U64.pack_into(self._mm, _READ, after)
+        self._head[_EXPECT] = expected + 1  # before the read position: see _next_seq
+        self._head[_READ] = after
         return data
 
     def _checked(self, read: int, expected: int) -> tuple[int, bytes] | str:
@@ -332,8 +348,8 @@ class Ring:
 
     def _newest_at(self) -> tuple[int, int] | None:
         """(offset, payload size) of the newest unread record."""
-        read = _U64.unpack_from(self._mm, _READ)[0]
-        write = _U64.unpack_from(self._mm, _WRITE)[0]
+        read = self._head[_READ]
+        write = self._head[_WRITE]
         newest = None
         while read < write:
             offset = read % self.capacity
@@ -346,20 +362,25 @@ class Ring:
         return newest
 
     def used(self) -> int:
-        write: int = _U64.unpack_from(self._mm, _WRITE)[0]
-        read: int = _U64.unpack_from(self._mm, _READ)[0]
+        write: int = self._head[_WRITE]
+        read: int = self._head[_READ]
         return write - read
 
     def reset(self) -> None:
-        """Drop every record; numbering starts again at 0. Only while no producer is attached
-        (its worker is dead)."""
-        _U64.pack_into(self._mm, _WRITE, 0)
-        _U64.pack_into(self._mm, _READ, 0)
-        _U64.pack_into(self._mm, _EXPECT, 0)
+        """Drop every record. Only while no producer is attached (its worker is dead).
+
+        Numbering goes on past every number the ring has held, so no stale record left in the
+        data area can pass for the next one: at most capacity // FRAME records are unread, and
+        one more may have been copied but not published when its producer died."""
+        expected = self._head[_EXPECT]
+        self._head[_WRITE] = 0
+        self._head[_READ] = 0
+        self._head[_EXPECT] = expected + self.capacity // FRAME + 2
         self.corrupt, self._seq = None, None
         self.clear_release()
 
     def close(self) -> None:
+        self._head.release()  # (an mmap with a view on it refuses to close)
         self._mm.close()
 
     def unlink(self) -> None:

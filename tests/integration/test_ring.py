@@ -292,3 +292,50 @@ def test_a_producer_attaching_to_a_ring_of_another_layout_is_told_so(ring):
         segment.write(b"OLRING\x00\x01")
     with pytest.raises(RingCorrupt, match=r"has layout b'OLRING.*x01', this omniload writes .*x02'.*reinstall"):
         Ring.attach(ring.path)
+
+
+def _publish_forever(path: str, first: int, second: int) -> None:
+    ring = Ring.attach(path)
+    while True:
+        ring._publish(first)
+        ring._publish(second)
+
+
+def test_a_producer_killed_while_it_publishes_leaves_the_old_or_the_new_write_position(ring):
+    """The desynchronised ring: the write position used to be stored a byte at a time (zeroed
+    first), so a worker killed inside that store left a torn one and the coordinator read past
+    the records into stale bytes. 300 kills at random points of a publishing loop; before the
+    fix about one in five left a torn position."""
+    first, second = 0x0102030405060708, 0x1112131415161718
+    context = multiprocessing.get_context("fork")
+    rng = random.Random(0)
+    torn = []
+    ring._publish(first)
+    for _ in range(300):
+        producer = context.Process(target=_publish_forever, args=(str(ring.path), first, second), daemon=True)
+        producer.start()
+        time.sleep(rng.uniform(0.0002, 0.002))
+        os.kill(producer.pid, signal.SIGKILL)
+        producer.join()
+        left = int.from_bytes(ring.path.read_bytes()[:8], "little")  # the header's write position
+        if left not in (first, second):
+            torn.append(hex(left))
+    assert not torn, f"{len(torn)} of 300 kills left a torn write position: {torn[:5]}"
+
+
+def test_a_reset_numbers_on_so_a_stale_record_never_passes_for_the_next(ring):
+    """Records left in the data area from before a reset (unread, or written but never
+    published by a producer that died) carry numbers the consumer will never expect again."""
+    for i in range(3):
+        assert ring.try_write(b"old %d " % i * 10)
+    assert ring.read() == b"old 0 " * 10
+    ring.reset()  # two unread records stay in the data area
+    assert ring.try_write(b"old 0 " * 10)  # same size as the first: the stale second follows it
+    with open(ring.path, "r+b") as segment:  # the write position pushed over the stale record
+        segment.seek(0)
+        write = int.from_bytes(segment.read(8), "little")
+        segment.seek(0)
+        segment.write((write * 2).to_bytes(8, "little"))
+    assert ring.read() == b"old 0 " * 10
+    with pytest.raises(RingCorrupt, match="is number .* not"):
+        ring.read()
