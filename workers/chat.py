@@ -13,7 +13,8 @@ into pieces of text, each either trained (the loss counts the tokens) or not:
   after another: one that rewrites earlier turns, e.g. dropping old reasoning, is refused). In
   an assistant message's text its content is found as written (or stripped, as `| trim`
   templates show it): the content and what follows it up to trailing whitespace (the end
-  marker, such as `<|eot_id|>` or `<|im_end|>`) are trained; the header before it is not.
+  marker, such as `<|eot_id|>` or `<|im_end|>`) are trained; the header before it is not. A
+  template with `{% generation %}` blocks marks what is trained itself: what its blocks render.
 
 Each piece is tokenized on its own and the pieces' tokens put end to end, so no token straddles
 a trained and an untrained part (a tokenizer may merge across a boundary when given the whole
@@ -119,6 +120,9 @@ def chatml_pieces(messages: Sequence[Message], train_all: bool = False) -> list[
 
 
 _STAND_IN = "\ue000omniload-reply\ue000"  # private-use characters: in no template and no tokenizer's specials
+# What a template's {% generation %} block renders is put between these two (private-use, as
+# _STAND_IN) so the pieces can find it; they never reach the tokenizer.
+_GENERATION_OPEN, _GENERATION_CLOSE = "\ue001", "\ue002"
 
 
 def template_pieces(messages: Sequence[Message], render: Render, train_all: bool = False) -> list[Piece]:
@@ -132,33 +136,71 @@ def template_pieces(messages: Sequence[Message], render: Render, train_all: bool
                 "before it; omniload needs a template that renders a conversation message after message"
             )
         added, before = text[len(before) :], text
-        if train_all or m.role != "assistant":
+        if _GENERATION_OPEN in text:  # the template marks what is trained itself
+            pieces += _generation_pieces(added, train_all, i)
+        elif train_all or m.role != "assistant":
             pieces.append(Piece(added, train_all, i))
-            continue
-        # where the content sits: render the same turn with a stand-in content, so a reply that
-        # also occurs in the template's own text (say "end" inside "<|im_end|>") is never mistaken for it
-        earlier = len(text) - len(added)
-        with_stand_in = render([*messages[:i], Message(m.role, _STAND_IN)])
-        head, found, rest = with_stand_in[earlier:].partition(_STAND_IN)
-        if not found or not added.startswith(head) or not added.endswith(rest) or len(head) + len(rest) > len(added):
-            raise ChatError(f"the chat template does not show the content of message {i} (assistant) as written")
-        at, content = len(head), added[len(head) : len(added) - len(rest)]
-        tail = added[at + len(content) :]
-        marker = tail.rstrip()
-        pieces += [
-            Piece(added[:at], False, i),
-            Piece(content, True, i),
-            Piece(marker, True, i),
-            Piece(tail[len(marker) :], False, i),
-        ]
+        else:
+            pieces += _reply_pieces(messages, i, render, added, len(text) - len(added))
     return pieces
 
 
+def _generation_pieces(added: str, train_all: bool, i: int) -> list[Piece]:
+    """A message's text under a template with {% generation %} blocks: what the blocks render
+    is trained, the rest is not (as transformers' return_assistant_tokens_mask)."""
+    pieces = []
+    for j, part in enumerate(added.replace(_GENERATION_CLOSE, _GENERATION_OPEN).split(_GENERATION_OPEN)):
+        pieces.append(Piece(part, train_all or j % 2 == 1, i))
+    return pieces
+
+
+def _reply_pieces(messages: Sequence[Message], i: int, render: Render, added: str, earlier: int) -> list[Piece]:
+    """An assistant message's text cut at its content: the header before it is not trained, the
+    content and the end marker after it are."""
+    # where the content sits: render the same turn with a stand-in content, so a reply that
+    # also occurs in the template's own text (say "end" inside "<|im_end|>") is never mistaken for it
+    with_stand_in = render([*messages[:i], Message(messages[i].role, _STAND_IN)])
+    head, found, rest = with_stand_in[earlier:].partition(_STAND_IN)
+    if not found or not added.startswith(head) or not added.endswith(rest) or len(head) + len(rest) > len(added):
+        raise ChatError(f"the chat template does not show the content of message {i} (assistant) as written")
+    at, content = len(head), added[len(head) : len(added) - len(rest)]
+    tail = added[at + len(content) :]
+    marker = tail.rstrip()
+    return [
+        Piece(added[:at], False, i),
+        Piece(content, True, i),
+        Piece(marker, True, i),
+        Piece(tail[len(marker) :], False, i),
+    ]
+
+
+def rendered_text(text: str) -> str:
+    """What a Render returned, as the template renders it (without the generation marks)."""
+    return text.replace(_GENERATION_OPEN, "").replace(_GENERATION_CLOSE, "")
+
+
 def jinja_render(config: ChatConfig) -> Render:
-    """The tokenizer's template as a function of the messages, rendered as Hugging Face renders it
-    (a sandbox, trim_blocks and lstrip_blocks, bos_token/eos_token, no generation prompt)."""
+    """The tokenizer's template as a function of the messages, rendered as transformers'
+    apply_chat_template renders it: a sandbox, trim_blocks and lstrip_blocks, loop controls,
+    its `tojson` (no ASCII or HTML escaping, keys in their order, indent= and separators=), its
+    {% generation %} tag, tools and documents None, bos_token and eos_token, no generation
+    prompt. One difference, on purpose: strftime_now gives a fixed date, so the batches of a run
+    do not depend on the day it ran. The text returned carries generation marks
+    (rendered_text removes them)."""
     import jinja2
+    from jinja2.ext import Extension
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_marked"), [], [], body).set_lineno(lineno)
+
+        def _marked(self, caller: Callable[[], str]) -> str:
+            return _GENERATION_OPEN + caller() + _GENERATION_CLOSE
 
     def raise_exception(message: str) -> None:
         raise ChatError(f"the chat template refused the conversation: {message}")
@@ -168,7 +210,15 @@ def jinja_render(config: ChatConfig) -> Render:
 
         return datetime.date(2024, 1, 1).strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    def tojson(
+        value: object, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+    ) -> str:
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, "jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = tojson
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
     template = env.from_string(config.template or "")
 
@@ -176,6 +226,8 @@ def jinja_render(config: ChatConfig) -> Render:
         try:
             return template.render(
                 messages=[{"role": m.role, "content": m.content} for m in messages],
+                tools=None,
+                documents=None,
                 bos_token=config.bos,
                 eos_token=config.eos,
                 add_generation_prompt=False,
