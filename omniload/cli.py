@@ -40,7 +40,12 @@ _PROGRESS_S = 30.0
 _SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [  # (flag, click's kwargs); --help groups them by spec.GROUPS
     ("--seq-len", dict(type=int, help="Tokens per row.")),
     ("--rows", dict(type=int, help="Rows per batch on each data-parallel rank.")),
-    ("--tokenizer", dict(help="'bytes', a tokenizer.json path, or module:function.")),
+    (
+        "--tokenizer",
+        dict(
+            help="'bytes', a tokenizer.json path, module:function, or a Hugging Face Hub model id ORG/NAME[@REVISION]."
+        ),
+    ),
     (
         "--workers",
         dict(

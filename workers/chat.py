@@ -38,6 +38,7 @@ import numpy as np
 
 from omniload.errors import ConfigError
 from omniload.formats.lane_config import ChatConfig
+from omniload.workers.transforms import tokenizer_file
 
 CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
 ROLES = ("system", "user", "assistant", "tool")
@@ -323,9 +324,10 @@ def chat_config(tokenizer: str, seq_len: int, train_on: str, drop_long: bool) ->
 
 
 def _template_of(tokenizer: str) -> tuple[str | None, str, str]:
-    if not tokenizer.endswith(".json"):
+    file = tokenizer_file(tokenizer)
+    if file is None:
         return None, "", ""
-    path = os.path.join(os.path.dirname(os.path.abspath(tokenizer)), "tokenizer_config.json")
+    path = os.path.join(os.path.dirname(os.path.abspath(file)), "tokenizer_config.json")
     if not os.path.isfile(path):
         return None, "", ""
     try:

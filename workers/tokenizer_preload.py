@@ -1,6 +1,7 @@
 """Imported by the workers' forkserver before it forks any worker (FORKSERVER_PRELOAD in
 coordinator/pool/forkserver.py), never by the coordinator: it loads there, once, the
-tokenizer.json files the coordinator named (forkserver.share_tokenizers). Each worker forked
+tokenizer.json files the coordinator named (forkserver.share_tokenizers), paths or Hub model ids
+(read from the Hub's cache). Each worker forked
 after finds its tokenizer already in transforms.load_transform's cache, and the workers share
 its pages with the forkserver instead of each parsing the file and holding a copy of its own
 (a 32k BPE: 0.06 s and about 7.5 MB a worker).
@@ -17,6 +18,7 @@ import os
 
 from omniload.errors import ConfigError
 from omniload.formats.lane_config import PRELOADED_TOKENIZERS_ENV
+from omniload.workers.hub_tokenizer import is_model_id
 from omniload.workers.transforms import load_transform
 from omniload.workers.worker import release_freed_memory
 
@@ -24,7 +26,8 @@ from omniload.workers.worker import release_freed_memory
 def load_named_tokenizers() -> None:
     """Load every tokenizer.json the environment names; skip whatever fails to load."""
     try:
-        names = [n for n in json.loads(os.environ.get(PRELOADED_TOKENIZERS_ENV) or "[]") if n.endswith(".json")]
+        named = json.loads(os.environ.get(PRELOADED_TOKENIZERS_ENV) or "[]")
+        names = [n for n in named if n.endswith(".json") or is_model_id(n)]
     except (ValueError, TypeError, AttributeError):  # not share_tokenizers' list: the forkserver must live on
         names = []
     for name in names:

@@ -1,8 +1,9 @@
 """Transforms turn a shard's values into token arrays (int32, or uint16 where every id fits), one per value.
 
 `bytes`: UTF-8 bytes as tokens (vocabulary 256). A path to a Hugging Face `tokenizer.json`:
-the `tokenizers` library (extra `omniload[tokenizers]`), no download. `module:function`: the
-user's function, called on each value and returning a sequence of ints. Values that are
+the `tokenizers` library (extra `omniload[tokenizers]`), no download. A Hugging Face Hub model
+id, `ORG/NAME[@REVISION]`: its tokenizer.json, from the Hub's cache (hub_tokenizer.py).
+`module:function`: the user's function, called on each value and returning a sequence of ints. Values that are
 already token arrays (a list<int> column) pass through whatever the transform.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from omniload.errors import ConfigError
 from omniload.formats.records import ids_fit_uint16
+from omniload.workers.hub_tokenizer import is_model_id, local_tokenizer
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -31,11 +33,15 @@ def load_transform(name: str) -> Transform:
     worker's lanes share one tokenizer (a 32k BPE holds some 7.5 MB once parsed)."""
     if name == "bytes":
         return _bytes_transform
-    if name.endswith(".json"):
-        return _hf_transform(name)
+    path = tokenizer_file(name)
+    if path is not None:
+        return _hf_transform(path)
     module, sep, func = name.partition(":")
     if not sep or not module or not func:
-        raise ConfigError(f"tokenizer {name!r}: expected 'bytes', a tokenizer.json path or module:function")
+        raise ConfigError(
+            f"tokenizer {name!r}: expected 'bytes', a tokenizer.json path, module:function or a Hugging Face Hub "
+            "model id ORG/NAME[@REVISION]"
+        )
     try:
         fn = getattr(importlib.import_module(module), func)
     except ImportError as exc:
@@ -53,9 +59,20 @@ def vocab_size(name: str) -> int | None:
     """The vocabulary of a tokenizer.json (added tokens included); None for the others: `bytes`
     is the default, not a declaration, and a function's vocabulary is not known. Raises
     ConfigError as load_transform does."""
-    if not name.endswith(".json"):
+    path = tokenizer_file(name)
+    if path is None:
         return None
-    return int(_tokenizer_file(name).get_vocab_size(with_added_tokens=True))
+    return int(_tokenizer_file(path).get_vocab_size(with_added_tokens=True))
+
+
+def tokenizer_file(name: str) -> str | None:
+    """The tokenizer.json a tokenizer name stands for: the path itself, or a Hub model's file in
+    the Hub's cache (hub_tokenizer.local_tokenizer); None for `bytes` and a function."""
+    if name.endswith(".json"):
+        return name
+    if is_model_id(name):
+        return local_tokenizer(name)
+    return None
 
 
 @functools.cache  # parsed once a process, for its transform and its vocabulary alike

@@ -40,6 +40,7 @@ from omniload.spec import (
 )
 from omniload.storage.urls import StoreOptions, is_remote, redact
 from omniload.workers.chat import chat_config
+from omniload.workers.hub_tokenizer import fetch_tokenizer, is_model_id
 from omniload.workers.images import load_image_transform, require_pillow
 from omniload.workers.transforms import load_transform, vocab_size
 
@@ -114,6 +115,9 @@ def build_catalog(spec: Spec) -> list[SourceCatalog]:
     """Every source's shards. The files are indexed in a child forked from the workers'
     forkserver, which has pyarrow imported already: the coordinator itself never imports it
     (some 30 MB; workers/lane.py). The caller stops the forkserver (pool.stop_helpers)."""
+    for tokenizer in sorted({spec.tokenizer_of(source) for source in spec.sources}):
+        if is_model_id(tokenizer):  # fetched here, once: the workers read the Hub's cache
+            fetch_tokenizer(tokenizer)
     chats = [chat_config_of(source, spec) for source in spec.sources]  # a bad chat template fails first
     found = [_find_files(source, spec) for source in spec.sources]
     remote = any(is_remote(p) for source in spec.sources for p in source.path)
