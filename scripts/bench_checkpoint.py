@@ -62,7 +62,8 @@ class _Source:
         )
 
 
-def _spec(seq_len: int, rows: int) -> Spec:
+def _spec(seq_len: int, rows: int, fill: int) -> Spec:
+    """`fill`: --shuffle-fill (0: the job's default); a small one makes each Stepper's first fill cheap."""
     return Spec.from_dict(
         {
             "sources": [{"name": f"s{i}", "path": "x", "weight": w} for i, w in enumerate((5, 3, 2))],
@@ -70,6 +71,7 @@ def _spec(seq_len: int, rows: int) -> Spec:
             "rows": rows,
             "balance": "attention",
             "epochs": 0,
+            "shuffle_fill": fill,
         }
     )
 
@@ -80,8 +82,8 @@ def _stepper(spec: Spec, dp: int) -> Stepper:
     return stepper
 
 
-def folder_size(steps: int, dp: int, seq_len: int, rows: int) -> None:
-    spec = _spec(seq_len, rows)
+def folder_size(steps: int, dp: int, seq_len: int, rows: int, fill: int) -> None:
+    spec = _spec(seq_len, rows, fill)
     stepper = _stepper(spec, dp)
     with tempfile.TemporaryDirectory() as folder:
         errors: list = []
@@ -107,8 +109,8 @@ def folder_size(steps: int, dp: int, seq_len: int, rows: int) -> None:
         )
 
 
-def resume_time(dp: int, seq_len: int, rows: int, snapshot_at: int, replays: list[int]) -> None:
-    spec = _spec(seq_len, rows)
+def resume_time(dp: int, seq_len: int, rows: int, snapshot_at: int, replays: list[int], fill: int) -> None:
+    spec = _spec(seq_len, rows, fill)
     print(f"DP={dp}, seq_len {seq_len} x rows {rows}: resume time by steps since the snapshot")
     for replay in replays:
         stepper = _stepper(spec, dp)
@@ -140,12 +142,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--replays", default="0,25,50,99")
     parser.add_argument("--large-dp", type=int, default=1024)
+    parser.add_argument(
+        "--shuffle-fill", type=int, default=0, help="the jobs' --shuffle-fill (0: the default; small: a quick check)"
+    )
     args = parser.parse_args()
     replays = [int(r) for r in args.replays.split(",")]
-    folder_size(args.steps, 2, 2048, 4)
-    folder_size(max(1, args.steps // 50), args.large_dp, 2048, 1)
-    resume_time(2, 2048, 4, 100, replays)
-    resume_time(args.large_dp, 2048, 1, 100, replays)
+    folder_size(args.steps, 2, 2048, 4, args.shuffle_fill)
+    folder_size(max(1, args.steps // 50), args.large_dp, 2048, 1, args.shuffle_fill)
+    resume_time(2, 2048, 4, 100, replays, args.shuffle_fill)
+    resume_time(args.large_dp, 2048, 1, 100, replays, args.shuffle_fill)
 
 
 if __name__ == "__main__":

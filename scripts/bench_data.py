@@ -97,21 +97,25 @@ def bpe_tokenizer() -> str:
     return str(path)
 
 
-def us_per_token(tokenizer: str) -> float:
+TIMED_DOCS = 2000  # documents a tokenizer timing tokenizes (some 1 s of a 32k BPE)
+
+
+def us_per_token(tokenizer: str, docs: int = TIMED_DOCS) -> float:
     """What the tokenizer costs on this corpus's documents, in one process, one document at a time
     (as omniload's workers call it on a slice's values): CPU microseconds a token, the unit the
     throughput benchmark counts workers in (wall time would count the other processes that
-    share the core). Set TOKENIZERS_PARALLELISM=false first for one core's speed."""
-    return _tokenizer_timing(tokenizer)()
+    share the core). Set TOKENIZERS_PARALLELISM=false first for one core's speed. `docs`: fewer
+    for a benchmark run at a smaller size (its figures are then rougher)."""
+    return _tokenizer_timing(tokenizer, docs)()
 
 
-def _tokenizer_timing(tokenizer: str) -> Callable[[], float]:
+def _tokenizer_timing(tokenizer: str, docs: int = TIMED_DOCS) -> Callable[[], float]:
     """us_per_token's measurement made ready (the tokenizer loaded and warmed, the texts made), so
     that processes timed together start timing together."""
     from omniload.workers.transforms import load_transform
 
     transform = load_transform(tokenizer)
-    texts = documents(2000, 99, 600)
+    texts = documents(docs, 99, 600)
     transform(texts[:100])
 
     def timed() -> float:
@@ -125,7 +129,7 @@ def _tokenizer_timing(tokenizer: str) -> Callable[[], float]:
 _TOGETHER_S = 300.0  # for each process's word: it imports, loads the tokenizer, then times ~1 s of tokens
 
 
-def tokens_per_cpu_s_together(tokenizer: str, processes: int) -> float:
+def tokens_per_cpu_s_together(tokenizer: str, processes: int, docs: int = TIMED_DOCS) -> float:
     """The tokenizer alone in `processes` processes at once (us_per_token's measurement in each,
     the timing started together): the median of their tokens per CPU-second. More processes
     than cores time-slice the cores, and each one's CPU-seconds make fewer tokens (caches
@@ -138,7 +142,7 @@ def tokens_per_cpu_s_together(tokenizer: str, processes: int) -> float:
     links, children = [], []
     for _ in range(processes):
         ours, theirs = context.Pipe()
-        child = context.Process(target=_time_when_told, args=(tokenizer, theirs), daemon=True)
+        child = context.Process(target=_time_when_told, args=(tokenizer, theirs, docs), daemon=True)
         child.start()
         theirs.close()  # so that a child's death reads as the end of its pipe
         links.append(ours)
@@ -175,9 +179,9 @@ def _word_from(link: Connection, child: BaseProcess, processes: int) -> float:
     return float(word)
 
 
-def _time_when_told(tokenizer: str, link: Connection) -> None:
+def _time_when_told(tokenizer: str, link: Connection, docs: int) -> None:
     try:
-        timed = _tokenizer_timing(tokenizer)
+        timed = _tokenizer_timing(tokenizer, docs)
         link.send(0.0)
         link.recv()
         link.send(timed())

@@ -159,6 +159,12 @@ def _encode(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int64)
 
 
+def _bytes_of(text: str) -> np.ndarray:
+    """A training document's tokens as bytes (the bytes tokenizer's ids all fit): an eighth of
+    the memory the streams' concatenations copy; rows are made int64 as they are cut (_Streams.row)."""
+    return np.frombuffer(text.encode("utf-8"), np.uint8)
+
+
 def train_documents(root: Path) -> list[list[np.ndarray]]:
     """Each source's training documents as the bytes tokenizer makes them, in file order."""
     from omniload.formats.shards import detect_format
@@ -170,7 +176,7 @@ def train_documents(root: Path) -> list[list[np.ndarray]]:
         for path in sorted((root / name).iterdir()):
             if fmt := detect_format(str(path)):
                 texts += [v for shard in index_file(str(path), fmt, "text", 0) for v in read_shard(shard, "text")]
-        out.append([_encode(t) for t in texts])
+        out.append([_bytes_of(t) for t in texts])
     return out
 
 
@@ -238,13 +244,18 @@ def omniload_steps(root: Path, rows: int, steps: int, seed: int, figures: dict, 
 
 
 class _Streams:
-    """Each source's documents concatenated, with where each document starts."""
+    """Each source's documents concatenated (`only`: just that source's; the others stay empty),
+    with where each document starts."""
 
-    def __init__(self, docs: list[list[np.ndarray]], order: list[np.ndarray] | None = None) -> None:
+    def __init__(
+        self, docs: list[list[np.ndarray]], order: list[np.ndarray] | None = None, only: int | None = None
+    ) -> None:
         self.tokens, self.starts, self.ids = [], [], []
         for s, source_docs in enumerate(docs):
             index = np.arange(len(source_docs)) if order is None else order[s]
-            self.tokens.append(np.concatenate([source_docs[i] for i in index]))
+            if only is not None and s != only:
+                index = index[:0]
+            self.tokens.append(np.concatenate([source_docs[i] for i in index] or [np.zeros(0, np.uint8)]))
             self.starts.append(np.concatenate([[0], np.cumsum([len(source_docs[i]) for i in index])]))
             self.ids.append(index)
 
@@ -257,7 +268,7 @@ class _Streams:
             overlap = min(starts[d + 1], start + SEQ) - max(starts[d], start)
             if overlap > 0:
                 parts.append((source << 40 | int(self.ids[source][d]), int(overlap)))
-        return self.tokens[source][start : start + SEQ], parts
+        return self.tokens[source][start : start + SEQ].astype(np.int64), parts
 
 
 def _stream_steps(rows: int, steps: int, pick: Callable[[int, int], tuple[np.ndarray, list]]) -> Steps:
@@ -317,7 +328,7 @@ def chunks_steps(docs: list[list[np.ndarray]], rows: int, steps: int, seed: int)
             rng = np.random.default_rng([seed, s, epoch, 0x3E6A])
             order = [np.arange(len(d)) for d in docs]
             order[s] = rng.permutation(len(docs[s]))
-            epochs[(s, epoch)] = (_Streams(docs, order), rng.permutation(per_epoch))
+            epochs[(s, epoch)] = (_Streams(docs, order, only=s), rng.permutation(per_epoch))
         streams, chunks = epochs[(s, epoch)]
         return streams.row(s, int(chunks[k]) * SEQ)
 

@@ -258,7 +258,7 @@ def loopback_bytes_per_s(total: int = 2 << 30, chunk: int = 1 << 20) -> float:
 
 
 def main() -> None:  # noqa: PLR0915
-    from bench_data import bpe_tokenizer, make_sources, tokens_per_cpu_s_together, us_per_token
+    from bench_data import TIMED_DOCS, bpe_tokenizer, make_sources, tokens_per_cpu_s_together, us_per_token
     from peers import PEERS, cache_for, convert, missing
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -311,7 +311,8 @@ def main() -> None:  # noqa: PLR0915
         "shuffle_window": args.shuffle_window,
         "shuffle_fill": args.shuffle_fill,
     }
-    single_core = 1e6 / us_per_token(tokenizer)
+    timed_docs = min(TIMED_DOCS, args.docs)  # a run at the smallest size times the tokenizer on less
+    single_core = 1e6 / us_per_token(tokenizer, timed_docs)
     print(
         f"machine: {os.cpu_count()} cores; {args.ranks} ranks; baseline: {args.workers_per_rank} DataLoader "
         f"workers per rank; omniload: {workers} workers; {args.sources} sources, tokenizer {args.tokenizer} "
@@ -341,9 +342,9 @@ def main() -> None:  # noqa: PLR0915
             # the machine's speed drifts: each trial's workers are set against the tokenizer
             # alone measured right before them, not once for the whole run
             if per_core:
-                single_core = 1e6 / us_per_token(tokenizer)
+                single_core = 1e6 / us_per_token(tokenizer, timed_docs)
                 references.append(single_core)
-                together = tokens_per_cpu_s_together(tokenizer, workers)
+                together = tokens_per_cpu_s_together(tokenizer, workers, timed_docs)
                 together_references.append(together)
             # every side in turn, each trial starting one further along: the machine drifts
             sides = ["baseline", "omniload", *mix_peers]

@@ -59,7 +59,7 @@ def test_bench_memory_runs():
         "--kinds",
         "dataloader,omniload",
         "--settle",
-        "3",
+        "0",
     )
     assert "DataLoader MB" in out and "omniload at N=1 / at N=1" in out
 
@@ -87,7 +87,7 @@ def test_bench_quality_runs(tmp_path):
 
 
 def test_bench_checkpoint_runs():
-    out = _run("bench_checkpoint.py", "--steps", "150", "--replays", "0,5", "--large-dp", "16")
+    out = _run("bench_checkpoint.py", "--steps", "150", "--replays", "0,5", "--large-dp", "16", "--shuffle-fill", "64")
     assert "a step's record" in out and "steps replayed" in out
 
 
