@@ -162,7 +162,7 @@ def main() -> None:
                         print(f"  cold launch: {cold[-1]:.2f} s", flush=True)
                     else:
                         first_batch_s(spec)  # only to write the catalog
-                    catalog_file = sum(p.stat().st_size for p in Path(cache, "catalogs").glob("catalog-*.json"))
+                    catalog_file = sum(p.stat().st_size for p in Path(cache, "catalogs").glob("catalog-*.npz"))
                     if round_ < args.rounds:
                         cached.append(first_batch_s(spec))
                         print(f"  cached launch: {cached[-1]:.2f} s", flush=True)

@@ -40,6 +40,7 @@ from omniload.coordinator.pool.intake import SourceIntake
 from omniload.coordinator.spill import Spill
 from omniload.formats.records import decode, doc_record, tokens_of
 from omniload.formats.ring import Ring
+from omniload.formats.shard_table import ShardTable
 from omniload.formats.shards import Shard
 from omniload.spec import Spec
 
@@ -60,7 +61,7 @@ def _ring_intake(source: int, docs: list[np.ndarray], rings: list[Ring]) -> Sour
     for pos, tokens in enumerate(docs):
         assert ring.try_write(*doc_record(0, pos, pos, tokens)), "the ring must hold every record"
     shard = Shard("unused", "parquet", 0, 1, len(docs), 0)
-    catalog = SourceCatalog(source, f"s{source}", "text", "bytes", (shard,), len(docs), 1)
+    catalog = SourceCatalog(source, f"s{source}", "text", "bytes", ShardTable([shard]), len(docs), 1)
     return SourceIntake(catalog, [ring], 0, 1)
 
 

@@ -283,7 +283,7 @@ class _Shards:
 
     def __init__(self, catalog: list[SourceCatalog]) -> None:
         self._catalog = catalog
-        self._firsts = [[shard.first_ordinal for shard in src.shards] for src in catalog]
+        self._firsts = [src.shards.column("first_ordinal").tolist() for src in catalog]
         self._file_first: list[dict[str, int]] = []
         for src in catalog:
             first: dict[str, int] = {}

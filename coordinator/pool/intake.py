@@ -162,7 +162,7 @@ class SourceIntake:
         epoch, position = divmod(g, n)
         if self._rows_by_epoch is None or self._rows_by_epoch[0] != epoch:
             order = shard_permutation(n, self._seed, self.catalog.index, epoch)
-            rows = np.array([s.rows for s in self.catalog.shards])[order]
+            rows = self.catalog.shards.column("rows")[order]
             self._rows_by_epoch = (epoch, rows)
         return int(self._rows_by_epoch[1][position])
 

@@ -8,6 +8,7 @@ coordinator/pool/forkserver.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from omniload.formats.shards import Shard
@@ -65,7 +66,7 @@ class LaneConfig:
     lane: int
     num_lanes: int
     ring_path: str
-    shards: tuple[Shard, ...]
+    shards: Sequence[Shard]  # the source's ShardTable (a tuple in tests)
     seed: int
     epochs: int  # 0: forever
     interleave: int  # shards read together, their rows in turn (omniload.order)

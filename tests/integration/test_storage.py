@@ -180,7 +180,7 @@ def test_kill_9_then_resume_reads_the_kept_catalog_and_repeats_the_uninterrupted
         process.wait()
     job.wait(10)
     job.stop()
-    assert list(folder.glob("catalog-*.json")), "the catalog is kept beside the checkpoint"
+    assert list(folder.glob("catalog-*.npz")), "the catalog is kept beside the checkpoint"
     with omniload.Job({**spec, "resume": str(folder)}) as resumed_job:
         resumed = collect(start_ranks(resumed_job, 2, tmp_path))
         log = "\n".join(resumed_job.log_tail())
@@ -223,7 +223,7 @@ def test_an_object_changed_before_a_resume_stops_the_job_naming_it(uploaded, tmp
         with omniload.Job({**spec, "resume": str(folder)}):
             pass
     assert "s3://corpus/data/web/a.parquet changed since the job listed it" in str(failed.value)
-    for catalog in folder.glob("catalog-*.json"):  # as a fresh listing finds it: the resume is refused
+    for catalog in folder.glob("catalog-*.npz"):  # as a fresh listing finds it: the resume is refused
         catalog.unlink()
     with pytest.raises(omniload.OmniloadError) as failed:
         with omniload.Job({**spec, "resume": str(folder)}) as job:
