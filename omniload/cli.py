@@ -297,7 +297,8 @@ def spec_options(command: Callable) -> Callable:
         help="A data source; repeat for several. GLOB is a local glob or a URL (s3://, gs://, "
         "az://, hf://). Options: weight, column, format, tokenizer, epochs; image (the column of "
         "encoded images); tokens, dtype, eos, vocab (token ids, docs/sources.md); kind=chat, "
-        "train_on (conversations); endpoint, region, anonymous (for a store).",
+        "train_on (conversations); endpoint, region, anonymous (for a store); manifest (a file "
+        "`omniload index` wrote: nothing is listed).",
     )(command)
     return click.option(
         "--config",
@@ -448,6 +449,26 @@ def relay(addr: str, token: str, path: str | None, cmd: tuple[str, ...]) -> None
     setup_logging()
     socket_path = path or default_socket_path()
     sys.exit(_or_exit(lambda: run_loop(run_relay(addr, token, socket_path, list(cmd)))))
+
+
+@main.command(cls=_GroupedCommand)
+@spec_options
+@click.option(
+    "--out",
+    default=".",
+    type=click.Path(file_okay=False),
+    help="Folder the manifests go to, one SOURCE.manifest.npz a source (beside the data, or in the cache).",
+)
+def index(config: str | None, sources: tuple[str, ...], out: str, **options: Any) -> None:
+    """List and index the sources' objects once, and write each source's manifest (its objects,
+    sizes, versions, rows): a job whose source says manifest=FILE lists and indexes nothing."""
+    from pathlib import Path
+
+    from omniload.coordinator.pool.catalog import write_manifests
+
+    spec = _or_exit(lambda: build_spec(config, sources, options))
+    for path, objects, rows in _or_exit(lambda: write_manifests(spec, Path(out))):
+        click.echo(f"{path}: {objects:,} files, {rows:,} rows")
 
 
 @main.command()

@@ -72,6 +72,7 @@ class Source:
     # conversations (docs/sources.md): rows of `messages` [{role, content}] or `conversations` [{from, value}]
     kind: str = "text"  # text | chat
     train_on: str = "assistant"  # chat: the tokens the loss counts: the assistant's replies, or all
+    manifest: str | None = None  # `omniload index`'s file of its objects: nothing is listed or indexed
 
     def __post_init__(self) -> None:
         if isinstance(self.path, str):
@@ -566,8 +567,8 @@ RUNTIME_FIELDS = (
     "cache_limit",
     "shuffle_dir",
 )
-# A source's fields that say how to reach its store, never what it holds.
-STORE_FIELDS = ("endpoint", "region", "anonymous")
+# A source's fields that say how to reach its store or find its objects, never what they hold.
+STORE_FIELDS = ("endpoint", "region", "anonymous", "manifest")
 # Fields in bytes: a number, or one with a unit (64MB, 2GiB).
 BYTE_FIELDS = ("read_ahead", "cache_limit")
 _UNITS = {
@@ -611,6 +612,7 @@ LATER_SOURCE_FIELDS = {
     "vocab": None,
     "kind": "text",
     "train_on": "assistant",
+    "manifest": None,
 }
 
 

@@ -126,37 +126,105 @@ def build_catalog(spec: Spec) -> list[SourceCatalog]:
         if is_model_id(tokenizer):  # fetched here, once: the workers read the Hub's cache
             fetch_tokenizer(tokenizer)
     chats = [chat_config_of(source, spec) for source in spec.sources]  # a bad chat template fails first
-    found = [_find_files(source, spec) for source in spec.sources]
+    for source in spec.sources:
+        _check_images(source, spec)
+    found = {source.name: _find_files(source) for source in spec.sources if source.manifest is None}
     remote = any(is_remote(p) for source in spec.sources for p in source.path)
-    tokenizers = {source.name: spec.tokenizer_of(source) for source in spec.sources}
     with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
-        vocabs = child.submit(check_tokenizers, tokenizers).result()
+        vocabs = _checked_tokenizers(spec, child)
         cached = _cached_catalog(spec) if remote else None
         if cached is not None:
             path, indexed = cached
             log.warning("read the sources' catalog from %s (remove it to list the store again)", path)
         else:
-            requests = [
-                IndexRequest(
-                    source.name,
-                    tuple(files),
-                    tuple(p for p in source.path if is_remote(p)),
-                    source.format,
-                    source.read_column,
-                    source.image,
-                    source.store_options(),
-                    pretokenized_of(source, vocabs[source.name]),
-                    "tokens" if source.tokens is not None else source.kind,
-                )
-                for source, files in zip(spec.sources, found)
-            ]
-            indexed = child.submit(index_files, requests, spec.on_bad_file == "stop").result()
+            fresh = iter(_index_in(child, spec, found, vocabs))
+            indexed = [next(fresh) if source.manifest is None else read_manifest(source) for source in spec.sources]
             if remote:
                 _keep_catalog(spec, indexed)
     return [
         _catalog_of(i, source, spec, files, vocabs[source.name], chats[i])
         for i, (source, files) in enumerate(zip(spec.sources, indexed))
     ]
+
+
+def write_manifests(spec: Spec, folder: Path) -> list[tuple[Path, int, int]]:
+    """`omniload index`: list and index every source's objects now and write each source's
+    manifest, SOURCE.manifest.npz in `folder`; (path, objects, rows) of each."""
+    for source in spec.sources:
+        _check_images(source, spec)
+    found = {source.name: _find_files(source) for source in spec.sources}
+    folder.mkdir(parents=True, exist_ok=True)
+    with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
+        indexed = _index_in(child, spec, found, _checked_tokenizers(spec, child))
+    written = []
+    for source, (table, bad) in zip(spec.sources, indexed):
+        path = folder / f"{source.name}.manifest.npz"
+        meta = {"layout": _CATALOG_LAYOUT, "manifest_of": _definition(source), "bad": bad}
+        _write_arrays(path, {"meta": _json_array(meta), **table_arrays(table, "0/")})
+        files = len({s.file for s in table}) if len(table) else 0
+        written.append((path, files, int(table.column("rows").sum())))
+    return written
+
+
+def read_manifest(source: Source) -> Indexed:
+    """A source's objects as `omniload index` wrote them; ConfigError naming what to fix. The
+    workers check each object's size and version when they first read it, so an object changed
+    since stops the job naming it."""
+    assert source.manifest is not None
+    where = f"source '{source.name}': manifest {source.manifest!r}"
+    again = "write it again with `omniload index` and this source"
+    try:
+        with np.load(os.path.expanduser(source.manifest), allow_pickle=False) as arrays:
+            meta = orjson.loads(arrays["meta"].tobytes())
+            if meta.get("layout") != _CATALOG_LAYOUT or "manifest_of" not in meta:
+                raise ConfigError(f"{where} is not a manifest this omniload reads: {again}")
+            if meta["manifest_of"] != _definition(source):
+                raise ConfigError(
+                    f"{where} was written for {meta['manifest_of']}, not for this source's "
+                    f"{_definition(source)}: {again}"
+                )
+            return table_from_arrays(arrays, "0/"), [tuple(b) for b in meta["bad"]]
+    except FileNotFoundError:
+        raise ConfigError(f"{where} does not exist: write it with `omniload index` and this source") from None
+    except (OSError, orjson.JSONDecodeError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        raise ConfigError(f"{where} cannot be read ({exc}): {again}") from None
+
+
+def _definition(source: Source) -> dict[str, Any]:
+    """What decides a source's objects and shards (its name, weight, tokenizer, store and
+    manifest do not)."""
+    fields = without_later_defaults(dataclasses.asdict(source))
+    fields["path"] = list(source.path)
+    return {k: v for k, v in fields.items() if k not in ("name", "weight", "epochs", "tokenizer", *STORE_FIELDS)}
+
+
+def _checked_tokenizers(spec: Spec, child: ProcessPoolExecutor) -> dict[str, int | None]:
+    return child.submit(check_tokenizers, {s.name: spec.tokenizer_of(s) for s in spec.sources}).result()
+
+
+def _index_in(
+    child: ProcessPoolExecutor, spec: Spec, found: dict[str, list[tuple[str, str]]], vocabs: dict[str, int | None]
+) -> list[Indexed]:
+    """The sources named in `found` (with their local files) listed and indexed in the
+    indexing child, in the spec's order."""
+    sources = [source for source in spec.sources if source.name in found]
+    if not sources:
+        return []
+    requests = [
+        IndexRequest(
+            source.name,
+            tuple(found[source.name]),
+            tuple(p for p in source.path if is_remote(p)),
+            source.format,
+            source.read_column,
+            source.image,
+            source.store_options(),
+            pretokenized_of(source, vocabs[source.name]),
+            "tokens" if source.tokens is not None else source.kind,
+        )
+        for source in sources
+    ]
+    return list(child.submit(index_files, requests, spec.on_bad_file == "stop").result())
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,32 +376,42 @@ def _cached_catalog(spec: Spec) -> tuple[Path, list[Indexed]] | None:
 
 
 def _keep_catalog(spec: Spec, indexed: list[Indexed]) -> None:
-    """The catalog as columns (some 80 B an object; np.savez, no pickle) with its sources' bad files."""
-    arrays = {
-        "meta": np.frombuffer(orjson.dumps({"layout": _CATALOG_LAYOUT, "bad": [b for _, b in indexed]}), np.uint8)
-    }
+    """The catalog as columns (some 70-90 B an object; np.savez, no pickle) with its sources' bad files."""
+    arrays = {"meta": _json_array({"layout": _CATALOG_LAYOUT, "bad": [bad for _, bad in indexed]})}
     for i, (table, _) in enumerate(indexed):
         arrays |= table_arrays(table, f"{i}/")
     for path in _catalog_paths(spec, kept_only=True):
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_suffix(f".{os.getpid()}.tmp")
-            with open(temporary, "wb") as file:
-                np.savez(file, allow_pickle=False, **arrays)
-            os.replace(temporary, path)
+            _write_arrays(path, arrays)
         except OSError as exc:
             log.warning("could not keep the catalog at %s: %s", path, exc)
 
 
-def _find_files(source: Source, spec: Spec) -> list[tuple[str, str]]:
-    """The source's files and their formats; its image transform loaded once here, so a bad
-    one fails before any worker runs (its tokenizer: check_tokenizers; its chat template:
-    build_catalog)."""
+def _json_array(value: Any) -> np.ndarray:
+    return np.frombuffer(orjson.dumps(value), np.uint8)
+
+
+def _write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """np.savez to a temporary file beside `path`, then renamed: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    with open(temporary, "wb") as file:
+        np.savez(file, allow_pickle=False, **arrays)
+    os.replace(temporary, path)
+
+
+def _check_images(source: Source, spec: Spec) -> None:
+    """A source of images: its image transform loaded once here, so a bad one fails before any
+    worker runs (its tokenizer: check_tokenizers; its chat template: build_catalog)."""
     if source.has_images:
         require_pillow(source.name)
         config = image_config(spec)
         assert config is not None  # the source has images
         load_image_transform(config)  # a bad --image-transform fails here, not in every worker
+
+
+def _find_files(source: Source) -> list[tuple[str, str]]:
+    """The source's local files and their formats (its URLs are listed in the indexing child)."""
     files = []
     for path in _without_indexes(_match_files(source) if any(not is_remote(p) for p in source.path) else []):
         fmt = source.format if source.format != "auto" else detect_format(path)

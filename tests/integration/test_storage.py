@@ -385,3 +385,31 @@ def test_megatron_and_flat_token_files_in_a_bucket_give_the_batches_of_their_loc
     assert sum(len(r["sample_ids"]) for r in on_disk) == 400
     for rank in range(2):
         assert in_bucket[rank]["hashes"] == on_disk[rank]["hashes"], f"rank {rank} differs"
+
+
+def test_a_manifest_starts_the_job_without_listing_and_an_object_changed_since_is_named(uploaded, tmp_path):
+    """`omniload index` writes each source's manifest; a job given them lists nothing (an object
+    added since does not join) and gives the batches of a listing job; an object changed since
+    stops the job naming it; a manifest of another source is refused."""
+    _, s3 = uploaded
+    sources = mixed_sources(REMOTE)
+    reference = run_ranks({**SPEC, "sources": sources}, 2, tmp_path)
+    config = tmp_path / "index.json"
+    config.write_text(json.dumps({"sources": sources}))
+    indexed = omniload_cli("index", "--config", str(config), "--out", str(tmp_path / "manifests"), timeout=120)
+    assert indexed.returncode == 0, indexed.stderr[-2000:]
+    assert "web.manifest.npz: 2 files" in indexed.stdout and "books.manifest.npz" in indexed.stdout
+    manifests = [dict(s, manifest=str(tmp_path / "manifests" / f"{s['name']}.manifest.npz")) for s in sources]
+    extra = tmp_path / "extra.parquet"
+    write_parquet(extra, documents(50, 7))
+    s3.client().put_object(Bucket="corpus", Key="data/web/zz-added.parquet", Body=extra.read_bytes())
+    from_manifests = run_ranks({**SPEC, "sources": manifests}, 2, tmp_path)
+    for rank in range(2):
+        assert from_manifests[rank]["hashes"] == reference[rank]["hashes"], f"rank {rank}: the added object joined"
+    s3.client().put_object(Bucket="corpus", Key="data/web/a.parquet", Body=extra.read_bytes())
+    with pytest.raises(AssertionError, match=r"s3://corpus/data/web/a.parquet changed since the job listed it"):
+        run_ranks({**SPEC, "sources": manifests}, 2, tmp_path)  # the ranks exit with the job's error
+    swapped = [dict(manifests[0], manifest=manifests[1]["manifest"]), *manifests[1:]]
+    with pytest.raises(omniload.OmniloadError, match=r"source 'web': manifest .*code.manifest.npz' was written for"):
+        with omniload.Job({**SPEC, "sources": swapped}):
+            pass
