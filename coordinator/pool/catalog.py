@@ -485,16 +485,13 @@ def _match_files(source: Source) -> list[str]:
 
 def job_identity(spec: Spec, catalog: list[SourceCatalog]) -> dict[str, Any]:
     """What decides the data: the spec's data fields and each source's files (size, rows)."""
-    files = {}
-    for src in catalog:
-        rows: dict[str, int] = {}
-        for shard in src.shards:
-            rows[shard.file] = rows.get(shard.file, 0) + shard.rows
-        versions = {s.file: (s.size, s.version) for s in src.shards if is_remote(s.file)}
-        files[src.name] = [
-            [path, versions[path][0], n, versions[path][1]] if path in versions else [path, os.path.getsize(path), n]
-            for path, n in sorted(rows.items())
+    files = {
+        src.name: [
+            [path, size, rows, version] if is_remote(path) else [path, os.path.getsize(path), rows]
+            for path, size, version, rows in sorted(src.shards.files())
         ]
+        for src in catalog
+    }
     data_spec = {k: v for k, v in spec.to_dict().items() if k not in RUNTIME_FIELDS}
     if not spec.has_images:  # a text-only job keeps the identity it had before images existed
         data_spec = {k: v for k, v in data_spec.items() if k not in IMAGE_FIELDS}

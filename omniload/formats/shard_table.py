@@ -162,6 +162,12 @@ class ShardTable(Sequence[Shard]):
         without making any Shard."""
         return self._numbers[name]
 
+    def files(self) -> list[tuple[str, int, str, int]]:
+        """Each file's (path, size, version, rows), in the order its first shard comes."""
+        count = len(self._files)
+        rows = np.bincount(self._file_of, weights=self._numbers["rows"], minlength=count).astype(np.int64)
+        return [(self._files[f], int(self._sizes[f]), self._versions[f], int(rows[f])) for f in range(count)]
+
     def nbytes(self) -> int:
         """The bytes its columns hold."""
         arrays = [self._file_of, self._format_of, self._sizes, *self._numbers.values()]

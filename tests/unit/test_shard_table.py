@@ -44,6 +44,12 @@ def test_every_shard_comes_back_as_it_went_in():
     assert len(table) == 5 and list(table) == shards and table == shards
     assert [table[i] for i in range(5)] == shards and table[-1] == shards[-1] and table[1:3] == shards[1:3]
     assert table.column("first_ordinal").tolist() == [0, 10, 25, 28, 35]
+    assert table.files() == [  # what the job's identity records of each file
+        ("data/a.jsonl", 0, "", 25),
+        ("data/t.bin", 0, "", 3),
+        ("s3://b/x.parquet", 123, "9f86d081884c7d659a2feaa0c55ad015-3", 7),
+        ("s3://b/é.parquet", 5, "", 1),
+    ]
     assert table.column("start").dtype == np.int64 and table.column("rows").dtype == np.int32
     assert pickle.loads(pickle.dumps(table)) == shards, "a worker gets the table its coordinator holds"
     with pytest.raises(IndexError):
