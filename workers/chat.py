@@ -10,7 +10,9 @@ into pieces of text, each either trained (the loss counts the tokens) or not:
 - A tokenizer's own Jinja chat template (tokenizer_config.json's `chat_template`): the template
   is rendered for the first k messages, for k = 1..n; what message k adds is the text after the
   rendering of the k - 1 before it (a template must render a conversation as its messages one
-  after another: one that rewrites earlier turns, e.g. dropping old reasoning, is refused). In
+  after another: one that rewrites earlier turns, e.g. dropping old reasoning, is refused; one
+  that takes back its own closing text of the last message once another follows, as Qwen 2.5
+  does between two tool replies, is followed). In
   an assistant message's text its content is found as written (or stripped, as `| trim`
   templates show it): the content and what follows it up to trailing whitespace (the end
   marker, such as `<|eot_id|>` or `<|im_end|>`) are trained; the header before it is not. A
@@ -128,22 +130,49 @@ _GENERATION_OPEN, _GENERATION_CLOSE = "\ue001", "\ue002"
 
 def template_pieces(messages: Sequence[Message], render: Render, train_all: bool = False) -> list[Piece]:
     """The pieces of a conversation under a chat template, by rendering growing prefixes (see above)."""
-    pieces, before = [], ""
+    by_message: list[list[Piece]] = []
+    before = ""
     for i, m in enumerate(messages):
         text = render(messages[: i + 1])
         if not text.startswith(before):
-            raise ChatError(
-                f"the chat template renders message {i} by changing what it rendered for the messages "
-                "before it; omniload needs a template that renders a conversation message after message"
-            )
+            kept = len(os.path.commonprefix([before, text]))
+            if not _closes_later(messages[:i], before[kept:], len(before) - kept, by_message):
+                raise ChatError(
+                    f"the chat template renders message {i} by changing what it rendered for the messages "
+                    "before it; omniload needs a template that renders a conversation message after message"
+                )
+            _trim(by_message[-1], len(before) - kept)
+            before = before[:kept]
         added, before = text[len(before) :], text
         if _GENERATION_OPEN in text:  # the template marks what is trained itself
-            pieces += _generation_pieces(added, train_all, i)
+            by_message.append(_generation_pieces(added, train_all, i))
         elif train_all or m.role != "assistant":
-            pieces.append(Piece(added, train_all, i))
+            by_message.append([Piece(added, train_all, i)])
         else:
-            pieces += _reply_pieces(messages, i, render, added, len(text) - len(added))
-    return pieces
+            by_message.append(_reply_pieces(messages, i, render, added, len(text) - len(added)))
+    return [piece for pieces in by_message for piece in pieces]
+
+
+def _closes_later(earlier: Sequence[Message], dropped: str, count: int, by_message: list[list[Piece]]) -> bool:
+    """Whether a template may take back the `dropped` end of the last message's text once another
+    follows: it holds only the template's own text (Qwen 2.5 ends a tool reply with <|im_end|>
+    only when no tool reply follows), none of a message's content, and lies within that last
+    message's text. A template that rewrites earlier turns (dropping old reasoning) drops content."""
+    if not by_message or count > sum(len(p.text) for p in by_message[-1]):
+        return False
+    if _GENERATION_OPEN in dropped or _GENERATION_CLOSE in dropped:  # (the pieces hold no marks to count)
+        return False
+    return not any(m.content.strip() and m.content.strip() in dropped for m in earlier)
+
+
+def _trim(pieces: list[Piece], count: int) -> None:
+    """Take `count` characters off the end of a message's pieces."""
+    while count:
+        last = pieces.pop()
+        if len(last.text) > count:
+            pieces.append(Piece(last.text[: len(last.text) - count], last.trained, last.message))
+            return
+        count -= len(last.text)
 
 
 def _generation_pieces(added: str, train_all: bool, i: int) -> list[Piece]:

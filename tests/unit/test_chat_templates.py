@@ -39,6 +39,15 @@ CONVERSATIONS = {
         {"role": "tool", "content": '{"temp": "3 °C", "sky": "<cloudy> & grey"}'},
         {"role": "assistant", "content": "3 °C, cloudy & grey."},
     ],
+    # two tool replies in a row (parallel calls): Qwen 2.5 closes a tool turn only once it sees
+    # that no tool reply follows, so the first reply's <|im_end|> is taken back
+    "tools": [
+        {"role": "user", "content": "Weather in Bern and Basel?"},
+        {"role": "assistant", "content": "Checking both."},
+        {"role": "tool", "content": '{"city": "Bern", "temp": 2}'},
+        {"role": "tool", "content": '{"city": "Basel", "temp": 4}'},
+        {"role": "assistant", "content": "Bern 2 °C, Basel 4 °C."},
+    ],
 }
 
 
