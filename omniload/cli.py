@@ -467,8 +467,10 @@ def index(config: str | None, sources: tuple[str, ...], out: str, **options: Any
     from omniload.coordinator.pool.catalog import write_manifests
 
     spec = _or_exit(lambda: build_spec(config, sources, options))
-    for path, objects, rows in _or_exit(lambda: write_manifests(spec, Path(out))):
+    for path, objects, rows, bad in _or_exit(lambda: write_manifests(spec, Path(out))):
         click.echo(f"{path}: {objects:,} files, {rows:,} rows")
+        for file, _, why in bad:
+            click.echo(f"  cannot be read, recorded as such: {file}: {why}")
 
 
 @main.command()

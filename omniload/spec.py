@@ -99,6 +99,11 @@ class Source:
                     parse(path)
                 except ConfigError as exc:
                     raise ConfigError(f"source '{self.name}': {exc}") from None
+        if self.manifest is not None and not all(is_remote(p) for p in self.path):
+            raise ConfigError(
+                f"source '{self.name}': manifest= is for a store's URLs (s3://, gs://, az://, hf://), whose "
+                "listing is slow; a local glob is listed in milliseconds and its files are checked as they are"
+            )
         if self.endpoint is not None and "@" in self.endpoint.partition("://")[2].partition("/")[0]:
             raise ConfigError(
                 f"source '{self.name}': credentials in endpoint= would be written to logs and checkpoints; "

@@ -136,7 +136,7 @@ def template_pieces(messages: Sequence[Message], render: Render, train_all: bool
         text = render(messages[: i + 1])
         if not text.startswith(before):
             kept = len(os.path.commonprefix([before, text]))
-            if not _closes_later(messages[:i], before[kept:], len(before) - kept, by_message):
+            if not _closes_later(messages[:i], render, before[kept:], by_message):
                 raise ChatError(
                     f"the chat template renders message {i} by changing what it rendered for the messages "
                     "before it; omniload needs a template that renders a conversation message after message"
@@ -153,16 +153,19 @@ def template_pieces(messages: Sequence[Message], render: Render, train_all: bool
     return [piece for pieces in by_message for piece in pieces]
 
 
-def _closes_later(earlier: Sequence[Message], dropped: str, count: int, by_message: list[list[Piece]]) -> bool:
+def _closes_later(earlier: Sequence[Message], render: Render, dropped: str, by_message: list[list[Piece]]) -> bool:
     """Whether a template may take back the `dropped` end of the last message's text once another
-    follows: it holds only the template's own text (Qwen 2.5 ends a tool reply with <|im_end|>
-    only when no tool reply follows), none of a message's content, and lies within that last
-    message's text. A template that rewrites earlier turns (dropping old reasoning) drops content."""
-    if not by_message or count > sum(len(p.text) for p in by_message[-1]):
+    follows: it must be the template's own text after that message's content (Qwen 2.5 ends a
+    tool reply with <|im_end|> only when no tool reply follows), found by rendering the message
+    with a stand-in content, and lie within that message's text. A template that rewrites
+    earlier turns (dropping old reasoning) takes back content, and is refused."""
+    if not by_message or len(dropped) > sum(len(p.text) for p in by_message[-1]):
         return False
     if _GENERATION_OPEN in dropped or _GENERATION_CLOSE in dropped:  # (the pieces hold no marks to count)
         return False
-    return not any(m.content.strip() and m.content.strip() in dropped for m in earlier)
+    last = earlier[-1]
+    _, found, after = render([*earlier[:-1], Message(last.role, _STAND_IN)]).partition(_STAND_IN)
+    return bool(found) and after.endswith(dropped)
 
 
 def _trim(pieces: list[Piece], count: int) -> None:

@@ -35,22 +35,32 @@ def fetch_tokenizer(name: str) -> str:
     """The local path of the model's tokenizer.json, fetched (or checked against the Hub, as
     hf_hub_download does) with its tokenizer_config.json beside it; ConfigError naming the cause."""
     try:
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import (
-            EntryNotFoundError,
-            GatedRepoError,
-            LocalEntryNotFoundError,
-            RepositoryNotFoundError,
-            RevisionNotFoundError,
-        )
+        import huggingface_hub
     except ImportError:
         raise ConfigError(
             f"tokenizer {name!r} names a Hugging Face Hub model, which needs huggingface_hub: "
             "pip install 'omniload[hf]'"
         ) from None
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import (
+            EntryNotFoundError,
+            GatedRepoError,
+            HFValidationError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+    except ImportError:  # its errors module came in 0.25
+        raise ConfigError(
+            f"tokenizer {name!r}: huggingface_hub {huggingface_hub.__version__} is too old for omniload: "
+            "pip install -U 'huggingface_hub>=0.25'"
+        ) from None
     repo, revision = _repo_and_revision(name)
     try:
         path = str(hf_hub_download(repo, _TOKENIZER, revision=revision))
+    except HFValidationError as exc:  # (a ValueError: before the OSErrors below, none of which it is)
+        raise ConfigError(f"tokenizer {name!r} is not a Hugging Face Hub model id: {exc}") from None
     except LocalEntryNotFoundError:  # (before EntryNotFoundError: it is one)
         raise ConfigError(
             f"tokenizer {name!r} is not in the Hugging Face cache and the Hub cannot be reached (HF_HUB_OFFLINE "

@@ -129,13 +129,15 @@ def build_catalog(spec: Spec) -> list[SourceCatalog]:
     for source in spec.sources:
         _check_images(source, spec)
     found = {source.name: _find_files(source) for source in spec.sources if source.manifest is None}
-    remote = any(is_remote(p) for source in spec.sources for p in source.path)
+    # a source with a manifest is read from it at every start: the kept catalog holds the others
+    remote = any(is_remote(p) for source in spec.sources if source.manifest is None for p in source.path)
     with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
         vocabs = _checked_tokenizers(spec, child)
         cached = _cached_catalog(spec) if remote else None
         if cached is not None:
-            path, indexed = cached
+            path, kept = cached
             log.warning("read the sources' catalog from %s (remove it to list the store again)", path)
+            indexed = [read_manifest(s) if s.manifest is not None else kept[i] for i, s in enumerate(spec.sources)]
         else:
             fresh = iter(_index_in(child, spec, found, vocabs))
             indexed = [next(fresh) if source.manifest is None else read_manifest(source) for source in spec.sources]
@@ -147,22 +149,25 @@ def build_catalog(spec: Spec) -> list[SourceCatalog]:
     ]
 
 
-def write_manifests(spec: Spec, folder: Path) -> list[tuple[Path, int, int]]:
+def write_manifests(spec: Spec, folder: Path) -> list[tuple[Path, int, int, list[tuple[str, str, str]]]]:
     """`omniload index`: list and index every source's objects now and write each source's
-    manifest, SOURCE.manifest.npz in `folder`; (path, objects, rows) of each."""
+    manifest, SOURCE.manifest.npz in `folder`; (path, objects, rows, bad files) of each."""
     for source in spec.sources:
         _check_images(source, spec)
     found = {source.name: _find_files(source) for source in spec.sources}
-    folder.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
-        indexed = _index_in(child, spec, found, _checked_tokenizers(spec, child))
+        # every file, bad ones recorded (they count no rows): the job reading the manifest decides
+        # by its own --on-bad-file whether a bad file stops it
+        indexed = _index_in(child, spec, found, _checked_tokenizers(spec, child), stop_at_bad=False)
     written = []
     for source, (table, bad) in zip(spec.sources, indexed):
         path = folder / f"{source.name}.manifest.npz"
         meta = {"layout": _CATALOG_LAYOUT, "manifest_of": _definition(source), "bad": bad}
-        _write_arrays(path, {"meta": _json_array(meta), **table_arrays(table, "0/")})
-        files = len({s.file for s in table}) if len(table) else 0
-        written.append((path, files, int(table.column("rows").sum())))
+        try:
+            _write_arrays(path, {"meta": _json_array(meta), **table_arrays(table, "0/")})
+        except OSError as exc:
+            raise ConfigError(f"--out {str(folder)!r}: cannot write {path.name}: {exc}") from None
+        written.append((path, len(table.files()), int(table.column("rows").sum()), bad))
     return written
 
 
@@ -203,7 +208,11 @@ def _checked_tokenizers(spec: Spec, child: ProcessPoolExecutor) -> dict[str, int
 
 
 def _index_in(
-    child: ProcessPoolExecutor, spec: Spec, found: dict[str, list[tuple[str, str]]], vocabs: dict[str, int | None]
+    child: ProcessPoolExecutor,
+    spec: Spec,
+    found: dict[str, list[tuple[str, str]]],
+    vocabs: dict[str, int | None],
+    stop_at_bad: bool | None = None,
 ) -> list[Indexed]:
     """The sources named in `found` (with their local files) listed and indexed in the
     indexing child, in the spec's order."""
@@ -224,7 +233,8 @@ def _index_in(
         )
         for source in sources
     ]
-    return list(child.submit(index_files, requests, spec.on_bad_file == "stop").result())
+    stop = spec.on_bad_file == "stop" if stop_at_bad is None else stop_at_bad
+    return list(child.submit(index_files, requests, stop).result())
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,11 +402,12 @@ def _json_array(value: Any) -> np.ndarray:
 
 
 def _write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """np.savez to a temporary file beside `path`, then renamed: a reader never sees half a file."""
+    """np.savez to a temporary file beside `path`, then renamed: a reader never sees half a file.
+    (Number arrays only: nothing is pickled, and np.load reads it with allow_pickle=False.)"""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     with open(temporary, "wb") as file:
-        np.savez(file, allow_pickle=False, **arrays)
+        np.savez(file, **arrays)  # type: ignore[arg-type]  # (numpy's stubs fear a key named allow_pickle)
     os.replace(temporary, path)
 
 

@@ -72,7 +72,7 @@ _WRITE, _CAP, _CPU_NS, _TOKENS, _SPAN, _RETRIES, _FETCHED, _HELD, _READ = range(
 _HANDOVER = 9  # RUNNING, ASKED (by the coordinator) or RELEASED (by the producer)
 _BUSY_NS = 10  # wall time the producers spent producing, waits inside included (not idling)
 _EXPECT = 11  # the sequence number of the next record the consumer reads
-_LAYOUT = 96  # (a byte offset) _MAGIC: the layout a producer must agree with
+_LAYOUT_AT = 96  # the byte where _MAGIC sits: the layout a producer must agree with
 _MAGIC = b"OLRING\x00\x02"  # version 2: checked records (24-byte frames)
 RUNNING, ASKED, RELEASED = 0, 1, 2
 _U64 = struct.Struct("<Q")
@@ -152,7 +152,7 @@ class Ring:
             os.close(fd)
         _U64.pack_into(mm, 8 * _CAP, capacity)
         _U64.pack_into(mm, 8 * _SPAN, span)
-        mm[_LAYOUT : _LAYOUT + len(_MAGIC)] = _MAGIC
+        mm[_LAYOUT_AT : _LAYOUT_AT + len(_MAGIC)] = _MAGIC
         return cls(path, mm)
 
     @classmethod
@@ -164,8 +164,8 @@ class Ring:
             mm = mmap.mmap(fd, 0)
         finally:
             os.close(fd)
-        if mm[_LAYOUT : _LAYOUT + len(_MAGIC)] != _MAGIC:
-            found = bytes(mm[_LAYOUT : _LAYOUT + len(_MAGIC)])
+        if mm[_LAYOUT_AT : _LAYOUT_AT + len(_MAGIC)] != _MAGIC:
+            found = bytes(mm[_LAYOUT_AT : _LAYOUT_AT + len(_MAGIC)])
             mm.close()
             raise RingCorrupt(
                 f"ring {path.name} has layout {found!r}, this omniload writes {_MAGIC!r}: the worker runs "

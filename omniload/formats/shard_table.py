@@ -177,13 +177,13 @@ class ShardTable(Sequence[Shard]):
         return f"ShardTable({len(self)} shards of {len(self._files)} files)"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuilt, (self._state(),))
+        return (_table_from_state, (self._state(),))
 
     def _state(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
-def _rebuilt(state: dict[str, Any]) -> ShardTable:
+def _table_from_state(state: dict[str, Any]) -> ShardTable:
     table = ShardTable.__new__(ShardTable)
     for name, value in state.items():
         setattr(table, name, value)
@@ -231,7 +231,7 @@ def table_from_arrays(arrays: Any, prefix: str) -> ShardTable:
     else:
         versions._hex, versions._texts = None, texts("version")
     formats = arrays[f"{prefix}formats"].tobytes().decode()
-    return _rebuilt(
+    return _table_from_state(
         {
             "_file_of": arrays[f"{prefix}file_of"],
             "_files": texts("file"),

@@ -314,10 +314,14 @@ def test_a_producer_killed_while_it_publishes_leaves_the_old_or_the_new_write_po
     for _ in range(120):
         producer = context.Process(target=_publish_forever, args=(str(ring.path), first, second), daemon=True)
         producer.start()
+        deadline = time.monotonic() + 10
+        while int.from_bytes(ring.path.read_bytes()[:8], "little") != second:  # publishing, not starting
+            assert time.monotonic() < deadline and producer.is_alive(), "the producer never published"
         time.sleep(rng.uniform(0.0002, 0.002))
         os.kill(producer.pid, signal.SIGKILL)
         producer.join()
         left = int.from_bytes(ring.path.read_bytes()[:8], "little")  # the header's write position
+        ring._publish(first)  # the next producer starts from the old value
         if left not in (first, second):
             torn.append(hex(left))
     assert not torn, f"{len(torn)} of 120 kills left a torn write position: {torn[:5]}"

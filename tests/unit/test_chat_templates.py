@@ -48,6 +48,14 @@ CONVERSATIONS = {
         {"role": "tool", "content": '{"city": "Basel", "temp": 4}'},
         {"role": "assistant", "content": "Bern 2 °C, Basel 4 °C."},
     ],
+    # the same with contents that occur in the template's own text ("m", "end" in <|im_end|>)
+    "tools-short": [
+        {"role": "user", "content": "m"},
+        {"role": "assistant", "content": "end"},
+        {"role": "tool", "content": "1"},
+        {"role": "tool", "content": "2"},
+        {"role": "assistant", "content": "ok"},
+    ],
 }
 
 

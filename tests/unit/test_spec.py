@@ -236,3 +236,10 @@ def test_yes_and_no_are_read_in_their_usual_spellings():
     for word, expected in (("true", True), ("Yes", True), ("1", True), ("off", False), ("FALSE", False)):
         source = Spec.from_dict({"sources": [f"a=s3://b/x,anonymous={word}"]}).sources[0]
         assert source.anonymous is expected
+
+
+def test_a_manifest_is_for_a_stores_urls():
+    with pytest.raises(ConfigError, match="source 'web': manifest= is for a store's URLs"):
+        Spec.from_dict({"sources": [{"name": "web", "path": "data/*.parquet", "manifest": "web.manifest.npz"}]})
+    spec = Spec.from_dict({"sources": ["web=s3://b/web/*.parquet,manifest=web.manifest.npz"]})
+    assert spec.sources[0].manifest == "web.manifest.npz"
