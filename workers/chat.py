@@ -136,7 +136,7 @@ def template_pieces(messages: Sequence[Message], render: Render, train_all: bool
         text = render(messages[: i + 1])
         if not text.startswith(before):
             kept = len(os.path.commonprefix([before, text]))
-            if not _closes_later(messages[:i], render, before[kept:], by_message):
+            if not _closes_later(messages, i - 1, render, before[kept:], by_message):
                 raise ChatError(
                     f"the chat template renders message {i} by changing what it rendered for the messages "
                     "before it; omniload needs a template that renders a conversation message after message"
@@ -153,8 +153,10 @@ def template_pieces(messages: Sequence[Message], render: Render, train_all: bool
     return [piece for pieces in by_message for piece in pieces]
 
 
-def _closes_later(earlier: Sequence[Message], render: Render, dropped: str, by_message: list[list[Piece]]) -> bool:
-    """Whether a template may take back the `dropped` end of the last message's text once another
+def _closes_later(
+    messages: Sequence[Message], last: int, render: Render, dropped: str, by_message: list[list[Piece]]
+) -> bool:
+    """Whether a template may take back the `dropped` end of message `last`'s text once another
     follows: it must be the template's own text after that message's content (Qwen 2.5 ends a
     tool reply with <|im_end|> only when no tool reply follows), found by rendering the message
     with a stand-in content, and lie within that message's text. A template that rewrites
@@ -163,9 +165,8 @@ def _closes_later(earlier: Sequence[Message], render: Render, dropped: str, by_m
         return False
     if _GENERATION_OPEN in dropped or _GENERATION_CLOSE in dropped:  # (the pieces hold no marks to count)
         return False
-    last = earlier[-1]
-    _, found, after = render([*earlier[:-1], Message(last.role, _STAND_IN)]).partition(_STAND_IN)
-    return bool(found) and after.endswith(dropped)
+    around = _around_content(messages, last, render)
+    return around is not None and around[1].endswith(dropped)
 
 
 def _trim(pieces: list[Piece], count: int) -> None:
@@ -190,11 +191,10 @@ def _generation_pieces(added: str, train_all: bool, i: int) -> list[Piece]:
 def _reply_pieces(messages: Sequence[Message], i: int, render: Render, added: str, earlier: int) -> list[Piece]:
     """An assistant message's text cut at its content: the header before it is not trained, the
     content and the end marker after it are."""
-    # where the content sits: render the same turn with a stand-in content, so a reply that
-    # also occurs in the template's own text (say "end" inside "<|im_end|>") is never mistaken for it
-    with_stand_in = render([*messages[:i], Message(messages[i].role, _STAND_IN)])
-    head, found, rest = with_stand_in[earlier:].partition(_STAND_IN)
-    if not found or not added.startswith(head) or not added.endswith(rest) or len(head) + len(rest) > len(added):
+    around = _around_content(messages, i, render)
+    shown = around is not None and len(around[0]) >= earlier
+    head, rest = (around[0][earlier:], around[1]) if around is not None else ("", "")
+    if not shown or not added.startswith(head) or not added.endswith(rest) or len(head) + len(rest) > len(added):
         raise ChatError(f"the chat template does not show the content of message {i} (assistant) as written")
     at, content = len(head), added[len(head) : len(added) - len(rest)]
     tail = added[at + len(content) :]
@@ -205,6 +205,14 @@ def _reply_pieces(messages: Sequence[Message], i: int, render: Render, added: st
         Piece(marker, True, i),
         Piece(tail[len(marker) :], False, i),
     ]
+
+
+def _around_content(messages: Sequence[Message], i: int, render: Render) -> tuple[str, str] | None:
+    """The text before and after message i's content when the first i + 1 messages are rendered,
+    found with a stand-in content, so a content that also occurs in the template's own text (say
+    "end" inside "<|im_end|>") is never mistaken for it; None if the template does not show it."""
+    head, found, after = render([*messages[:i], Message(messages[i].role, _STAND_IN)]).partition(_STAND_IN)
+    return (head, after) if found else None
 
 
 def rendered_text(text: str) -> str:
