@@ -18,8 +18,7 @@ import os
 
 from omniload.errors import ConfigError
 from omniload.formats.lane_config import PRELOADED_TOKENIZERS_ENV
-from omniload.workers.hub_tokenizer import is_model_id
-from omniload.workers.transforms import load_transform
+from omniload.workers.transforms import load_transform, names_tokenizer_file
 from omniload.workers.worker import release_freed_memory
 
 
@@ -27,7 +26,7 @@ def load_named_tokenizers() -> None:
     """Load every tokenizer.json the environment names; skip whatever fails to load."""
     try:
         named = json.loads(os.environ.get(PRELOADED_TOKENIZERS_ENV) or "[]")
-        names = [n for n in named if n.endswith(".json") or is_model_id(n)]
+        names = [n for n in named if names_tokenizer_file(n)]
     except (ValueError, TypeError, AttributeError):  # not share_tokenizers' list: the forkserver must live on
         names = []
     for name in names:

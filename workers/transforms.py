@@ -65,14 +65,17 @@ def vocab_size(name: str) -> int | None:
     return int(_tokenizer_file(path).get_vocab_size(with_added_tokens=True))
 
 
+def names_tokenizer_file(name: str) -> bool:
+    """Whether a tokenizer name stands for a tokenizer.json: a path to one, or a Hub model id."""
+    return name.endswith(".json") or is_model_id(name)
+
+
 def tokenizer_file(name: str) -> str | None:
     """The tokenizer.json a tokenizer name stands for: the path itself, or a Hub model's file in
     the Hub's cache (hub_tokenizer.local_tokenizer); None for `bytes` and a function."""
-    if name.endswith(".json"):
-        return name
-    if is_model_id(name):
-        return local_tokenizer(name)
-    return None
+    if not names_tokenizer_file(name):
+        return None
+    return name if name.endswith(".json") else local_tokenizer(name)
 
 
 @functools.cache  # parsed once a process, for its transform and its vocabulary alike
