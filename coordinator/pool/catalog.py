@@ -167,7 +167,7 @@ def write_manifests(spec: Spec, folder: Path) -> list[tuple[Path, int, int, list
             _write_arrays(path, {"meta": _json_array(meta), **table_arrays(table, "0/")})
         except OSError as exc:
             raise ConfigError(f"--out {str(folder)!r}: cannot write {path.name}: {exc}") from None
-        written.append((path, len(table.files()), int(table.column("rows").sum()), bad))
+        written.append((path, table.file_count, int(table.column("rows").sum()), bad))
     return written
 
 
@@ -386,7 +386,7 @@ def _cached_catalog(spec: Spec) -> tuple[Path, list[Indexed]] | None:
 
 
 def _keep_catalog(spec: Spec, indexed: list[Indexed]) -> None:
-    """The catalog as columns (some 70-90 B an object; np.savez, no pickle) with its sources' bad files."""
+    """The catalog as columns (np.savez, no pickle) with its sources' bad files."""
     arrays = {"meta": _json_array({"layout": _CATALOG_LAYOUT, "bad": [bad for _, bad in indexed]})}
     for i, (table, _) in enumerate(indexed):
         arrays |= table_arrays(table, f"{i}/")

@@ -162,6 +162,10 @@ class ShardTable(Sequence[Shard]):
         without making any Shard."""
         return self._numbers[name]
 
+    @property
+    def file_count(self) -> int:
+        return len(self._files)
+
     def files(self) -> list[tuple[str, int, str, int]]:
         """Each file's (path, size, version, rows), in the order its first shard comes."""
         count = len(self._files)
