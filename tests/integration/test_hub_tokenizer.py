@@ -106,7 +106,8 @@ def test_a_missing_gated_or_offline_model_is_an_error_that_says_what_to_do(tmp_p
     with serve_hub(hub):
         env = {"HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path / "cache")}
         assert "no such model on the Hugging Face Hub (a private one needs HF_TOKEN)" in _fetch("org/missing", env)
-        assert "gated" in _fetch("org/gated", env) and "set HF_TOKEN" in _fetch("org/gated", env)
+        gated = _fetch("org/gated", env)
+        assert "the model is gated" in gated and "set HF_TOKEN" in gated
         assert _fetch("org/gated", {**env, "HF_TOKEN": "hf_right"}).endswith("tokenizer.json")
         assert "the model has no revision 'v9'" in _fetch("org/open@v9", env)
         offline = {**env, "HF_HUB_OFFLINE": "1"}
