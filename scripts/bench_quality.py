@@ -7,6 +7,7 @@ Corpora (written once into ~/.cache/omniload/quality-v3-NAME; one document in 20
           changelogs  Arrow IPC   Debian-style changelogs generated from a seed
   heavy   the same three, docs and changelogs with heavy tails: documents of 100k tokens or more
           hold at least 30% of each of their tokens (books, logs, changelogs)
+  smoke   bench's shape at a twentieth of its size, for the test suite (its figures mean nothing)
 Files are written in sorted path order, so a reader that takes documents in file order sees
 one package or one module family at a time.
 
@@ -86,6 +87,7 @@ class Corpus:
     max_long_bytes: int = _MAX_DOC_BYTES
     docs_packages: int = _DOCS_PACKAGES
     log_packages: int = _CHANGELOG_PACKAGES
+    code_files: int = 0  # the first this many of the standard library's files in path order; 0: all
 
     @property
     def cache(self) -> Path:
@@ -98,6 +100,8 @@ CORPORA = {
     "heavy": Corpus(
         "heavy", doc_sigma=2.3, log_sigma=2.0, max_long_bytes=400_000, docs_packages=420, log_packages=1400
     ),
+    # the test suite's: the bench corpus' shape at a twentieth of its size, written in a second
+    "smoke": Corpus("smoke", docs_packages=50, log_packages=250, code_files=100),
 }
 
 
@@ -106,7 +110,8 @@ def _texts(corpus: Corpus) -> dict[str, list[tuple[str, str]]]:
     """(path, text) per source, in sorted path order."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     code = []
-    for path in sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts):
+    paths = sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts)
+    for path in paths[: corpus.code_files or None]:
         try:
             text = path.read_bytes().decode("utf-8", errors="replace")[:_MAX_DOC_BYTES]
         except OSError:
@@ -555,6 +560,7 @@ def main() -> None:
     parser.add_argument("--eval-docs", type=int, default=64, help="held-out documents a source, for `documents`")
     parser.add_argument("--eval-windows", type=int, default=96, help="held-out windows (and document starts) a source")
     parser.add_argument("--json", type=Path, help="write every seed's figures here")
+    parser.add_argument("--threads", type=int, default=2, help="torch's threads for training and evaluation")
     parser.add_argument("--merge", type=Path, nargs="+", help="summarize these --json files instead of running")
     args = parser.parse_args()
     if args.merge:
@@ -570,7 +576,7 @@ def main() -> None:
         parser.error(f"no arm {', '.join(sorted(unknown))}; the arms are {', '.join(ARMS)}")
     rows, steps = LENGTHS[args.length]
     rows, steps = args.rows or rows, args.steps or steps
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     corpus = CORPORA[args.corpus]
     root = make_corpus(corpus)
     docs = train_documents(root)

@@ -274,6 +274,7 @@ def main() -> None:  # noqa: PLR0915
     parser.add_argument("--docs", type=int, default=20000, help="documents per source")
     parser.add_argument("--tokenizer", default="bpe", help="bpe (the 32k BPE), bytes, or a tokenizer.json")
     parser.add_argument("--trials", type=int, default=3, help="runs of each side per mix, alternating")
+    parser.add_argument("--mixes", default="bpe,heavy", help="the mixes to run, of bpe and heavy")
     parser.add_argument(
         "--peers", default=",".join(PEERS), help="peers to run in the bpe mix where installed ('' for none)"
     )
@@ -287,6 +288,8 @@ def main() -> None:  # noqa: PLR0915
     )
     parser.add_argument("--shuffle-fill", type=int, default=0, help="omniload's --shuffle-fill (0: the default)")
     args = parser.parse_args()
+    if unknown := set(args.mixes.split(",")) - {"bpe", "heavy"}:
+        parser.error(f"no mix {', '.join(sorted(unknown))}; the mixes are bpe and heavy")
     peers = [p for p in args.peers.split(",") if p]
     if unknown := sorted(set(peers) - set(PEERS)):
         parser.error(f"--peers: unknown {unknown}; pick from {','.join(PEERS)}")
@@ -326,7 +329,7 @@ def main() -> None:  # noqa: PLR0915
         f"{'omniload taken':>16}"
     )
     delivered = 0.0
-    for mix in ("bpe", "heavy"):
+    for mix in args.mixes.split(","):
         mixed = [dict(s) for s in sources]
         if mix == "heavy":
             mixed[0]["tokenizer"] = "bench_throughput:heavy"

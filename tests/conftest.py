@@ -19,6 +19,9 @@ _GRACE_S = 10.0
 # session's orphans and never a process of a run beside it (a benchmark, another suite).
 _MARKER = "OMNILOAD_TEST_SESSION"
 os.environ[_MARKER] = uuid.uuid4().hex
+# The suite's processes share the CPUs: torch's intra-op pool in each rank would spin on cores
+# another test needs (a test that wants threads, bench_quality's, asks for them).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 _SESSION_PROCESSES: set[int] = set()  # helpers that live for the session (the S3 endpoint), never leaks
 # Under pytest-xdist the test processes share /dev/shm, and a segment whose owner died may be
 # another process's test at work (a coordinator it killed on purpose, its segments removed
@@ -92,10 +95,12 @@ def _ours(process: psutil.Process) -> bool:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: a test process for each CPU this run may use (xdist's own count would take the
-    physical cores, 1 on a 2-vCPU CI machine). The tests are independent: each has its own
-    session marker (above), S3 endpoint, rank forkserver and tmp_path."""
-    return len(os.sched_getaffinity(0))
+    """`-n auto`: a test process for each CPU this run may use, and one more (xdist's own count
+    would take the physical cores, 1 on a 2-vCPU CI machine). The integration tests spend part
+    of their time waiting (a launch, a timeout, a slow rank), and the extra process fills it:
+    on 2 cores the suite took 627 s with 2 and 531 s with 3. The tests are independent: each has
+    its own session marker (above), S3 endpoint, rank forkserver and tmp_path."""
+    return len(os.sched_getaffinity(0)) + 1
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """A training script that saves and loads the loader with the model through
 torch.distributed.checkpoint (gloo, CPU). Run under torchrun:
 
-    dcp_train.py full|save|load CHECKPOINT_DIR OUT   (OUT may contain {rank})
+    dcp_train.py save|load CHECKPOINT_DIR OUT   (OUT may contain {rank})
 """
 
 from __future__ import annotations

@@ -54,6 +54,24 @@ def run_ranks(
         return collect(start_ranks(job, world, out_dir, max_steps, env))
 
 
+def lockstep_digests(spec: dict[str, Any], world: int, digest_size: int = 8) -> list[dict[int, str]]:
+    """Per rank, step -> blake2b of its input_ids, for `world` loaders in this process stepping
+    together as ranks under torchrun do: an uninterrupted job's batches, without starting ranks."""
+    import hashlib
+
+    with omniload.Job(spec) as running:
+        addr, token = running.env()["OMNILOAD_ADDR"], running.env()["OMNILOAD_TOKEN"]
+        loaders = [omniload.connect(addr, token, rank=r, world_size=world) for r in range(world)]
+        seen: list[dict[int, str]] = [{} for _ in range(world)]
+        for batches in zip(*loaders):
+            for rank, (loader, batch) in enumerate(zip(loaders, batches)):
+                digest = hashlib.blake2b(batch["input_ids"].numpy().tobytes(), digest_size=digest_size)
+                seen[rank][loader.step] = digest.hexdigest()
+        for loader in loaders:
+            loader.close()
+    return seen
+
+
 def checkpointed_step(folder: Path) -> int:
     """The last step the ranks consumed by the checkpoint folder's record; 0 before the first."""
     found = last_position(folder) if folder.exists() else None

@@ -36,9 +36,10 @@ def test_bench_balance_runs():
 
 def test_bench_throughput_runs():
     out = _run(
-        "bench_throughput.py", "--steps", "5", "--docs", "300", "--sources", "2", "--seq-len", "256", "--trials", "1"
+        "bench_throughput.py",
+        *("--steps", "5", "--docs", "300", "--sources", "2", "--seq-len", "256", "--trials", "1", "--mixes", "bpe"),
     )
-    assert "heavy: omniload / baseline" in out and "single-core speed" in out and "loopback TCP copy" in out
+    assert "bpe: omniload / baseline" in out and "single-core speed" in out and "loopback TCP copy" in out
     assert "processes at once" in out  # the reference under the same contention
 
 
@@ -68,6 +69,10 @@ def test_bench_quality_runs(tmp_path):
     results = tmp_path / "quality.json"
     out = _run(
         "bench_quality.py",
+        "--corpus",
+        "smoke",
+        "--threads",
+        "1",
         "--steps",
         "5",
         "--seeds",

@@ -9,16 +9,14 @@ A framework that is not installed (the `recipes` extra) skips its test, saying s
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-import omniload
 from tests.corpus import make_mixed_corpus, mixed_sources
-from tests.jobs import ROOT, TORCHRUN, omniload_cli
+from tests.jobs import ROOT, TORCHRUN, lockstep_digests, omniload_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -36,18 +34,7 @@ def job(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def uninterrupted(job) -> list[dict[int, str]]:
     """Per rank, the digest of each step's input_ids when the job runs without a stop."""
-    with omniload.Job(job) as running:
-        env = running.env()
-        loaders = [
-            omniload.connect(env["OMNILOAD_ADDR"], env["OMNILOAD_TOKEN"], rank=r, world_size=WORLD)
-            for r in range(WORLD)
-        ]
-        seen: list[dict[int, str]] = [{} for _ in range(WORLD)]
-        for batches in zip(*loaders):  # the ranks step together, as under torchrun
-            for rank, (loader, batch) in enumerate(zip(loaders, batches)):
-                seen[rank][loader.step] = _digest(batch["input_ids"].numpy())
-        for loader in loaders:
-            loader.close()
+    seen = lockstep_digests(job, WORLD)
     assert all(sorted(s) == list(range(STEPS)) for s in seen)
     return seen
 
@@ -120,11 +107,6 @@ def _stop_and_resume(script: Path, job: dict, uninterrupted: list[dict[int, str]
         assert stopped[rank] == {s: expected[s] for s in range(SAVED_AT)}, f"rank {rank} before the stop"
         assert sorted(resumed[rank]) == list(range(SAVED_AT, STEPS)), f"rank {rank}: steps trained after resume"
         assert resumed[rank] == {s: expected[s] for s in range(SAVED_AT, STEPS)}, f"rank {rank}: batches after resume"
-
-
-def _digest(input_ids) -> str:
-    """As the recipes' --record writes it."""
-    return hashlib.blake2b(input_ids.tobytes(), digest_size=8).hexdigest()
 
 
 def _recorded(path: Path) -> dict[int, str]:

@@ -17,7 +17,16 @@ import pytest
 import omniload
 from omniload.coordinator.checkpoint.folder import last_position
 from tests.corpus import documents, mixed_sources, write_parquet
-from tests.jobs import ROOT, TORCHRUN, collect, omniload_cli, run_ranks, start_ranks, wait_for_checkpoint
+from tests.jobs import (
+    ROOT,
+    TORCHRUN,
+    collect,
+    lockstep_digests,
+    omniload_cli,
+    run_ranks,
+    start_ranks,
+    wait_for_checkpoint,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -121,10 +130,11 @@ def test_loader_state_saved_and_loaded_with_torch_distributed_checkpoint(corpus,
         assert result.returncode == 0, result.stderr[-3000:]
         return {r: json.loads((tmp_path / out.format(rank=r)).read_text()) for r in range(2)}
 
-    full = torchrun("full", "full{rank}.json")
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "steps": 20, "epochs": 0}
+    full = lockstep_digests(spec, world=2, digest_size=16)  # the flags' job, uninterrupted
     saved = torchrun("save", "save{rank}.json")
     loaded = torchrun("load", "load{rank}.json")
     for rank in range(2):
         assert sorted(map(int, saved[rank])) == list(range(10))
         assert sorted(map(int, loaded[rank])) == list(range(10, 20))
-        assert {**saved[rank], **loaded[rank]} == full[rank]
+        assert {int(s): h for s, h in {**saved[rank], **loaded[rank]}.items()} == full[rank]
