@@ -1,12 +1,12 @@
 """`omniload launch | serve | relay | demo | ...`.
 
-Every spec option maps onto one `Spec` field (same name in `--config` files, also settable as
-OMNILOAD_<NAME>); a flag given on the command line overrides the file.
+Every job option is one `Spec` field, whose Option (omniload.spec) gives its group, help and
+value; its flag, OMNILOAD_<NAME> variable and --help come from there, as docs/cli.md's tables do
+(omniload.cli_docs). The same name works in `--config` files; a flag overrides the file.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import secrets
 import subprocess
@@ -17,241 +17,16 @@ from typing import Any
 
 import click
 
+from omniload.cli_docs import CONFIG_HELP, SOURCE_HELP, SOURCE_VALUE, default_of, flag, plain
 from omniload.errors import ConfigError, OmniloadError
-from omniload.spec import (
-    BROADCAST_AT,
-    CP_SPLITS,
-    GROUP_OF,
-    GROUPS,
-    LONG_CHATS,
-    LONG_DOCS,
-    ON_BAD_FILE,
-    PP_DATA,
-    RANK_TOKENS,
-    Spec,
-    load_config,
-    parse_source,
-)
+from omniload.spec import Spec, load_config, parse_source
+from omniload.spec_options import GROUP_NAMES, OPTIONS, Option
 
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Spec) if f.name != "sources"}
 _CHILD_STOP_S = 10.0
 _PROGRESS_S = 30.0
 
-_SPEC_OPTIONS: list[tuple[str, dict[str, Any]]] = [  # (flag, click's kwargs); --help groups them by spec.GROUPS
-    ("--seq-len", dict(type=int, help="Tokens per row.")),
-    ("--rows", dict(type=int, help="Rows per batch on each data-parallel rank.")),
-    (
-        "--tokenizer",
-        dict(
-            help="'bytes', a tokenizer.json path, module:function, or a Hugging Face Hub model id ORG/NAME[@REVISION]."
-        ),
-    ),
-    (
-        "--workers",
-        dict(
-            type=lambda v: 0 if str(v) == "auto" else int(v),
-            metavar="N|auto",
-            help="Total source-worker processes, split among sources by weight once; auto (or 0): up to "
-            "the CPUs less --reserve-cpus, starting with one and growing while sources starve, "
-            "re-split online by each source's measured cost per token.",
-        ),
-    ),
-    (
-        "--reserve-cpus",
-        dict(type=int, help="With --workers auto: CPUs left to the ranks and the coordinator."),
-    ),
-    (
-        "--autoscale-every",
-        dict(
-            type=float,
-            help="With --workers auto: seconds between decisions to grow, shrink or re-split the pool "
-            "(0: the budget's workers, split by weight once).",
-        ),
-    ),
-    ("--seed", dict(type=int, help="Seed of every shuffle: same seed, spec and files give the same batches.")),
-    ("--epochs", dict(type=int, help="Passes over each source (0: repeat forever, reshuffled).")),
-    ("--steps", dict(type=int, help="Stop after this many steps (0: when the data ends).")),
-    ("--tp", dict(type=int, help="Tensor-parallel size.")),
-    ("--pp", dict(type=int, help="Pipeline-parallel size.")),
-    ("--cp", dict(type=int, help="Context-parallel size.")),
-    (
-        "--cp-split",
-        dict(
-            type=click.Choice(CP_SPLITS),
-            help="With --cp > 1: cut every packed sequence into 2*cp chunks (Transformer Engine's THD "
-            "layout, with cu_seqlens_padded) or every row (padded BSHD rows).",
-        ),
-    ),
-    (
-        "--on-bad-file",
-        dict(type=click.Choice(ON_BAD_FILE), help="Stop the job at an unreadable file, or skip it."),
-    ),
-    ("--ring-mb", dict(type=int, help="Shared-memory ring size per worker lane, in MB.")),
-    ("--plan-ahead", dict(type=int, help="Steps planned ahead of the slowest rank.")),
-    ("--max-restarts", dict(type=int, help="Restarts of a crashed worker before the job fails.")),
-    (
-        "--worker-timeout",
-        dict(type=float, help="Seconds without a sample from a source before the job fails."),
-    ),
-    (
-        "--rank-timeout",
-        dict(
-            type=float,
-            help="Seconds a rank the others wait for may stay silent (no ACK, or "
-            "disconnected) before the job fails naming it; a rank that has not "
-            "connected yet is only named (0: wait forever).",
-        ),
-    ),
-    (
-        "--metrics-port",
-        dict(
-            type=int, help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port; the log names it)."
-        ),
-    ),
-    (
-        "--senders",
-        dict(
-            type=int,
-            help="Processes that write batches to the ranks' sockets from shared memory "
-            "(0: the coordinator itself; -1: one per 64 connecting ranks, at most one per 8 cores; none with relays).",
-        ),
-    ),
-    ("--balance", dict(help="Cost model for balancing ranks: tokens, attention, or module:function.")),
-    ("--cost-coeffs", dict(help="a,b,c[,d] of the attention cost a*len^2 + b*len + c + d*images.")),
-    (
-        "--cost-model",
-        dict(
-            help="The model's shape, layers=L,hidden=H,heads=N,ffn=F,vocab=V[,kv_heads=K], or a preset "
-            "(llama-1b, llama-8b, llama-70b): sets the attention cost from its training FLOPs."
-        ),
-    ),
-    (
-        "--rank-tokens",
-        dict(
-            type=click.Choice(RANK_TOKENS),
-            help="fixed: every rank gets rows x seq-len tokens; variable: each rank its own number of "
-            "tokens as one packed sequence, so that rank costs are equal.",
-        ),
-    ),
-    (
-        "--max-rank-tokens",
-        dict(type=int, help="With --rank-tokens variable: most tokens of a rank's sequence (0: 2 x rows x seq-len)."),
-    ),
-    (
-        "--pad-to",
-        dict(type=int, help="With --rank-tokens variable: pad a rank's sequence to a multiple of this."),
-    ),
-    ("--image-size", dict(help="HxW every image is resized and center-cropped to (sources with images).")),
-    (
-        "--image-transform",
-        dict(help="module:function from a PIL image to uint8 [3, H, W], instead of resize-and-crop."),
-    ),
-    (
-        "--image-token",
-        dict(type=int, help="Placeholder token id of an image (needed when a source has images)."),
-    ),
-    ("--tokens-per-image", dict(type=int, help="Placeholder tokens per image in input_ids.")),
-    ("--balance-window", dict(type=int, help="Steps a hard-to-place document may wait for a better step.")),
-    (
-        "--long-docs",
-        dict(
-            type=click.Choice(LONG_DOCS),
-            help="Documents longer than seq-len: split into chunks, drop, or keep whole rows together.",
-        ),
-    ),
-    (
-        "--long-chats",
-        dict(
-            type=click.Choice(LONG_CHATS),
-            help="Conversations (kind=chat) longer than seq-len: cut after the last whole turn that fits, or drop.",
-        ),
-    ),
-    (
-        "--shuffle-window",
-        dict(
-            type=int,
-            help="The job's shuffle horizon in segments of seq-len tokens, split among sources "
-            "by weight: each unit waits a seeded share of it, a long document's chunks spread "
-            "evenly over it (0: 2**28 tokens, at least 64 global batches).",
-        ),
-    ),
-    (
-        "--shuffle-fill",
-        dict(
-            type=int,
-            help="Segments of seq-len tokens of each epoch read before its first draw, split among sources by "
-            "weight: an epoch within it is a global shuffle; less makes the first batch come sooner "
-            "(0: 2**27 tokens, at least 16 global batches, at most the horizon).",
-        ),
-    ),
-    (
-        "--shuffle-dir",
-        dict(
-            metavar="PATH",
-            help="Local disk where documents wait for the shuffle (about the horizon's tokens "
-            "at 2-4 bytes each); the system's temporary folder when unset.",
-        ),
-    ),
-    (
-        "--max-doc-share",
-        dict(type=float, help="Most of one rank's tokens a single document may fill in a step (at least one chunk)."),
-    ),
-    (
-        "--shard-interleave",
-        dict(type=int, help="Shards each source reads at once, taking their rows in turn."),
-    ),
-    ("--rank-order", dict(help="Order of the parallel axes in the rank number, fastest first.")),
-    (
-        "--pp-data",
-        dict(type=click.Choice(PP_DATA), help="Pipeline stages that receive data."),
-    ),
-    (
-        "--broadcast-at",
-        dict(
-            type=click.Choice(BROADCAST_AT),
-            help="tp: one rank per tensor-parallel group connects and broadcasts to the others.",
-        ),
-    ),
-    ("--checkpoint-dir", dict(help="Folder for loader snapshots and the per-step delta log.")),
-    (
-        "--snapshot-every",
-        dict(type=int, help="Steps between full snapshots; a resume replays at most this many steps."),
-    ),
-    (
-        "--keep-snapshots",
-        dict(type=int, help="Snapshots kept in --checkpoint-dir (older ones and their logs are removed)."),
-    ),
-    ("--resume", dict(help="Checkpoint folder to resume from when the ranks bring no loader state.")),
-    (
-        "--allow-changed-data",
-        dict(is_flag=True, help="Resume even if the spec or files changed (recorded in the log)."),
-    ),
-    (
-        "--read-ahead",
-        dict(
-            metavar="BYTES",
-            help="Bytes of a store's objects each worker lane holds, fetched ahead "
-            "of its reads and kept for re-reads (e.g. 64MB).",
-        ),
-    ),
-    (
-        "--cache-dir",
-        dict(
-            metavar="PATH|auto",
-            help="Keep blocks of a store's objects on local disk here, for re-reads, "
-            "epoch 2 and the next job (auto: $XDG_CACHE_HOME/omniload); off "
-            "when unset.",
-        ),
-    ),
-    (
-        "--cache-limit",
-        dict(metavar="BYTES", help="Bytes --cache-dir may hold; least recently used blocks go first."),
-    ),
-]
-
-
 # the sections of launch's and serve's --help, in this order (then the command's other options)
-_GROUPS = list(GROUPS)
+_GROUPS = list(GROUP_NAMES)
 
 
 class _GroupedOption(click.Option):
@@ -280,25 +55,37 @@ class _GroupedCommand(click.Command):
                     formatter.write_dl(sections[group])
 
 
+def _spec_option(name: str, spec_option: Option) -> dict[str, Any]:
+    """click's keywords for a Spec field's flag. Values reach Spec.from_dict as text, which
+    converts and checks them as it does a --config file's."""
+    kwargs: dict[str, Any] = {
+        "default": None,
+        "envvar": f"OMNILOAD_{name.upper()}",
+        "help": f"{plain(spec_option.help)}  [default: {plain(default_of(name))}]",
+    }
+    if spec_option.choices:
+        kwargs["type"] = click.Choice(spec_option.choices)
+    elif not spec_option.metavar:
+        kwargs["is_flag"] = True
+    else:
+        kwargs["metavar"] = spec_option.metavar
+    return kwargs
+
+
 def spec_options(command: Callable) -> Callable:
-    for flag, kwargs in reversed(_SPEC_OPTIONS):
-        field = flag[2:].replace("-", "_")
-        group = GROUP_OF[field]
-        kwargs = dict(kwargs, default=None, envvar=f"OMNILOAD_{field.upper()}")
-        kwargs["help"] = f"{kwargs['help']}  [default: {_DEFAULTS[field]}]"
-        command = click.option(flag, field, cls=_GroupedOption, group=group, **kwargs)(command)
+    for name, spec_option in reversed(OPTIONS.items()):
+        if spec_option.flag:
+            command = click.option(
+                flag(name), name, cls=_GroupedOption, group=spec_option.group, **_spec_option(name, spec_option)
+            )(command)
     command = click.option(
         "--source",
         "sources",
         multiple=True,
-        metavar="NAME=GLOB[,weight=W][,column=C]",
+        metavar=SOURCE_VALUE,
         cls=_GroupedOption,
         group="data",
-        help="A data source; repeat for several. GLOB is a local glob or a URL (s3://, gs://, "
-        "az://, hf://). Options: weight, column, format, tokenizer, epochs; image (the column of "
-        "encoded images); tokens, dtype, eos, vocab (token ids, docs/sources.md); kind=chat, "
-        "train_on (conversations); endpoint, region, anonymous (for a store); manifest (a file "
-        "`omniload index` wrote: nothing is listed).",
+        help=plain(SOURCE_HELP),
     )(command)
     return click.option(
         "--config",
@@ -306,7 +93,7 @@ def spec_options(command: Callable) -> Callable:
         type=click.Path(dir_okay=False),
         cls=_GroupedOption,
         group="data",
-        help="YAML/JSON file with the same options; flags override it.",
+        help=plain(CONFIG_HELP),
     )(command)
 
 

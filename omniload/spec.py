@@ -1,8 +1,9 @@
 """The job spec: what to read, how to mix and pack it, and the parallel layout.
 
 Flags, a YAML/JSON file and Python all build the same frozen `Spec` through `Spec.from_dict`,
-which validates every field and names it in the error. A file (or dict) may nest the options
-in the groups of GROUPS, which are also the sections of `--help`; the Spec itself stays flat
+which validates every field and names it in the error. Each field but `sources` has one row in
+omniload.spec_options (its group, help, value and checks), from which the CLI, `--help` and
+docs/cli.md derive. A file (or dict) may nest the options in their groups; the Spec stays flat
 (`spec.seq_len`), as flags and `Spec(seq_len=...)` name them. `Spec.to_dict()` is what the
 launcher hands to the coordinator process.
 """
@@ -19,22 +20,16 @@ from typing import Any
 from omniload.errors import ConfigError
 from omniload.formats.shards import TOKEN_FILES
 from omniload.model_shape import parse_model_shape
+from omniload.spec_options import BYTE_FIELDS, GROUP_OF, GROUPS, OPTIONS
 from omniload.storage.urls import StoreOptions, is_remote, parse
 
 FORMATS = ("auto", "parquet", "jsonl", "arrow", "tar", "megatron", "tokens")
 KINDS = ("text", "chat")
 CHAT_COLUMNS = "messages|conversations"
 TRAIN_ON = ("assistant", "all")
-LONG_CHATS = ("truncate", "drop")
 TOKEN_DTYPES = ("uint8", "uint16", "int16", "int32", "uint32", "int64")  # format=tokens: the ids' type
-ON_BAD_FILE = ("stop", "skip")
-LONG_DOCS = ("split", "drop", "bucket")
-PP_DATA = ("first-last", "all")
-BROADCAST_AT = ("none", "tp")
-CP_SPLITS = ("sequence", "row")  # coordinator/plan/parallel.py
 RAMPS = ("constant", "linear")
 AXES = ("tp", "cp", "dp", "pp")
-RANK_TOKENS = ("fixed", "variable")
 # cost = a*len^2 + b*len + c + d*images; see omniload.coordinator.cost for where these come from
 DEFAULT_COST_COEFFS = (1.0, 24576.0, 0.0, 256 * 24576.0)
 _FROZEN = dict(frozen=True, slots=True, kw_only=True)
@@ -212,58 +207,65 @@ class Spec:
     """Everything that decides which batches a job yields (plus a few runtime knobs)."""
 
     sources: tuple[Source, ...]
+    # -- data
+    tokenizer: str = "bytes"
+    epochs: int = 1
+    on_bad_file: str = "stop"
+    image_size: str = "224x224"
+    image_transform: str | None = None
+    image_token: int | None = None
+    tokens_per_image: int = 1
+    shard_interleave: int = 4
+    # -- batching
     seq_len: int = 2048
     rows: int = 1
-    tokenizer: str = "bytes"
-    # total worker processes, split by weight once; 0 ("auto"): the CPUs less reserve_cpus, re-split by measured cost
-    workers: int = 0
-    reserve_cpus: int = 1  # workers=auto: CPUs left to the ranks and the coordinator on this host
-    autoscale_every: float = 5.0  # workers=auto: seconds between re-split decisions; 0: split by weight once
+    steps: int = 0
+    long_docs: str = "split"
+    long_chats: str = "truncate"
+    max_doc_share: float = 0.25
+    rank_tokens: str = "fixed"
+    max_rank_tokens: int = 0
+    pad_to: int = 128
+    # -- plan
     seed: int = 0
-    epochs: int = 1  # passes over each source; 0: repeat with a new shuffle forever
-    steps: int = 0  # stop after this many steps; 0: when every source is exhausted
+    plan_ahead: int = 8
+    mixture: tuple[Phase, ...] = ()
+    balance: str = "attention"
+    cost_coeffs: tuple[float, ...] = DEFAULT_COST_COEFFS
+    cost_model: str | None = None
+    balance_window: int = 0
+    shuffle_window: int = 0
+    shuffle_fill: int = 0
+    shuffle_dir: str | None = None
+    # -- parallel
     tp: int = 1
     pp: int = 1
     cp: int = 1
-    cp_split: str = "sequence"  # with cp > 1: cut every packed sequence (THD) or every row (BSHD)
-    on_bad_file: str = "stop"
-    ring_mb: int = 4
-    plan_ahead: int = 8
-    max_restarts: int = 3
-    worker_timeout: float = 300.0
-    rank_timeout: float = 600.0  # a rank the others wait for may be silent this long; 0: forever
-    metrics_port: int | None = None  # Prometheus text at http://HOST:PORT/metrics; None: off, 0: any port
-    senders: int = -1  # processes that write batches to the ranks' sockets; 0: the coordinator itself; -1: auto
-    mixture: tuple[Phase, ...] = ()
-    balance: str = "attention"  # tokens | attention | module:function
-    cost_coeffs: tuple[float, ...] = DEFAULT_COST_COEFFS
-    cost_model: str | None = None  # a preset (llama-8b) or the model's shape; sets cost_coeffs (model_shape.py)
-    rank_tokens: str = "fixed"  # fixed: rows x seq_len a rank; variable: each rank its own length, equal cost
-    max_rank_tokens: int = 0  # rank_tokens=variable: the most tokens a rank's sequence holds; 0: 2 x rows x seq_len
-    pad_to: int = 128  # rank_tokens=variable: a rank's sequence is padded to a multiple of this (at most the max)
-    image_size: str = "224x224"  # HxW every image is resized and center-cropped to
-    image_transform: str | None = None  # module:function from a PIL image to uint8 [3, H, W]; instead of resizing
-    image_token: int | None = None  # the placeholder token id of an image; needed once a source has images
-    tokens_per_image: int = 1  # placeholder tokens per image in input_ids
-    balance_window: int = 0
-    long_docs: str = "split"
-    long_chats: str = "truncate"  # conversations longer than seq_len: cut at a turn boundary, or drop
-    shuffle_window: int = 0  # the job's shuffle horizon in segments of seq_len tokens, split by weight; 0: auto
-    shuffle_fill: int = 0  # segments of each epoch read before its first draw, split by weight; 0: auto
-    shuffle_dir: str | None = None  # where waiting documents' tokens are kept (local disk); None: the temp folder
-    max_doc_share: float = 0.25  # most of one rank's tokens one document may take in a step
-    shard_interleave: int = 4  # shards each source reads at once, their rows taken in turn
+    cp_split: str = "sequence"
     rank_order: str = "tp-cp-dp-pp"
     pp_data: str = "first-last"
     broadcast_at: str = "none"
+    # -- workers
+    workers: int = 0
+    reserve_cpus: int = 1
+    autoscale_every: float = 5.0
+    ring_mb: int = 4
+    max_restarts: int = 3
+    worker_timeout: float = 300.0
+    # -- checkpoint
     checkpoint_dir: str | None = None
     snapshot_every: int = 100
     keep_snapshots: int = 2
-    resume: str | None = None  # a checkpoint folder to resume from when ranks bring no state
+    resume: str | None = None
     allow_changed_data: bool = False
-    read_ahead: int = 64 << 20  # bytes of a store's objects each lane holds fetched ahead (and read, for re-reads)
-    cache_dir: str | None = None  # keep fetched blocks of a store's objects here ("auto": $XDG_CACHE_HOME/omniload)
-    cache_limit: int = 16 << 30  # bytes the cache may hold; least recently used blocks go first
+    # -- serving
+    rank_timeout: float = 600.0
+    metrics_port: int | None = None
+    senders: int = -1
+    # -- storage
+    read_ahead: int = 64 << 20
+    cache_dir: str | None = None
+    cache_limit: int = 16 << 30
 
     def __post_init__(self) -> None:  # noqa: C901, PLR0912  (one check a field: to split by group)
         object.__setattr__(self, "sources", tuple(self.sources))
@@ -275,23 +277,12 @@ class Spec:
             raise ConfigError(f"source names must be unique, repeated: {', '.join(dupes)}")
         if sum(s.weight for s in self.sources) <= 0:
             raise ConfigError("source weights are all zero: give at least one source a weight > 0")
-        _at_least("seq_len", self.seq_len, 2)
-        for name, low in [
-            ("rows", 1),
-            ("workers", 0),
-            ("epochs", 0),
-            ("steps", 0),
-            ("tp", 1),
-            ("pp", 1),
-            ("cp", 1),
-            ("ring_mb", 1),
-            ("plan_ahead", 1),
-            ("max_restarts", 0),
-            ("reserve_cpus", 0),
-        ]:
-            _at_least(name, getattr(self, name), low)
-        if self.on_bad_file not in ON_BAD_FILE:
-            raise ConfigError(f"on_bad_file must be one of {ON_BAD_FILE}, got {self.on_bad_file!r}")
+        for name, spec_option in OPTIONS.items():
+            value = getattr(self, name)
+            if spec_option.at_least is not None:
+                _at_least(name, value, spec_option.at_least)
+            if spec_option.choices and value not in spec_option.choices:
+                raise ConfigError(f"{name.replace('_', '-')} must be one of {spec_option.choices}, got {value!r}")
         if not self.autoscale_every >= 0:
             raise ConfigError(
                 f"autoscale-every must be >= 0 seconds (0: split by weight once), got {self.autoscale_every}"
@@ -307,29 +298,12 @@ class Spec:
             )
         if not self.rank_timeout >= 0:
             raise ConfigError(f"rank-timeout must be >= 0 seconds (0: wait forever), got {self.rank_timeout}")
-        _at_least("balance_window", self.balance_window, 0)
-        _at_least("shuffle_window", self.shuffle_window, 0)
-        _at_least("shuffle_fill", self.shuffle_fill, 0)
-        _at_least("shard_interleave", self.shard_interleave, 1)
         if not 0 < self.max_doc_share <= 1:
             raise ConfigError(f"max-doc-share must be in (0, 1], got {self.max_doc_share}")
-        _at_least("snapshot_every", self.snapshot_every, 1)
-        _at_least("read_ahead", self.read_ahead, 1 << 20)
-        _at_least("cache_limit", self.cache_limit, 1 << 20)
         if self.cache_dir == "auto":
             from omniload.storage.disk_cache import default_dir  # no pyarrow there
 
             object.__setattr__(self, "cache_dir", default_dir())
-        _at_least("keep_snapshots", self.keep_snapshots, 1)
-        for name, allowed in [
-            ("long_docs", LONG_DOCS),
-            ("long_chats", LONG_CHATS),
-            ("pp_data", PP_DATA),
-            ("broadcast_at", BROADCAST_AT),
-            ("cp_split", CP_SPLITS),
-        ]:
-            if getattr(self, name) not in allowed:
-                raise ConfigError(f"{name.replace('_', '-')} must be one of {allowed}, got {getattr(self, name)!r}")
         if sorted(self.rank_order.split("-")) != sorted(AXES):
             raise ConfigError(
                 f"rank-order must name each of tp, cp, dp, pp once, fastest first "
@@ -364,10 +338,6 @@ class Spec:
         object.__setattr__(self, "cost_coeffs", coeffs)
 
     def _check_rank_tokens(self) -> None:
-        if self.rank_tokens not in RANK_TOKENS:
-            raise ConfigError(f"rank-tokens must be one of {RANK_TOKENS}, got {self.rank_tokens!r}")
-        _at_least("pad_to", self.pad_to, 1)
-        _at_least("max_rank_tokens", self.max_rank_tokens, 0)
         if self.max_rank_tokens and self.max_rank_tokens < self.rows * self.seq_len:
             raise ConfigError(
                 f"max-rank-tokens {self.max_rank_tokens} must be at least rows x seq-len = "
@@ -386,7 +356,6 @@ class Spec:
 
     def _check_images(self) -> None:
         self.image_hw  # noqa: B018  (raises ConfigError on a bad --image-size)
-        _at_least("tokens_per_image", self.tokens_per_image, 1)
         with_images = [s.name for s in self.sources if s.has_images]
         if with_images and self.image_token is None:
             raise ConfigError(
@@ -477,51 +446,9 @@ class Spec:
         return cls(sources=tuple(sources), **{k: _coerce(cls, k, v, where) for k, v in data.items()})
 
 
-# The groups of the job's options, in the order `--help` shows them. Every field but `sources`
-# (the list of sources, a group of its own) is in one group; "high availability" has no
-# field, only flags of `launch` and `serve`.
-GROUPS: dict[str, tuple[str, ...]] = {
-    "data": (
-        "tokenizer",
-        "epochs",
-        "on_bad_file",
-        "shard_interleave",
-        "image_size",
-        "image_transform",
-        "image_token",
-        "tokens_per_image",
-    ),
-    "batching": (
-        "seq_len",
-        "rows",
-        "steps",
-        "long_docs",
-        "long_chats",
-        "max_doc_share",
-        "rank_tokens",
-        "max_rank_tokens",
-        "pad_to",
-    ),
-    "plan": (
-        "seed",
-        "mixture",
-        "balance",
-        "cost_coeffs",
-        "cost_model",
-        "balance_window",
-        "shuffle_window",
-        "shuffle_fill",
-        "shuffle_dir",
-        "plan_ahead",
-    ),
-    "parallel": ("tp", "pp", "cp", "cp_split", "rank_order", "pp_data", "broadcast_at"),
-    "workers": ("workers", "reserve_cpus", "autoscale_every", "ring_mb", "max_restarts", "worker_timeout"),
-    "checkpoint": ("checkpoint_dir", "snapshot_every", "keep_snapshots", "resume", "allow_changed_data"),
-    "serving": ("rank_timeout", "metrics_port", "senders"),
-    "high availability": (),
-    "storage": ("read_ahead", "cache_dir", "cache_limit"),
-}
-GROUP_OF = {field: group for group, fields in GROUPS.items() for field in fields}
+_UNDESCRIBED = {f.name for f in dataclasses.fields(Spec)} ^ {"sources", *OPTIONS}
+if _UNDESCRIBED:  # a field added without its row, or a row left behind: say which at import
+    raise RuntimeError(f"Spec fields and omniload.spec_options.OPTIONS differ: {sorted(_UNDESCRIBED)}")
 
 
 def ungroup(data: dict[str, Any], where: str = "spec") -> dict[str, Any]:
@@ -546,36 +473,8 @@ def ungroup(data: dict[str, Any], where: str = "spec") -> dict[str, Any]:
     return flat
 
 
-# Fields that change how the job runs, never which batches it yields (steps only says where
-# to stop: a resumed run may go further).
-RUNTIME_FIELDS = (
-    "steps",
-    "workers",
-    "reserve_cpus",
-    "autoscale_every",
-    "ring_mb",
-    "plan_ahead",
-    "max_restarts",
-    "worker_timeout",
-    "rank_timeout",
-    "metrics_port",
-    "senders",
-    "broadcast_at",
-    "cp_split",  # where a replica's tokens are cut between its cp ranks, not which tokens it gets
-    "checkpoint_dir",
-    "snapshot_every",
-    "keep_snapshots",
-    "resume",
-    "allow_changed_data",
-    "read_ahead",
-    "cache_dir",
-    "cache_limit",
-    "shuffle_dir",
-)
 # A source's fields that say how to reach its store or find its objects, never what they hold.
 STORE_FIELDS = ("endpoint", "region", "anonymous", "manifest")
-# Fields in bytes: a number, or one with a unit (64MB, 2GiB).
-BYTE_FIELDS = ("read_ahead", "cache_limit")
 _UNITS = {
     "": 1,
     "b": 1,
@@ -624,12 +523,6 @@ LATER_SOURCE_FIELDS = {
 def without_later_defaults(source: dict[str, Any]) -> dict[str, Any]:
     """A source's dict less the LATER_SOURCE_FIELDS it leaves at their defaults."""
     return {k: v for k, v in source.items() if k not in LATER_SOURCE_FIELDS or v != LATER_SOURCE_FIELDS[k]}
-
-
-# Fields that matter only when a source holds conversations.
-CHAT_FIELDS = ("long_chats",)
-# Fields that matter only when a source has images.
-IMAGE_FIELDS = ("image_size", "image_transform", "image_token", "tokens_per_image")
 
 
 def check_weights(weights: object, where: str, names: Sequence[str] | None = None) -> dict[str, float]:

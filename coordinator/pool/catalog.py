@@ -32,15 +32,8 @@ from omniload.formats.records import ids_fit_uint16
 from omniload.formats.shard_table import ShardTable, table_arrays, table_from_arrays
 from omniload.formats.shards import BadFile, Shard, detect_format
 from omniload.order import MAX_ORDINAL
-from omniload.spec import (
-    CHAT_FIELDS,
-    IMAGE_FIELDS,
-    RUNTIME_FIELDS,
-    STORE_FIELDS,
-    Source,
-    Spec,
-    without_later_defaults,
-)
+from omniload.spec import STORE_FIELDS, Source, Spec, without_later_defaults
+from omniload.spec_options import CHAT_FIELDS, IMAGE_FIELDS, RUNTIME_FIELDS
 from omniload.storage.urls import StoreOptions, is_remote, redact
 from omniload.workers.chat import chat_config
 from omniload.workers.hub_tokenizer import fetch_tokenizer, is_model_id

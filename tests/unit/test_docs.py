@@ -72,6 +72,18 @@ def test_every_cli_flag_is_documented_and_every_documented_flag_exists():
     assert not problems, "\n".join(problems)
 
 
+def test_the_option_tables_are_made_from_the_specs_options():
+    """docs/cli.md's job options are rendered from the Spec fields' Options (omniload.cli_docs),
+    every group has its table, and each table is current."""
+    from omniload.cli_docs import rewrite
+    from omniload.spec import GROUPS
+
+    text = CLI_MD.read_text()
+    tables = set(re.findall(r"<!-- options: ([a-z ]+) -->", text))
+    assert tables == {group for group, fields in GROUPS.items() if fields}, tables
+    assert rewrite(text) == text, "docs/cli.md's option tables are out of date: python -m omniload.cli_docs"
+
+
 def test_the_convention_is_parsed():
     text = (
         "## Job options: `omniload launch`, `omniload serve`\n| `--seq-len N` | 2048 |\n"

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omniload import spec
+from omniload import spec, spec_options
 from omniload.batch_arrays import IGNORE_INDEX, PAD_ID, expand, trained_tokens
 from omniload.coordinator.plan.packer import Segment, build_batch, compact_batch
 from omniload.coordinator.plan.parallel import (
@@ -142,7 +142,7 @@ def test_sequence_split_takes_chunks_i_and_mirror_of_every_sequence():
 
 
 def test_the_spec_names_every_split_there_is(tmp_path):
-    assert set(spec.CP_SPLITS) == set(CP_SPLITTERS)
+    assert set(spec_options.CP_SPLITS) == set(CP_SPLITTERS)
     assert spec.Spec.from_dict({"sources": ["web=x.parquet"], "cp": 2}).cp_split == "sequence"
     (tmp_path / "job.yaml").write_text("sources: ['web=x.parquet']\ncp: 2\ncp-split: row\n")
     assert spec.Spec.from_dict(spec.load_config(tmp_path / "job.yaml")).cp_split == "row"

@@ -24,7 +24,7 @@ def test_source_flag_syntax():
         ({"sources": ["a=x,colour=red"]}, "source 'a'.*unknown option.*colour"),
         ({"sources": ["justaglob"]}, "expected NAME=GLOB"),
         ({"sources": ["a=x", "a=y"]}, "repeated: a"),
-        ({"sources": ["a=x"], "on_bad_file": "ignore"}, "on_bad_file must be one of"),
+        ({"sources": ["a=x"], "on_bad_file": "ignore"}, "on-bad-file must be one of"),
     ],
 )
 def test_bad_specs_name_the_field(data, message):
