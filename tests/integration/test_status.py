@@ -24,7 +24,7 @@ def _spec(corpus) -> dict:
         "rows": 2,
         "workers": 3,
         "epochs": 0,
-        "steps": 200,
+        "steps": 500,  # 10 s of steps at PROBE_STEP_S 0.02: the job outlasts the test's scrapes and CLI calls
         "metrics_port": 0,
         "shuffle_window": 32,
     }  # small windows: sources are read all along
