@@ -1,12 +1,13 @@
 """`omniload launch | serve | relay | demo | ...`.
 
-Every job option is one `Spec` field, whose Option (omniload.spec) gives its group, help and
-value; its flag, OMNILOAD_<NAME> variable and --help come from there, as docs/cli.md's tables do
+Every job option is one `Spec` field, whose row in omniload.spec_options gives its group, help
+and value; its flag, OMNILOAD_<NAME> variable and --help come from there, as docs/cli.md's tables do
 (omniload.cli_docs). The same name works in `--config` files; a flag overrides the file.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import subprocess
@@ -17,24 +18,21 @@ from typing import Any
 
 import click
 
-from omniload.cli_docs import CONFIG_HELP, SOURCE_HELP, SOURCE_VALUE, default_of, flag, plain
+from omniload.cli_docs import CONFIG_HELP, SOURCE_HELP, SOURCE_VALUE, default_of, flag_name, plain
 from omniload.errors import ConfigError, OmniloadError
-from omniload.spec import Spec, load_config, parse_source
+from omniload.spec import Spec, coerce_option, load_config, parse_source
 from omniload.spec_options import GROUP_NAMES, OPTIONS, Option
 
 _CHILD_STOP_S = 10.0
 _PROGRESS_S = 30.0
 
-# the sections of launch's and serve's --help, in this order (then the command's other options)
-_GROUPS = list(GROUP_NAMES)
-
 
 class _GroupedOption(click.Option):
-    """An option that names its section of --help (one of _GROUPS)."""
+    """An option that names its section of --help (one of GROUP_NAMES)."""
 
     def __init__(self, *args: Any, group: str, **kwargs: Any) -> None:
-        if group not in _GROUPS:
-            raise ValueError(f"unknown option group {group!r}; groups: {', '.join(_GROUPS)}")
+        if group not in GROUP_NAMES:
+            raise ValueError(f"unknown option group {group!r}; groups: {', '.join(GROUP_NAMES)}")
         super().__init__(*args, **kwargs)
         self.group = group
 
@@ -49,15 +47,18 @@ class _GroupedCommand(click.Command):
             record = param.get_help_record(ctx)
             if record is not None and not isinstance(param, click.Argument):
                 sections.setdefault(getattr(param, "group", ""), []).append(record)
-        for group in [*_GROUPS, ""]:
+        for group in [*GROUP_NAMES, ""]:
             if sections.get(group):
                 with formatter.section(group.capitalize() or "Options"):
                     formatter.write_dl(sections[group])
 
 
+_FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(Spec)}
+
+
 def _spec_option(name: str, spec_option: Option) -> dict[str, Any]:
-    """click's keywords for a Spec field's flag. Values reach Spec.from_dict as text, which
-    converts and checks them as it does a --config file's."""
+    """click's keywords for a Spec field's flag. Values stay text here and are converted as a
+    --config file's are (build_spec)."""
     kwargs: dict[str, Any] = {
         "default": None,
         "envvar": f"OMNILOAD_{name.upper()}",
@@ -65,7 +66,7 @@ def _spec_option(name: str, spec_option: Option) -> dict[str, Any]:
     }
     if spec_option.choices:
         kwargs["type"] = click.Choice(spec_option.choices)
-    elif not spec_option.metavar:
+    elif _FIELD_TYPES[name] == "bool":
         kwargs["is_flag"] = True
     else:
         kwargs["metavar"] = spec_option.metavar
@@ -74,9 +75,9 @@ def _spec_option(name: str, spec_option: Option) -> dict[str, Any]:
 
 def spec_options(command: Callable) -> Callable:
     for name, spec_option in reversed(OPTIONS.items()):
-        if spec_option.flag:
+        if spec_option.has_flag:
             command = click.option(
-                flag(name), name, cls=_GroupedOption, group=spec_option.group, **_spec_option(name, spec_option)
+                flag_name(name), name, cls=_GroupedOption, group=spec_option.group, **_spec_option(name, spec_option)
             )(command)
     command = click.option(
         "--source",
@@ -102,7 +103,14 @@ def build_spec(config: str | None, sources: tuple[str, ...], options: dict[str, 
     where = f"config file {config!r}" if config else "flags"
     if sources:
         data["sources"] = [parse_source(s, "--source") for s in sources]
-    data.update({k: v for k, v in options.items() if v is not None})
+    # converted here, so that a bad value names its flag, not the file it overrides
+    data.update(
+        {
+            name: coerce_option(name, value, f"{flag_name(name)} (or OMNILOAD_{name.upper()})")
+            for name, value in options.items()
+            if value is not None
+        }
+    )
     return Spec.from_dict(data, where)
 
 

@@ -1,5 +1,5 @@
-"""How the job's options read in `--help` and in docs/cli.md, both from their one table: the
-Spec fields' Options (omniload.spec.OPTIONS).
+"""How the job's options read in `--help` and in docs/cli.md, both from their one table,
+omniload.spec_options.OPTIONS.
 
 `python -m omniload.cli_docs` rewrites docs/cli.md's option tables, each between the lines
 `<!-- options: GROUP -->` and `<!-- end options -->`; tests/unit/test_docs.py fails while one
@@ -45,7 +45,7 @@ def plain(markdown: str) -> str:
     return _LINK.sub(r"\1", markdown).replace("`", "")
 
 
-def flag(name: str) -> str:
+def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
@@ -66,15 +66,25 @@ def default_of(name: str) -> str:
         return "on" if value else "off"
     if isinstance(value, tuple):
         return ",".join(map(str, value))
+    if OPTIONS[name].in_bytes and isinstance(value, int):
+        return _bytes_text(value)
     return f"`{value}`" if isinstance(value, str) else str(value)
 
 
+def _bytes_text(value: int) -> str:
+    """64MB for 64 << 20: the largest unit that divides it (spec.parse_bytes reads it back)."""
+    for unit, shift in (("TB", 40), ("GB", 30), ("MB", 20), ("KB", 10)):
+        if value >= 1 << shift and not value % (1 << shift):
+            return f"{value >> shift}{unit}"
+    return str(value)
+
+
 def table(group: str) -> str:
-    """The markdown table of `group`'s flags, in the order of the Spec's fields."""
+    """The markdown table of `group`'s flags, in OPTIONS' order."""
     rows = [("`" + cell + "`", "", help_) for cell, help_ in _NOT_FIELDS.get(group, [])]
     for name, spec_option in OPTIONS.items():
-        if spec_option.group == group and spec_option.flag:
-            cell = f"{flag(name)} {value_of(name)}".strip()
+        if spec_option.group == group and spec_option.has_flag:
+            cell = f"{flag_name(name)} {value_of(name)}".strip()
             rows.append((f"`{cell}`", default_of(name), spec_option.help))
     lines = ["| flag | default | meaning |", "|---|---|---|"]
     for cell, default, help_ in rows:

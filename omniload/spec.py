@@ -207,7 +207,6 @@ class Spec:
     """Everything that decides which batches a job yields (plus a few runtime knobs)."""
 
     sources: tuple[Source, ...]
-    # -- data
     tokenizer: str = "bytes"
     epochs: int = 1
     on_bad_file: str = "stop"
@@ -216,7 +215,6 @@ class Spec:
     image_token: int | None = None
     tokens_per_image: int = 1
     shard_interleave: int = 4
-    # -- batching
     seq_len: int = 2048
     rows: int = 1
     steps: int = 0
@@ -226,7 +224,6 @@ class Spec:
     rank_tokens: str = "fixed"
     max_rank_tokens: int = 0
     pad_to: int = 128
-    # -- plan
     seed: int = 0
     plan_ahead: int = 8
     mixture: tuple[Phase, ...] = ()
@@ -237,7 +234,6 @@ class Spec:
     shuffle_window: int = 0
     shuffle_fill: int = 0
     shuffle_dir: str | None = None
-    # -- parallel
     tp: int = 1
     pp: int = 1
     cp: int = 1
@@ -245,24 +241,20 @@ class Spec:
     rank_order: str = "tp-cp-dp-pp"
     pp_data: str = "first-last"
     broadcast_at: str = "none"
-    # -- workers
     workers: int = 0
     reserve_cpus: int = 1
     autoscale_every: float = 5.0
     ring_mb: int = 4
     max_restarts: int = 3
     worker_timeout: float = 300.0
-    # -- checkpoint
     checkpoint_dir: str | None = None
     snapshot_every: int = 100
     keep_snapshots: int = 2
     resume: str | None = None
     allow_changed_data: bool = False
-    # -- serving
     rank_timeout: float = 600.0
     metrics_port: int | None = None
     senders: int = -1
-    # -- storage
     read_ahead: int = 64 << 20
     cache_dir: str | None = None
     cache_limit: int = 16 << 30
@@ -630,6 +622,11 @@ def _boolean(name: str, value: Any, where: str) -> bool:
     )
 
 
+def coerce_option(name: str, value: Any, where: str) -> Any:
+    """A job option's value from a flag or a variable, in its field's type (Spec.from_dict's way)."""
+    return _coerce(Spec, name, value, where)
+
+
 def _coerce(cls: type, name: str, value: Any, where: str) -> Any:
     """Turn strings from flags and files into the field's type, naming the field on failure."""
     kind = {f.name: f.type for f in dataclasses.fields(cls)}[name]
@@ -650,5 +647,6 @@ def _coerce(cls: type, name: str, value: Any, where: str) -> Any:
             parts = value.split(",") if isinstance(value, str) else value
             return tuple(float(p) for p in parts)
     except (TypeError, ValueError):
-        raise ConfigError(f"{where}: {name.replace('_', '-')} must be a number, got {value!r}") from None
+        what = "a number or auto" if name == "workers" else "a number"
+        raise ConfigError(f"{where}: {name.replace('_', '-')} must be {what}, got {value!r}") from None
     return value

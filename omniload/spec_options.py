@@ -1,7 +1,7 @@
 """The job's options, one row each: the group, help, value and checks of every Spec field but
 `sources`. The CLI's flags and their OMNILOAD_<NAME> variables (omniload.cli), `--help` and
-docs/cli.md's tables (omniload.cli_docs), a --config file's groups, the checks of ranges and
-choices, and which fields decide the batches (the job identity) all come from here;
+docs/cli.md's tables (omniload.cli_docs), a --config file's groups, an integer's least value
+and a choice's words, and which fields decide the batches (the job identity) all come from here;
 omniload.spec refuses to import if a field has no row or a row no field."""
 
 from __future__ import annotations
@@ -41,17 +41,19 @@ class Option:
     choices: tuple[str, ...] = ()
     at_least: int | None = None  # an integer's least value
     runtime: bool = False  # changes how the job runs, never which batches it yields
-    size: bool = False  # bytes: a number, or one with a unit (64MB, 2GiB)
+    in_bytes: bool = False  # a number, or one with a unit (64MB, 2GiB)
     only_for: str = ""  # "chat" or "images": matters only when a source has them
-    flag: bool = True  # False: given in a --config file or Python only
+    has_flag: bool = True  # False: given in a --config file or Python only
 
     def __post_init__(self) -> None:
+        # a misspelt group or only_for would drop the option from --help or from the job identity's rules
         if self.group not in GROUP_NAMES:
             raise ValueError(f"unknown option group {self.group!r}; groups: {', '.join(GROUP_NAMES)}")
+        if self.only_for not in ("", "chat", "images"):
+            raise ValueError(f"only_for must be '', 'chat' or 'images', got {self.only_for!r}")
 
 
 OPTIONS: dict[str, Option] = {
-    # -- data
     "tokenizer": Option(
         "data",
         "`bytes` (UTF-8 bytes, vocabulary 256), a Hugging Face `tokenizer.json` path (`pip install "
@@ -86,7 +88,6 @@ OPTIONS: dict[str, Option] = {
     "shard_interleave": Option(
         "data", "Shards each source reads at once, taking their rows in turn.", metavar="K", at_least=1
     ),
-    # -- batching
     "seq_len": Option("batching", "Tokens per row.", metavar="N", at_least=2),
     "rows": Option("batching", "Rows per batch on each data-parallel rank.", metavar="N", at_least=1),
     "steps": Option(
@@ -131,13 +132,12 @@ OPTIONS: dict[str, Option] = {
         metavar="N",
         at_least=1,
     ),
-    # -- plan
     "seed": Option("plan", "Seed of every shuffle: same seed, spec and files give the same batches.", metavar="N"),
     "plan_ahead": Option(
         "plan", "Steps the planner may run ahead of the slowest rank.", metavar="N", at_least=1, runtime=True
     ),
     "mixture": Option(
-        "plan", "Phases of source weights over steps or tokens (a --config file's `mixture`).", flag=False
+        "plan", "Phases of source weights over steps or tokens (a --config file's `mixture`).", has_flag=False
     ),
     "balance": Option(
         "plan",
@@ -185,7 +185,6 @@ OPTIONS: dict[str, Option] = {
         shown_default="the temp folder",
         runtime=True,
     ),
-    # -- parallel
     "tp": Option("parallel", "Tensor-parallel size.", metavar="N", at_least=1),
     "pp": Option("parallel", "Pipeline-parallel size.", metavar="N", at_least=1),
     "cp": Option("parallel", "Context-parallel size.", metavar="N", at_least=1),
@@ -211,7 +210,6 @@ OPTIONS: dict[str, Option] = {
         choices=BROADCAST_AT,
         runtime=True,
     ),
-    # -- workers
     "workers": Option(
         "workers",
         "Total source-worker processes. `N` splits them among sources by weight once (one lane per worker). "
@@ -251,7 +249,6 @@ OPTIONS: dict[str, Option] = {
     "worker_timeout": Option(
         "workers", "Seconds without a sample from a source before the job fails naming it.", metavar="S", runtime=True
     ),
-    # -- checkpoint
     "checkpoint_dir": Option(
         "checkpoint",
         "Folder for the coordinator's snapshots and per-step log ([checkpoint.md](checkpoint.md)).",
@@ -281,7 +278,6 @@ OPTIONS: dict[str, Option] = {
     "allow_changed_data": Option(
         "checkpoint", "Resume even if the spec or files changed (recorded in the folder).", runtime=True
     ),
-    # -- serving
     "rank_timeout": Option(
         "serving",
         "Seconds a rank the others wait for may stay silent (no ACK, or disconnected) before the job fails "
@@ -304,7 +300,6 @@ OPTIONS: dict[str, Option] = {
         metavar="N",
         runtime=True,
     ),
-    # -- storage
     "read_ahead": Option(
         "storage",
         "Bytes of a store's objects each worker lane holds: fetched ahead of its reads, and kept for re-reads "
@@ -312,7 +307,7 @@ OPTIONS: dict[str, Option] = {
         metavar="BYTES",
         shown_default="64MB",
         at_least=1 << 20,
-        size=True,
+        in_bytes=True,
         runtime=True,
     ),
     "cache_dir": Option(
@@ -329,7 +324,7 @@ OPTIONS: dict[str, Option] = {
         metavar="BYTES",
         shown_default="16GB",
         at_least=1 << 20,
-        size=True,
+        in_bytes=True,
         runtime=True,
     ),
 }
@@ -341,7 +336,7 @@ GROUP_OF = {name: option.group for name, option in OPTIONS.items()}
 # Fields that change how the job runs, never which batches it yields: not in the job identity.
 RUNTIME_FIELDS = tuple(name for name, option in OPTIONS.items() if option.runtime)
 # Fields in bytes: a number, or one with a unit (64MB, 2GiB).
-BYTE_FIELDS = tuple(name for name, option in OPTIONS.items() if option.size)
+BYTE_FIELDS = tuple(name for name, option in OPTIONS.items() if option.in_bytes)
 # Fields that matter only when a source holds conversations, or has images.
 CHAT_FIELDS = tuple(name for name, option in OPTIONS.items() if option.only_for == "chat")
 IMAGE_FIELDS = tuple(name for name, option in OPTIONS.items() if option.only_for == "images")
