@@ -54,22 +54,37 @@ def run_ranks(
         return collect(start_ranks(job, world, out_dir, max_steps, env))
 
 
-def lockstep_digests(spec: dict[str, Any], world: int, digest_size: int = 8) -> list[dict[int, str]]:
-    """Per rank, step -> blake2b of its input_ids, for `world` loaders in this process stepping
-    together as ranks under torchrun do: an uninterrupted job's batches, without starting ranks."""
-    import hashlib
-
+def lockstep_batches(spec: dict[str, Any], world: int) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Per rank, ({"STEP/NAME": array}, [loader.meta of each step]), as tests/batch_dump.py saves
+    them, from `world` loaders in this process stepping together as ranks under torchrun do: an
+    uninterrupted job's batches, without starting ranks."""
     with omniload.Job(spec) as running:
         addr, token = running.env()["OMNILOAD_ADDR"], running.env()["OMNILOAD_TOKEN"]
         loaders = [omniload.connect(addr, token, rank=r, world_size=world) for r in range(world)]
-        seen: list[dict[int, str]] = [{} for _ in range(world)]
+        seen: list[tuple[dict[str, Any], list[dict[str, Any]]]] = [({}, []) for _ in range(world)]
         for batches in zip(*loaders):
-            for rank, (loader, batch) in enumerate(zip(loaders, batches)):
-                digest = hashlib.blake2b(batch["input_ids"].numpy().tobytes(), digest_size=digest_size)
-                seen[rank][loader.step] = digest.hexdigest()
+            for (arrays, metas), loader, batch in zip(seen, loaders, batches):
+                arrays.update({f"{loader.step}/{name}": tensor.numpy() for name, tensor in batch.items()})
+                metas.append(loader.meta)
         for loader in loaders:
             loader.close()
     return seen
+
+
+def lockstep_digests(spec: dict[str, Any], world: int, digest_size: int = 8) -> list[dict[int, str]]:
+    """Per rank, step -> blake2b of its input_ids (lockstep_batches')."""
+    import hashlib
+
+    digests = []
+    for arrays, _ in lockstep_batches(spec, world):
+        steps = sorted({int(key.split("/")[0]) for key in arrays})
+        digests.append(
+            {
+                step: hashlib.blake2b(arrays[f"{step}/input_ids"].tobytes(), digest_size=digest_size).hexdigest()
+                for step in steps
+            }
+        )
+    return digests
 
 
 def checkpointed_step(folder: Path) -> int:

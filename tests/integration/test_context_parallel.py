@@ -11,7 +11,7 @@ import pytest
 
 from omniload.coordinator.plan.parallel import SLICED, thd_unslice
 from tests.corpus import mixed_sources
-from tests.jobs import ROOT, TORCHRUN, omniload_cli
+from tests.jobs import ROOT, TORCHRUN, lockstep_batches, omniload_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -50,7 +50,9 @@ def _launch(corpus: dict[str, str], out: Path, nproc: int, *flags: str) -> list[
 @pytest.mark.parametrize("rank_tokens", ["fixed", "variable"])
 def test_each_cp_group_reassembles_the_sequences_the_job_without_cp_delivers(corpus, tmp_path, rank_tokens):
     budgets = ("--rank-tokens", rank_tokens)
-    whole = _launch(corpus, tmp_path / "cp1", 2, *budgets)  # dp = 2
+    # the job without cp, dp = 2, as its two ranks get it (two loaders in this process)
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "steps": STEPS, "workers": 3}
+    whole = lockstep_batches({**spec, "rank_tokens": rank_tokens}, world=2)
     split = _launch(corpus, tmp_path / "cp2", 4, "--cp", "2", *budgets)  # dp = 2, cp ranks 2d and 2d+1 (tp-cp-dp-pp)
     for step in range(STEPS):
         counts = {meta[step]["global_trained_tokens"] for _, meta in whole + split}
