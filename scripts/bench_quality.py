@@ -380,14 +380,15 @@ def batch_figures(steps: Steps) -> dict[str, float]:
 
 # -- training and held-out loss ---------------------------------------------------------------
 def _logits(model: TinyGPT, ids: np.ndarray, positions: np.ndarray, cu: np.ndarray) -> torch.Tensor:
-    return model(torch.from_numpy(ids).long(), torch.from_numpy(positions).long(), torch.from_numpy(cu).long())
+    device = next(model.parameters()).device
+    return model(*(torch.from_numpy(a).long().to(device) for a in (ids, positions, cu)))
 
 
-def train(steps: Steps, seed: int, doc_mask: bool = True) -> TinyGPT:
+def train(steps: Steps, seed: int, doc_mask: bool = True, device: str = "cpu") -> TinyGPT:
     """DP ranks' gradients averaged, as DDP does: the mean of each rank's mean loss. The arms
     without documents in their rows train the same either way (one segment a row)."""
     torch.manual_seed(seed)
-    model = TinyGPT(SEQ, doc_mask=doc_mask)
+    model = TinyGPT(SEQ, doc_mask=doc_mask).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=_LR)
     for step in steps:
         loss = sum(_mean_loss(model, b.input_ids, b.position_ids, b.cu_seqlens, b.labels) for b in step) / len(step)
@@ -399,7 +400,8 @@ def train(steps: Steps, seed: int, doc_mask: bool = True) -> TinyGPT:
 
 def _mean_loss(model: TinyGPT, ids: np.ndarray, positions: np.ndarray, cu: np.ndarray, labels: np.ndarray):
     logits = _logits(model, ids, positions, cu)
-    return F.cross_entropy(logits.view(-1, VOCAB), torch.from_numpy(labels).long().view(-1), ignore_index=-100)
+    targets = torch.from_numpy(labels).long().to(logits.device)
+    return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1), ignore_index=-100)
 
 
 @dataclass
@@ -464,7 +466,7 @@ def heldout_loss(model: TinyGPT, per_source: list[list[EvalRows]]) -> dict[str, 
         total, count = 0.0, 0
         for rows in batches:
             logits = _logits(model, rows.ids, rows.positions, rows.cu)
-            labels = torch.from_numpy(rows.labels)
+            labels = torch.from_numpy(rows.labels).to(logits.device)
             total += float(F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), ignore_index=-100, reduction="sum"))
             count += int((labels != -100).sum())
         out[name] = total / count
@@ -485,6 +487,7 @@ def run_seed(
     seed: int,
     eval_docs: int,
     eval_windows: int,
+    device: str = "cpu",
 ) -> dict:
     evals = heldout_sets(root, seed, eval_docs, eval_windows)
     results: dict[str, dict] = {}
@@ -503,7 +506,7 @@ def run_seed(
                 batches["omniload"] = omniload_steps(root, rows, steps, seed, figures)
             steps_of_arm = batches["omniload"]
         figures.update(batch_figures(steps_of_arm))
-        model = train(steps_of_arm, seed, doc_mask=arm != "omniload-nomask")
+        model = train(steps_of_arm, seed, doc_mask=arm != "omniload-nomask", device=device)
         for evaluation, per_source in evals.items():
             figures[f"loss_{evaluation}"] = heldout_loss(model, per_source)
         figures["seconds"] = time.perf_counter() - started
@@ -561,6 +564,7 @@ def main() -> None:
     parser.add_argument("--eval-windows", type=int, default=96, help="held-out windows (and document starts) a source")
     parser.add_argument("--json", type=Path, help="write every seed's figures here")
     parser.add_argument("--threads", type=int, default=2, help="torch's threads for training and evaluation")
+    parser.add_argument("--device", default="cpu", help="where the model trains and is scored: cpu, cuda")
     parser.add_argument("--merge", type=Path, nargs="+", help="summarize these --json files instead of running")
     args = parser.parse_args()
     if args.merge:
@@ -585,11 +589,14 @@ def main() -> None:
     print(
         f"corpus {args.corpus} ({root}): {sizes} M tokens, share in documents of 100k+ tokens {shares}; "
         f"weights {WEIGHTS}; seq_len {SEQ} x rows {rows} x {DP} ranks, {steps} steps "
-        f"({DP * rows * SEQ * steps / 1e6:.1f}M tokens), bytes tokenizer, demo TinyGPT, seeds {args.seeds}"
+        f"({DP * rows * SEQ * steps / 1e6:.1f}M tokens), bytes tokenizer, demo TinyGPT on {args.device}, "
+        f"seeds {args.seeds}"
     )
     results: dict[str, list[dict]] = {arm: [] for arm in arms}
     for seed in (int(s) for s in args.seeds.split(",")):
-        for arm, figures in run_seed(root, docs, arms, rows, steps, seed, args.eval_docs, args.eval_windows).items():
+        for arm, figures in run_seed(
+            root, docs, arms, rows, steps, seed, args.eval_docs, args.eval_windows, args.device
+        ).items():
             results[arm].append(figures)
     if args.baseline in results:
         summarize(results, args.baseline)
