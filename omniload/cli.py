@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from omniload.cli_docs import CONFIG_HELP, SOURCE_HELP, SOURCE_VALUE, default_of, flag_name, plain
+from omniload.cli_docs import CONFIG_HELP, SOURCE_HELP, SOURCE_VALUE, default_of, env_name, flag_name, plain
 from omniload.errors import ConfigError, OmniloadError
 from omniload.spec import Spec, coerce_option, load_config, parse_source
 from omniload.spec_options import GROUP_NAMES, OPTIONS, Option
@@ -61,7 +61,7 @@ def _spec_option(name: str, spec_option: Option) -> dict[str, Any]:
     --config file's are (build_spec)."""
     kwargs: dict[str, Any] = {
         "default": None,
-        "envvar": f"OMNILOAD_{name.upper()}",
+        "envvar": env_name(name),
         "help": f"{plain(spec_option.help)}  [default: {plain(default_of(name))}]",
     }
     if spec_option.choices:
@@ -106,7 +106,7 @@ def build_spec(config: str | None, sources: tuple[str, ...], options: dict[str, 
     # converted here, so that a bad value names its flag, not the file it overrides
     data.update(
         {
-            name: coerce_option(name, value, f"{flag_name(name)} (or OMNILOAD_{name.upper()})")
+            name: coerce_option(name, value, f"{flag_name(name)} (or {env_name(name)})")
             for name, value in options.items()
             if value is not None
         }

@@ -49,6 +49,11 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def env_name(name: str) -> str:
+    """The environment variable that sets a job option when no flag does."""
+    return f"OMNILOAD_{name.upper()}"
+
+
 def value_of(name: str) -> str:
     """What the flag takes, as --help and the docs name it ('' for an on/off flag)."""
     spec_option = OPTIONS[name]

@@ -59,7 +59,8 @@ def lockstep_batches(spec: dict[str, Any], world: int) -> list[tuple[dict[str, A
     them, from `world` loaders in this process stepping together as ranks under torchrun do: an
     uninterrupted job's batches, without starting ranks."""
     with omniload.Job(spec) as running:
-        addr, token = running.env()["OMNILOAD_ADDR"], running.env()["OMNILOAD_TOKEN"]
+        env = running.env()
+        addr, token = env["OMNILOAD_ADDR"], env["OMNILOAD_TOKEN"]
         loaders = [omniload.connect(addr, token, rank=r, world_size=world) for r in range(world)]
         seen: list[tuple[dict[str, Any], list[dict[str, Any]]]] = [({}, []) for _ in range(world)]
         for batches in zip(*loaders):

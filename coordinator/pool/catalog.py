@@ -55,7 +55,7 @@ class SourceCatalog:
     name: str
     column: str
     tokenizer: str
-    shards: ShardTable  # columns, some 66 B a shard (a tuple of Shard: 700)
+    shards: ShardTable  # columns: 66-72 B a shard (a tuple of Shard: some 350; shard_table.py)
     rows: int
     epochs: int  # passes over this source; 0: forever
     image_column: str | None = None
@@ -372,9 +372,8 @@ def _cached_catalog(spec: Spec) -> tuple[Path, list[Indexed]] | None:
         except FileNotFoundError:
             continue
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError, zipfile.BadZipFile) as exc:
-            log.warning(
-                "ignoring the catalog at %s (%s): listing the store again", path, exc
-            )  # damaged, or another version's
+            # damaged, or another version's
+            log.warning("ignoring the catalog at %s (%s): listing the store again", path, exc)
     return None
 
 

@@ -8,13 +8,12 @@ the `##` heading above it (`` `omniload` `` alone: the group's own options)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import click
 
 from omniload.cli import main
+from omniload.cli_docs import CLI_MD
 
-CLI_MD = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 _HEADING_COMMAND = re.compile(r"`omniload(?: ([a-z-]+))?`")
 _CODE = re.compile(r"`([^`]+)`")
 _CELL_BORDER = re.compile(r"(?<!\\)\|")  # a pipe not escaped as \| (as in `stop\|skip`)
