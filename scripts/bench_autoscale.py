@@ -17,7 +17,7 @@ what bounds the ratio on a machine with few cores: a static split leaves the cos
 worker busy and the others idle, and the idle CPU goes to the coordinator and the rank;
 a balanced split keeps every worker busy, so the coordinator and the rank compete with them.
 
-    python scripts/bench_autoscale.py [--budget 2] [--sources 4] [--seconds 30] [--trials 3]
+    python -m scripts.bench_autoscale [--budget 2] [--sources 4] [--seconds 30] [--trials 3]
 
 With --shift, the cost moves during the run instead: every source starts cheap, source s0
 becomes ten times costlier after --warmup seconds, and cheap again --seconds later while s1
@@ -26,7 +26,7 @@ only works harder), so both sides deliver the same batches. Each run reports tok
 phase, the autoscaler's moves with the time of each and delivery in the 3 s before and after
 it, and how long after a shift the split first moved.
 
-    python scripts/bench_autoscale.py --shift [--budget 2] [--seconds 30] [--trials 3]
+    python -m scripts.bench_autoscale --shift [--budget 2] [--seconds 30] [--trials 3]
 
 What a machine with few cores can show: a split decides how many cores a source's work may
 use, so it shows only where workers are not time-shared. With OMNILOAD_CPUS=8 on 2 cores the
@@ -36,7 +36,7 @@ extra lanes cost some); at 40 rounds both sides are bound by the coordinator as 
 of its own: then the split is what bounds delivery, as on a machine with a core per worker
 (what it still does not show: the coordinator and rank competing with busy workers).
 
-    OMNILOAD_CPUS=8 python scripts/bench_autoscale.py --shift --sources 8 --budget 8 --sleep-ns 100 --ring-mb 1
+    OMNILOAD_CPUS=8 python -m scripts.bench_autoscale --shift --sources 8 --budget 8 --sleep-ns 100 --ring-mb 1
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-HERE = Path(__file__).resolve().parent
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+from scripts.harness import children_import_scripts
+
+children_import_scripts()  # workers import this module's tokenizers, ranks its loaders
 
 _ROUNDS_ENV = "OMNILOAD_BENCH_ROUNDS"
 _ROUNDS = int(os.environ.get(_ROUNDS_ENV, "40"))  # a cheap source's per-token work; the costly one does 10x
@@ -93,7 +94,7 @@ def _costly_now() -> str:
     return str(_phase["costly"])
 
 
-def __getattr__(name: str):  # noqa: ANN202  (tokenizer "bench_autoscale:shifting_s0" and so on)
+def __getattr__(name: str):  # noqa: ANN202  (tokenizer "scripts.bench_autoscale:shifting_s0" and so on)
     """The transform of source NAME under --shift: ten times the work while NAME is the costly one."""
     if not name.startswith("shifting_"):
         raise AttributeError(name)
@@ -242,13 +243,13 @@ def _sides(sources: list[dict], args: argparse.Namespace, cpus: int) -> dict[str
 def main_shift(args: argparse.Namespace, cpus: int) -> None:
     import tempfile
 
-    from bench_data import make_sources
+    from scripts.bench_data import make_sources
 
     phase_file = Path(tempfile.mkdtemp(prefix="omniload-bench-")) / "costly"
     os.environ[_PHASE_ENV] = str(phase_file)
     sources = make_sources(args.sources, args.docs)
     for source in sources:
-        source["tokenizer"] = f"bench_autoscale:shifting_{source['name']}"
+        source["tokenizer"] = f"scripts.bench_autoscale:shifting_{source['name']}"
     sides = _sides(sources, args, cpus)
     phases = [("", args.warmup), ("s0", args.seconds), ("s1", args.seconds)]
     print(
@@ -294,7 +295,7 @@ def _sleeping(args: argparse.Namespace) -> str:
 
 
 def main() -> None:
-    from bench_data import make_sources
+    from scripts.bench_data import make_sources
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", type=int, default=2, help="worker processes on each side (at most the cores)")
@@ -359,7 +360,7 @@ def main() -> None:
 
     sources = make_sources(args.sources, args.docs)
     for i, source in enumerate(sources):
-        source["tokenizer"] = "bench_autoscale:costly" if i == 0 else "bench_autoscale:cheap"
+        source["tokenizer"] = "scripts.bench_autoscale:costly" if i == 0 else "scripts.bench_autoscale:cheap"
     sides = _sides(sources, args, cpus)
     print(
         f"machine: {cpus} cores; {args.sources} sources of equal weight, source s0 ten times costlier per token "

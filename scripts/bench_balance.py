@@ -28,7 +28,7 @@ Printed: rows of (a) full, the gain over (a) of (b), (c) and (d), and the share 
 improvement reached, (gain - 1) / (ideal - 1). A step step time is its most expensive rank.
 Then the planner's time per step at dp=1024 with 64k-token ranks (--rank-tokens variable).
 
-    python scripts/bench_balance.py [--steps 30] [--lengths corpus,long-tail] [--seqs 4096,...]
+    python -m scripts.bench_balance [--steps 30] [--lengths corpus,long-tail] [--seqs 4096,...]
 """
 
 from __future__ import annotations
@@ -41,21 +41,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
-import quality_corpus  # noqa: E402
 
 from omniload.coordinator.plan.balance import assign
 from omniload.coordinator.plan.budgets import assign_budgets, padded_length, padding_cost
 from omniload.coordinator.plan.cost import cost_function
-from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.plan.packer import Segment, chunk_bounds
 from omniload.coordinator.plan.step_plan import plan_budgets
 from omniload.coordinator.plan.stepper import Stepper
 from omniload.model_shape import PRESETS
 from omniload.order import sample_id
 from omniload.spec import Spec
+from scripts import quality_corpus
+from scripts.harness import MemoryIntake
 
 CACHE = Path.home() / ".cache" / "omniload" / "bench" / "balance-lengths-v2.npz"
 PAD_TO = 128
@@ -277,39 +276,6 @@ def planner_time(sample: Sampler, steps: int, dp: int = 1024, seq_len: int = 327
         "to_bound": float(np.mean(to_bound)),
         "segments": float(np.mean(segments)),
     }
-
-
-class MemoryIntake:
-    """A source of `count` documents, `tokens_at(pos)` the ids of each, read once in order: the
-    intake's interface, for the real Stepper without workers (as tests/unit/test_stepper.py
-    does; bench_planner.py uses it too)."""
-
-    def __init__(self, index: int, count: int, tokens_at: Callable[[int], np.ndarray]) -> None:
-        self.catalog = SimpleNamespace(index=index, name=f"s{index}", images=None)
-        self._count, self._tokens_at, self.group, self._p = count, tokens_at, 0, 0
-
-    @property
-    def cursor(self) -> tuple[int, int]:
-        return self.group, self._p
-
-    @property
-    def dry(self) -> bool:
-        return self.group >= 1
-
-    def epoch_end(self, group: int) -> int:
-        return group + 1
-
-    def seek(self, group: int, pos: int) -> None:
-        self.group, self._p = group, pos
-
-    def poll(self, until_group: int | None = None) -> Doc | None:
-        if self.dry or (until_group is not None and self.group >= until_group):
-            return None
-        g, p = self.group, self._p
-        self._p += 1
-        if self._p == self._count:
-            self.group, self._p = g + 1, 0
-        return Doc(self.catalog.index, p, self._tokens_at(p), g, p, after=self.cursor)
 
 
 def stepper_balance(

@@ -20,7 +20,7 @@ top folder in its own thread), put with 32 boto3 threads. The source is
 - moto's own rates in the same run, with boto3: a sequential listing (keys/s) and GETs with
   16 threads (objects/s), to show where the store itself bounds the figures.
 
-    python scripts/bench_catalog.py [--objects 10000,100000] [--rounds 3]
+    python -m scripts.bench_catalog [--objects 10000,100000] [--rounds 3]
 
 Goals (issue 24): <= 10 s to the first batch from launch, <= 3 s with the cached catalog,
 <= 100 bytes an object.
@@ -32,15 +32,11 @@ import argparse
 import gc
 import os
 import statistics
-import sys
 import tempfile
 import time
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent)]  # tests/s3_store
 
 _PUT_THREADS = 32
 _GET_THREADS = 16

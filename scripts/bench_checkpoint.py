@@ -8,7 +8,7 @@ a slower disk coalesces steps into fewer). Resume time is what `--resume DIR` ad
 first batch: restore the snapshot, re-read its windows and carry, and replay the planner for
 the steps since the snapshot.
 
-    python scripts/bench_checkpoint.py [--steps 10000]
+    python -m scripts.bench_checkpoint [--steps 10000]
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ model), so the figure says whether the copy hides behind the compute or adds to 
 Each way's batches are checked on the GPU against the first way's (a weighted sum of every
 step's input_ids and labels): a way that hands out other bytes fails the run.
 
-    python scripts/bench_device.py [--steps 200] [--seq-len 8192] [--rows 8] [--compute-ms 0,20]
+    python -m scripts.bench_device [--steps 200] [--seq-len 8192] [--rows 8] [--compute-ms 0,20]
 
 Needs CUDA. What it does not show: NCCL (one rank; see scripts/gpu_check.sh for a torchrun
 training over NCCL), several GPUs sharing a host's PCIe lanes, or a real model's memory traffic.
@@ -89,7 +89,7 @@ def consume(spec: dict, way: str, steps: int, busy: Callable[[], object], device
 
 
 def main() -> None:
-    from bench_data import make_sources
+    from scripts.bench_data import make_sources
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200)

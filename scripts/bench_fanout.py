@@ -9,7 +9,7 @@ the coordinator's CPU use while every rank is served and its CPU time per delive
 (coord ns/slot: issue 41's figure, whatever the machine's cores), and the bytes received per
 token slot (frames and headers included).
 
-    python scripts/bench_fanout.py [--worlds 16,64,256,1024] [--tokens 100e6] [--procs 8]
+    python -m scripts.bench_fanout [--worlds 16,64,256,1024] [--tokens 100e6] [--procs 8]
                                    [--clients lean|full]
 
 --clients lean (the default) replaces the rank clients by lean consumers (lean_ranks.py): one
@@ -45,11 +45,8 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
-
-HERE = Path(__file__).resolve().parent
 
 
 def _ranks(addrs: dict[int, str], token: str, world: int, conn) -> None:
@@ -90,7 +87,7 @@ def _ranks(addrs: dict[int, str], token: str, world: int, conn) -> None:
 
 
 def _lean_ranks(addrs: dict[int, str], token: str, world: int, conn) -> None:
-    from lean_ranks import consume
+    from scripts.lean_ranks import consume
 
     results = consume(addrs, token, world)
     for r in results:
@@ -225,7 +222,7 @@ def _serve_ranks(
 
 
 def main() -> None:
-    from bench_data import make_sources
+    from scripts.bench_data import make_sources
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worlds", default="16,64,256,1024")

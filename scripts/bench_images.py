@@ -16,7 +16,7 @@ Balance: the planner alone (no processes) on a stream of text documents and imag
 dp ranks; each step planned once with the image term (d) and once without, and both judged
 by the cost with it: max/mean rank cost per step, the median over steps.
 
-    python scripts/bench_images.py [--ranks 2] [--workers 2] [--samples 3000] [--images 6000]
+    python -m scripts.bench_images [--ranks 2] [--workers 2] [--samples 3000] [--images 6000]
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from __future__ import annotations
 import argparse
 import io
 import multiprocessing
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 from torch.utils.data import IterableDataset
 
-HERE = Path(__file__).resolve().parent
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+from scripts.harness import children_import_scripts
+
+children_import_scripts()  # workers import this module's tokenizers, ranks its loaders
 
 IMAGE_TOKEN, PER_IMAGE, SIZE = 256, 64, 224
 
@@ -175,7 +175,7 @@ def _colocated_rank(
     folder: str, rank: int, world: int, workers: int, wanted: int, seq_len: int, rows: int, out
 ) -> None:
     begun = time.perf_counter()
-    from colocated import rank_dataloader
+    from scripts.colocated import rank_dataloader
 
     loader = rank_dataloader(CaptionStream(folder, rank, world, seq_len, rows), workers, prefetch=4)
     out.put(_consume(loader, wanted, begun, lambda batch: batch["real"]))

@@ -24,7 +24,7 @@ workers; coordinator, forkserver, workers), sampled at steady state while batche
 minus the PSS of N bare `import torch` rank processes measured the same way, so every side
 counts only what loading adds.
 
-    [OMNILOAD_CPUS=16] python scripts/bench_memory.py [--ranks 1,2,4,8,16] [--sources 4,16]
+    [OMNILOAD_CPUS=16] python -m scripts.bench_memory [--ranks 1,2,4,8,16] [--sources 4,16]
         [--workers-per-rank 2] [--omniload-workers auto|N] [--tokenizer bpe|bytes]
         [--kinds dataloader,streaming,litdata,omniload]
 """
@@ -35,14 +35,11 @@ import argparse
 import multiprocessing
 import os
 import time
-from pathlib import Path
 
 import psutil
 
-HERE = Path(__file__).resolve().parent
-from peers import PEERS, cache_for, clean_streaming_leftovers, convert, missing  # noqa: E402
-
 from omniload.coordinator.serve.listening import free_port  # noqa: E402
+from scripts.peers import PEERS, cache_for, clean_streaming_leftovers, convert, missing  # noqa: E402
 
 _KINDS = ("dataloader", "streaming", "litdata", "planned", "omniload")
 _LABELS = {"dataloader": "DataLoader", "streaming": "streaming", "litdata": "LitData", "planned": "planned"}
@@ -68,7 +65,7 @@ def _rank(kind: str, spec_dict: dict, rank: int, world: int, workers: int, conn,
     if kind == "omniload":
         loader = omniload.connect(addr, token, rank=rank, world_size=world)
     elif kind in PEERS:
-        from peers import peer_loader, rank_environment
+        from scripts.peers import peer_loader, rank_environment
 
         rank_environment(rank, world, token)
         loader = peer_loader(
@@ -81,9 +78,8 @@ def _rank(kind: str, spec_dict: dict, rank: int, world: int, workers: int, conn,
             spec_dict["sources"][0].get("tokenizer", "bytes"),
         )
     else:  # only the baselines' ranks load the readers (and, planned, the planner)
-        from colocated import colocated_loader, lean_loader
-
         from omniload.spec import Spec
+        from scripts.colocated import colocated_loader, lean_loader
 
         make = lean_loader if kind == "dataloader" else colocated_loader
         loader = make(Spec.from_dict(spec_dict), rank, world, workers)
@@ -226,9 +222,8 @@ def loading_mb(  # noqa: C901, PLR0912  (one branch a kind of loader)
 
 
 def main() -> None:
-    from bench_data import bpe_tokenizer, make_sources
-
     from omniload.coordinator.pool.worker_pool import available_cpus
+    from scripts.bench_data import bpe_tokenizer, make_sources
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", default="1,2,4,8,16")

@@ -13,7 +13,7 @@ lengths (median 600 tokens, as bench_data's text with the byte tokenizer), each 
 of rows x seq_len. Prints ms a step, ns a token slot and a digest of every batch array, so two
 commits can be compared for speed and for identical batches.
 
-    python scripts/bench_planner.py [--dp 256] [--steps 30] [--rounds 3] [--intake memory|rings]
+    python -m scripts.bench_planner [--dp 256] [--steps 30] [--rounds 3] [--intake memory|rings]
 
 --intake rings takes the documents through the coordinator's real intake (SourceIntake over a
 shared-memory ring a source, every record written before the step is timed), so reading and
@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_balance import MemoryIntake  # a sibling script (scripts/ is on sys.path)
 
 from omniload.coordinator.plan.stepper import Stepper
 from omniload.coordinator.pool.catalog import SourceCatalog
@@ -43,6 +42,7 @@ from omniload.formats.ring import Ring
 from omniload.formats.shard_table import ShardTable
 from omniload.formats.shards import Shard
 from omniload.spec import Spec
+from scripts.harness import Figure, MemoryIntake, add_json_flag, write_results
 
 SEQ_LEN, ROWS, SOURCES, MEDIAN_TOKENS = 2048, 4, 3, 600
 
@@ -132,15 +132,24 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--intake", choices=("memory", "rings"), default="memory")
+    add_json_flag(parser)
     args = parser.parse_args()
     slots = args.dp * ROWS * SEQ_LEN
     print(
         f"dp {args.dp}, {ROWS} x {SEQ_LEN} a rank, {SOURCES} sources, median {MEDIAN_TOKENS} tokens a document, "
         f"intake {args.intake}"
     )
+    rounds = []
     for _ in range(args.rounds):
         per_step, digest = run(args.dp, args.steps, args.intake)
+        rounds.append({"ms_a_step": per_step * 1e3, "ns_a_slot": per_step / slots * 1e9, "digest": digest})
         print(f"{per_step * 1e3:.1f} ms CPU a step, {per_step / slots * 1e9:.1f} ns a token slot, batches {digest}")
+    ns = sorted(r["ns_a_slot"] for r in rounds)
+    figure = Figure(
+        f"planner CPU a token slot, dp {args.dp} (issue 41: ≤ 10 ns)",
+        f"{ns[0]:.0f}-{ns[-1]:.0f} ns over {len(ns)} rounds, batches {rounds[-1]['digest']}",
+    )
+    write_results(args.json, [figure], {"dp": args.dp, "steps": args.steps, "intake": args.intake, "rounds": rounds})
 
 
 if __name__ == "__main__":

@@ -35,10 +35,10 @@ Per arm also: the mixture's error per step, per-step diversity (distinct documen
 global step, and the largest share of a step's tokens from one document, overall and per
 source), documents seen in the run, and for omniload its time to first batch.
 
-    python scripts/bench_quality.py [--corpus bench|heavy] [--length short|10x|30x]
+    python -m scripts.bench_quality [--corpus bench|heavy] [--length short|10x|30x]
                                     [--seeds 0,1,2] [--arms windows,chunks,omniload,omniload-nomask]
                                     [--json results.json]
-    python scripts/bench_quality.py --merge a.json b.json [--json merged.json]
+    python -m scripts.bench_quality --merge a.json b.json [--json merged.json]
         the summary of runs made apart (arms of one corpus, length and seeds), as if made at once
 """
 
@@ -56,12 +56,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import quality_corpus  # scripts/, beside this file
 import torch
 import torch.nn.functional as F
 
 import omniload
 from omniload.demo.train import VOCAB, TinyGPT
+from scripts import quality_corpus
 
 WEIGHTS = {"code": 0.5, "docs": 0.3, "changelogs": 0.2}
 SEQ, DP = 256, 2

@@ -16,7 +16,7 @@ uploaded to the same store, through the proxy at `--peer-rtts`, tokenizing with 
 in their DataLoader workers. Each is skipped with a message where it cannot be imported
 (they are benchmark-only: pip install mosaicml-streaming litdata, e.g. in a separate venv).
 
-    python scripts/bench_remote.py [--rtts 0,20,50,100] [--rounds 3] [--steps 200] [--peer-rtts 50]
+    python -m scripts.bench_remote [--rtts 0,20,50,100] [--rounds 3] [--steps 200] [--peer-rtts 50]
 
 Not shown: a real network (the store and the proxy share the 2 cores with the loader, and
 moto serves from memory); memory of the read-ahead and the cache.
@@ -33,12 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]  # the bench helpers, and tests/s3_store
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH")]))
+from scripts.bench_data import CACHE, bpe_tokenizer, make_sources, us_per_token
+from scripts.bench_throughput import WARMUP_STEPS, run
+from scripts.harness import children_import_scripts
 
-from bench_data import CACHE, bpe_tokenizer, make_sources, us_per_token  # noqa: E402
-from bench_throughput import WARMUP_STEPS, run  # noqa: E402
+children_import_scripts()  # the spawned peers import the baselines
 
 BUCKET = "bench"
 
@@ -93,8 +92,8 @@ def _peer_rank(
     import torch  # noqa: F401
 
     sys.path.insert(0, sysconfig.get_paths()["purelib"])
-    from colocated import rank_dataloader
-    from peers import Packed, clean_streaming_leftovers, rank_environment, stub_torchvision
+    from scripts.colocated import rank_dataloader
+    from scripts.peers import Packed, clean_streaming_leftovers, rank_environment, stub_torchvision
 
     if rank == 0:
         clean_streaming_leftovers()
@@ -213,7 +212,7 @@ def _run_peer(
 
 _CONVERT = """
 import json, sys
-from peers import convert, missing
+from scripts.peers import convert, missing
 peer, spec, cache = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 why = missing(peer)
 print(json.dumps({"why": why, "folders": None if why else convert(peer, spec, __import__("pathlib").Path(cache))}))

@@ -12,7 +12,7 @@ says every rank has consumed `--kill-at` steps, the primary gets SIGKILL. For ea
 The takeover itself (lease, fork workers, replay since the snapshot, listen) is logged by the
 standby ("N steps replayed in T s").
 
-    python scripts/bench_standby.py [--ranks 2,16,64] [--steps 400] [--kill-at 120]
+    python -m scripts.bench_standby [--ranks 2,16,64] [--steps 400] [--kill-at 120]
 """
 
 from __future__ import annotations
@@ -56,11 +56,11 @@ def rank_worker(ranks: list[int], world: int, step_s: float, out: str) -> None:
 
 def measure(world: int, steps: int, kill_at: int, step_s: float, root: Path) -> dict:
     import psutil
-    from bench_data import make_sources
 
     import omniload
     from omniload.coordinator.checkpoint.folder import last_position
     from omniload.coordinator.ha.lease import read_lease
+    from scripts.bench_data import make_sources
 
     folder = root / f"ckpt{world}"
     spec = {

@@ -37,7 +37,7 @@ as the lean baseline does), run in the `bpe` mix of each trial too, in turn with
 sides; a peer that is not installed is skipped with a message (pip install mosaicml-streaming
 litdata, in a venv of their own: they pull another torch).
 
-    python scripts/bench_throughput.py [--ranks 2] [--workers-per-rank 2] [--workers N] [--steps 1500]
+    python -m scripts.bench_throughput [--ranks 2] [--workers-per-rank 2] [--workers N] [--steps 1500]
                                        [--tokenizer bpe|bytes] [--trials 3] [--peers streaming,litdata]
 """
 
@@ -50,12 +50,12 @@ import os
 import socket
 import statistics
 import time
-from pathlib import Path
 
 import psutil
 
-HERE = Path(__file__).resolve().parent
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+from scripts.harness import children_import_scripts
+
+children_import_scripts()  # workers import this module's tokenizers, ranks its loaders
 
 WARMUP_STEPS = 50
 _LABELS = {"streaming": "streaming", "litdata": "LitData"}
@@ -70,8 +70,9 @@ def heavy(text: str) -> list[int]:
     import unicodedata
 
     if "tokenizer" not in _heavy:
-        from bench_data import bpe_tokenizer
         from tokenizers import Tokenizer
+
+        from scripts.bench_data import bpe_tokenizer
 
         _heavy["tokenizer"] = Tokenizer.from_file(bpe_tokenizer())
     ids = _heavy["tokenizer"].encode(unicodedata.normalize("NFKC", text), add_special_tokens=False).ids
@@ -86,11 +87,10 @@ def _rank(kind: str, spec_dict: dict, rank: int, world: int, steps: int, workers
     if kind == "omniload":
         import omniload
     elif kind != "baseline":  # a peer
-        from peers import peer_loader, rank_environment
+        from scripts.peers import peer_loader, rank_environment
     else:  # only the baseline's ranks load the readers and the planner
-        from colocated import lean_loader
-
         from omniload.spec import Spec
+        from scripts.colocated import lean_loader
     conn.send("ready")
     t0, addr, token = conn.recv()
     if kind == "omniload":
@@ -216,7 +216,7 @@ def run(
     if job:
         job.stop()
     if kind == "streaming":
-        from peers import clean_streaming_leftovers
+        from scripts.peers import clean_streaming_leftovers
 
         clean_streaming_leftovers()
     taken = sum(r["tokens"] / r["seconds"] for r in results)
@@ -258,8 +258,8 @@ def loopback_bytes_per_s(total: int = 2 << 30, chunk: int = 1 << 20) -> float:
 
 
 def main() -> None:  # noqa: PLR0915
-    from bench_data import TIMED_DOCS, bpe_tokenizer, make_sources, tokens_per_cpu_s_together, us_per_token
-    from peers import PEERS, cache_for, convert, missing
+    from scripts.bench_data import TIMED_DOCS, bpe_tokenizer, make_sources, tokens_per_cpu_s_together, us_per_token
+    from scripts.peers import PEERS, cache_for, convert, missing
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=2)
@@ -332,7 +332,7 @@ def main() -> None:  # noqa: PLR0915
     for mix in args.mixes.split(","):
         mixed = [dict(s) for s in sources]
         if mix == "heavy":
-            mixed[0]["tokenizer"] = "bench_throughput:heavy"
+            mixed[0]["tokenizer"] = "scripts.bench_throughput:heavy"
         spec = dict(base, sources=mixed)
         per_core = mix != "heavy"  # heavy's tokens per CPU-second are not set against the tokenizer's
         # the peers take one tokenizer for every source: the bpe mix only

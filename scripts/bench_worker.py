@@ -22,7 +22,7 @@ It also times the ring's checks on the same records (omniload/formats/ring.py), 
 ns a token: the writer's digest of each record's parts, the worker's only new work (goal: at
 most 3% of the worker's CPU a token), and the reader's check, which the coordinator pays.
 
-    python scripts/bench_worker.py [--sources 4] [--docs 4000] [--tokenizer bpe|bytes] [--rounds 5]
+    python -m scripts.bench_worker [--sources 4] [--docs 4000] [--tokenizer bpe|bytes] [--rounds 5]
 
 What it does not show: the ring's copy, the worker's idle waits on full rings, or the machine's
 other load (bench_throughput.py has those).
@@ -73,7 +73,7 @@ def cpu_timed(run: Callable[[], int]) -> float:
 
 
 def main() -> None:
-    from bench_data import bpe_tokenizer, make_sources
+    from scripts.bench_data import bpe_tokenizer, make_sources
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sources", type=int, default=4)

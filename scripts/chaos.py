@@ -1,14 +1,14 @@
 """Chaos runs too long for the test suite (short versions: tests/integration/test_chaos.py).
 
-python scripts/chaos.py workers [--kills 100] [--steps 1500]
+python -m scripts.chaos workers [--kills 100] [--steps 1500]
     Ranks train through a run in which random workers are SIGKILLed; prints whether every
     rank saw exactly the batches of an undisturbed run, the longest a rank waited for a
     batch (with and without kills), and the restarts the coordinator logged.
-python scripts/chaos.py throttle [--seconds 60] [--every 5]
+python -m scripts.chaos throttle [--seconds 60] [--every 5]
     Ranks read a corpus from an S3 endpoint (moto's server on loopback) through a proxy that
     answers 503 SlowDown to one connection in --every, for --seconds of training; prints whether
     every rank saw exactly the batches of an unthrottled run and how many requests were refused.
-python scripts/chaos.py fuzz [--rounds 200] [--idle 500]
+python -m scripts.chaos fuzz [--rounds 200] [--idle 500]
     Bad connections (random bytes, truncated frames, huge lengths, wrong token and
     version, duplicate HELLOs, ACKs for steps never sent) beside good ranks; prints
     whether the good ranks were disturbed, the coordinator's crashes and memory growth.
@@ -23,13 +23,10 @@ import os
 import random
 import signal
 import socket
-import sys
 import time
 from pathlib import Path
 
 import psutil
-
-HERE = Path(__file__).resolve().parent
 
 
 def _rank(addr: str, token: str, rank: int, world: int, step_s: float, conn) -> None:
@@ -69,9 +66,8 @@ def _workers(job) -> list[psutil.Process]:
 
 
 def chaos_workers(kills: int, steps: int, world: int, step_s: float) -> None:
-    from bench_data import make_sources
-
     import omniload
+    from scripts.bench_data import make_sources
 
     spec = {
         "sources": make_sources(4, 4000),
@@ -118,11 +114,8 @@ def chaos_workers(kills: int, steps: int, world: int, step_s: float) -> None:
 
 
 def chaos_throttle(seconds: float, every: int) -> None:
-    from bench_data import make_sources
-
     import omniload
-
-    sys.path.insert(0, str(HERE.parent))  # tests/s3_store: the store and the proxy the tests use
+    from scripts.bench_data import make_sources
     from tests.s3_store import CREDENTIALS, FaultyProxy, MotoServer
 
     store = MotoServer()
@@ -160,10 +153,9 @@ def chaos_throttle(seconds: float, every: int) -> None:
 
 
 def chaos_fuzz(rounds: int, idle: int, steps: int, senders: int = 0) -> None:
-    from bench_data import make_sources
-
     import omniload
     from omniload.protocol import PREFIX, VERSION, Kind, Message, encode
+    from scripts.bench_data import make_sources
 
     spec = {
         "sources": make_sources(4, 2000),

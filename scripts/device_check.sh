@@ -14,6 +14,7 @@
 # Written on a machine without a GPU: parts 1-3 ran here only on the CPU (bench_quality
 # --device cpu), never yet on a GPU.
 set -u
+cd "$(dirname "$0")/.."  # python -m scripts.* runs from the repository root
 out=${1:-/tmp/device_check}
 mkdir -p "$out"
 failed=0
@@ -33,14 +34,14 @@ part() {  # part NAME SECONDS COMMAND...: run it with its limit, its output in $
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 part gpu_check 170 scripts/gpu_check.sh "$out/gpu_check"
 part scale_check 150 env CORES="4 8 16" WORLDS=256,1024 TOKENS=20e6 MODES=direct scripts/scale_check.sh "$out/scale_check"
-part quality 130 python3 scripts/bench_quality.py --corpus bench --rows 64 --steps 150 --seeds 0 \
+part quality 130 python3 -m scripts.bench_quality --corpus bench --rows 64 --steps 150 --seeds 0 \
   --device cuda --threads 8 --json "$out/quality.json"
 if python3 -c "import torchtitan" 2>/dev/null; then
   # the benchmarks' 32k BPE (trained here, no download) as both omniload's tokenizer and the
   # model's assets; a first try: torchtitan may want more than tokenizer.json in that folder
   assets="$out/titan-assets"
   mkdir -p "$assets"
-  cp "$(cd scripts && python3 -c "import bench_data; print(bench_data.bpe_tokenizer())")" "$assets/tokenizer.json"
+  cp "$(python3 -c "from scripts import bench_data; print(bench_data.bpe_tokenizer())")" "$assets/tokenizer.json"
   corpus=$(python3 -c "from omniload.demo.corpus import make_corpus; print(make_corpus('$out/corpus'))")
   part torchtitan 100 python3 -m omniload.cli launch --source "demo=$corpus/stdlib/*.parquet" \
     --tokenizer "$assets/tokenizer.json" --seq-len 256 --rows 4 --steps 20 -- \

@@ -2,7 +2,7 @@
 resource tracker and each worker, by mapping (heap, anonymous, each library), while one rank
 consumes a job over K sources of the bench corpus.
 
-    python scripts/memory_by_mapping.py [--sources 16] [--workers 4] [--tokenizer bpe|bytes] [--steps 60]
+    python -m scripts.memory_by_mapping [--sources 16] [--workers 4] [--tokenizer bpe|bytes] [--steps 60]
         [--docs 4000] [--median-bytes 600] [--group-rows 1000] [--samples 1]
 
 --group-rows sets the rows of the sources' parquet row groups and Arrow record batches (each
@@ -17,9 +17,6 @@ import argparse
 import collections
 import os
 import statistics
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
 
 
 def pss_by_mapping(pid: int) -> collections.Counter:
@@ -37,10 +34,9 @@ def pss_by_mapping(pid: int) -> collections.Counter:
 
 
 def main() -> None:
-    from bench_data import bpe_tokenizer, make_sources
-    from bench_memory import pids_by_role, pss
-
     import omniload
+    from scripts.bench_data import bpe_tokenizer, make_sources
+    from scripts.bench_memory import pids_by_role, pss
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sources", type=int, default=16)

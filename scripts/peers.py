@@ -17,10 +17,10 @@ import types
 from collections.abc import Iterator
 from pathlib import Path
 
-from colocated import pack_tokens, rank_dataloader
 from torch.utils.data import DataLoader, IterableDataset
 
 from omniload.workers.transforms import load_transform
+from scripts.colocated import pack_tokens, rank_dataloader
 
 PEERS = ("streaming", "litdata")
 

@@ -13,7 +13,7 @@ wrong data), corruptions (RingCorrupt: a record failed its checks; none is expec
 is reported with its message), kills. Exit code 1 on any misread or corruption. Writes JSON
 with --json.
 
-    python scripts/ring_soak.py [--seconds 600] [--records 10000000] [--ring-kb 1024] [--kill-every 2]
+    python -m scripts.ring_soak [--seconds 600] [--records 10000000] [--ring-kb 1024] [--kill-every 2]
 
 Run it beside another benchmark (scripts/bench_remote.py, where a desynchronised ring was once
 seen) to soak the ring under a loaded machine.

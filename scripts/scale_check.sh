@@ -12,6 +12,7 @@
 # >= 100M), p99/p50 of the batch gap (<= 3), and ns/slot (the coordinator's own CPU per
 # delivered token slot; the goal is <= 10 ns).
 set -u
+cd "$(dirname "$0")/.."  # python -m scripts.* runs from the repository root
 out=${1:-/tmp/scale_check}
 mkdir -p "$out"
 have=$(nproc)
@@ -29,7 +30,7 @@ for n in $cores; do
   fi
   echo "== $n cores (taskset -c 0-$((n - 1)))"
   procs=$(( n < 8 ? n : 8 ))
-  taskset -c "0-$((n - 1))" python3 scripts/bench_fanout.py --worlds "$worlds" --modes "$modes" \
+  taskset -c "0-$((n - 1))" python3 -m scripts.bench_fanout --worlds "$worlds" --modes "$modes" \
     --tokens "$tokens" --procs "$procs" 2>&1 | tee "$out/fanout-$n.log" | grep -v "^ns/slot:"
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "bench_fanout failed at $n cores (log: $out/fanout-$n.log)"; failed=1; }
 done

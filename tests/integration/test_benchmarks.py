@@ -17,7 +17,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 def _run(script: str, *args: str) -> str:
     result = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True, timeout=220, cwd=ROOT
+        [sys.executable, "-m", f"scripts.{script.removesuffix('.py')}", *args],
+        capture_output=True,
+        text=True,
+        timeout=220,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
@@ -131,14 +135,14 @@ def test_timing_the_tokenizer_in_processes_at_once_says_why_it_failed(tokenizer,
     """bench_throughput's crowded reference: a process that cannot time the tokenizer, by an
     error or by dying, fails the benchmark with the cause instead of leaving it waiting. (In a
     process of its own: spawning starts multiprocessing's resource tracker, which stays.)"""
-    call = f"import bench_data; bench_data.tokens_per_cpu_s_together({tokenizer!r}, 2)"
+    call = f"from scripts import bench_data; bench_data.tokens_per_cpu_s_together({tokenizer!r}, 2)"
     result = subprocess.run(
         [sys.executable, "-c", call],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=ROOT,  # the spawned processes import the test transform from here
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "scripts"), str(ROOT)])},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert result.returncode != 0
     assert "RuntimeError: timing the tokenizer in 2 processes at once failed" in result.stderr

@@ -1,0 +1,135 @@
+"""What the benchmarks share: where the repository is, what their child processes import, the
+commit and machine a figure was measured on, and their results as JSON.
+
+A benchmark adds `--json` with `add_json_flag` and ends with `write_results(args.json, figures,
+raw)`: `figures` are rows of docs/benchmarks.md's summary table (what is measured, the value,
+the baseline), `raw` whatever numbers the script measured. The command, commit, date and
+machine are filled in here, so a row says where it came from without anyone copying it by
+hand; `python -m scripts.render_results FILE...` writes the rows into the document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from omniload.coordinator.plan.documents import Doc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def children_import_scripts() -> None:
+    """Let the processes a benchmark starts (torchrun's ranks, omniload's workers, spawned
+    children) import `scripts.*` and `tests.*` as the benchmark itself does: the repository
+    goes first on their PYTHONPATH. A tokenizer named `scripts.bench_autoscale:costly` is
+    imported by the workers, so they need it too."""
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), *paths]))
+
+
+def commit() -> str:
+    """The checkout's short commit, '+' when files differ from it; '?' outside git."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    if head.returncode:
+        return "?"
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=ROOT
+    )
+    return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
+
+
+def machine() -> str:
+    """The summary table's machine cell: cores as this process may use them."""
+    return f"{len(os.sched_getaffinity(0))} cores"
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One row of the summary table: `figure` names what is measured and its target, as the
+    row's first cell does (the renderer finds the row by it), `value` and `baseline` are the
+    next two cells."""
+
+    figure: str
+    value: str
+    baseline: str = "none"
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json", type=Path, help="write the results here (python -m scripts.render_results reads them)"
+    )
+
+
+def command_line() -> str:
+    """How this benchmark was run, as a reader would type it (less where its results went)."""
+    args, kept = sys.argv[1:], []
+    while args:
+        arg = args.pop(0)
+        if arg == "--json":
+            args = args[1:]
+        elif not arg.startswith("--json="):
+            kept.append(arg)
+    return shlex.join(["python", "-m", f"scripts.{Path(sys.argv[0]).stem}", *kept])
+
+
+def write_results(path: Path | None, figures: list[Figure], raw: dict[str, Any] | None = None) -> None:
+    """Write the run's figures and raw numbers to `path` (nothing when it is None)."""
+    if path is None:
+        return
+    results = {
+        "command": command_line(),
+        "commit": commit(),
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(),
+        "figures": [dataclasses.asdict(f) for f in figures],
+        **(raw or {}),
+    }
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"results: {path}")
+
+
+class MemoryIntake:
+    """A source of `count` documents, `tokens_at(pos)` the ids of each, read once in order: the
+    coordinator's intake interface for the real Stepper without workers (bench_balance and
+    bench_planner time the planner with it)."""
+
+    def __init__(self, index: int, count: int, tokens_at: Callable[[int], np.ndarray]) -> None:
+        self.catalog = SimpleNamespace(index=index, name=f"s{index}", images=None)
+        self._count, self._tokens_at, self.group, self._p = count, tokens_at, 0, 0
+
+    @property
+    def cursor(self) -> tuple[int, int]:
+        return self.group, self._p
+
+    @property
+    def dry(self) -> bool:
+        return self.group >= 1
+
+    def epoch_end(self, group: int) -> int:
+        return group + 1
+
+    def seek(self, group: int, pos: int) -> None:
+        self.group, self._p = group, pos
+
+    def poll(self, until_group: int | None = None) -> Doc | None:
+        if self.dry or (until_group is not None and self.group >= until_group):
+            return None
+        g, p = self.group, self._p
+        self._p += 1
+        if self._p == self._count:
+            self.group, self._p = g + 1, 0
+        return Doc(self.catalog.index, p, self._tokens_at(p), g, p, after=self.cursor)
