@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from scripts.harness import children_import_scripts
+from scripts.harness import Figure, add_json_flag, children_import_scripts, write_results
 
 children_import_scripts()  # workers import this module's tokenizers, ranks its loaders
 
@@ -240,7 +240,7 @@ def _sides(sources: list[dict], args: argparse.Namespace, cpus: int) -> dict[str
     }
 
 
-def main_shift(args: argparse.Namespace, cpus: int) -> None:
+def main_shift(args: argparse.Namespace, cpus: int) -> tuple[list[Figure], dict]:
     import tempfile
 
     from scripts.bench_data import make_sources
@@ -263,10 +263,13 @@ def main_shift(args: argparse.Namespace, cpus: int) -> None:
         "in the 3 s before -> the 3 s from it); split over time"
     )
     results: dict[str, list[list[float]]] = {"static": [], "auto": []}
+    runs = []
     for trial in range(1, args.trials + 1):
         for side in ("static", "auto") if trial % 2 else ("auto", "static"):
             r = run_shifting(sides[side], phases, phase_file)
             results[side].append(r["rates"])
+            runs.append({"trial": trial, "side": side, "tokens_per_s": dict(zip(("s0", "s1"), r["rates"]))})
+            runs[-1] |= {k: r[k] for k in ("splits", "moves", "first_move", "around")}
             around = zip(r["moves"], r["around"])
             moves = ", ".join(f"{t:.0f}s ({a / 1e3:,.0f}k -> {b / 1e3:,.0f}k)" for (t, _), (a, b) in around) or "none"
             first = "/".join("-" if m is None else f"{m:.0f}s" for m in r["first_move"])
@@ -275,14 +278,25 @@ def main_shift(args: argparse.Namespace, cpus: int) -> None:
                 f"{', '.join(r['splits'])}",
                 flush=True,
             )
+    medians, ratios = [], []
     for phase, name in enumerate(("s0 costly", "s1 costly")):
         static = statistics.median(r[phase] for r in results["static"])
         auto = statistics.median(r[phase] for r in results["auto"])
         per_trial = ", ".join(f"{a[phase] / s[phase]:.2f}x" for s, a in zip(results["static"], results["auto"]))
+        medians.append(auto / static)
+        ratios += [a[phase] / s[phase] for s, a in zip(results["static"], results["auto"])]
         print(
             f"{name}: median tokens/s static {static:,.0f}, auto {auto:,.0f}; auto / static {auto / static:.2f}x "
             f"(per trial: {per_trial})"
         )
+    simulated = " simulated" if args.sleep_ns else ""
+    figure = Figure(
+        f"autoscaling under a cost shift, {args.budget} workers{simulated} (≥ 1.5x)",
+        f"{medians[0]:.2f}x, {medians[1]:.2f}x at the median ({len(ratios)} phases {min(ratios):.2f}-"
+        f"{max(ratios):.2f}x): {'**met**' if min(medians) >= 1.5 else '**missed**'}",
+        "static split",
+    )
+    return [figure], {"shift": True, "cpus": cpus, "budget": args.budget, "sleep_ns": args.sleep_ns, "runs": runs}
 
 
 def _cores(cpus: int) -> str:
@@ -343,6 +357,7 @@ def main() -> None:
     parser.add_argument(
         "--shard-interleave", type=int, default=4, help="both sides: row groups read together (the job default is 4)"
     )
+    add_json_flag(parser)
     args = parser.parse_args()
     from omniload.coordinator.pool.worker_pool import available_cpus
 
@@ -355,7 +370,7 @@ def main() -> None:
     os.environ[_ROUNDS_ENV] = str(args.rounds)  # the workers' transforms read them
     os.environ[_SLEEP_ENV] = str(args.sleep_ns)
     if args.shift:
-        main_shift(args, cpus)
+        write_results(args.json, *main_shift(args, cpus))
         return
 
     sources = make_sources(args.sources, args.docs)
@@ -375,10 +390,12 @@ def main() -> None:
         f"{'moves':>6}  workers per source ({names}) over time; cost CPU us/1000 tokens"
     )
     results: dict[str, list[float]] = {"static": [], "auto": []}
+    runs = []
     for trial in range(1, args.trials + 1):
         for side in ("static", "auto") if trial % 2 else ("auto", "static"):
             r = run(sides[side], args.seconds, args.warmup)
             results[side].append(r["tokens_per_s"])
+            runs.append({"trial": trial, "side": side} | r)
             c = r["cores"]
             costs = (
                 "" if side == "static" else "; cost " + "/".join("-" if x is None else f"{x:.0f}" for x in r["costs"])
@@ -393,6 +410,14 @@ def main() -> None:
         f"median tokens/s: static {static:,.0f}, auto {auto:,.0f}; autoscaled / static: {auto / static:.2f}x "
         f"(per trial: {', '.join(f'{a / s:.2f}x' for s, a in zip(results['static'], results['auto']))})"
     )
+    ratios = [a / s for s, a in zip(results["static"], results["auto"])]
+    figure = Figure(
+        f"autoscaled / static tokens/s, one source of {args.sources} ten times costlier, {args.budget} workers"
+        f"{' simulated' if args.sleep_ns else ''}",
+        f"{auto / static:.2f}x at the median ({len(ratios)} trials {min(ratios):.2f}-{max(ratios):.2f}x)",
+        "static split",
+    )
+    write_results(args.json, [figure], {"shift": False, "cpus": cpus, "budget": args.budget, "runs": runs})
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import subprocess
 import sysconfig
 import time
 from collections.abc import Callable
@@ -54,7 +53,7 @@ from omniload.model_shape import PRESETS
 from omniload.order import sample_id
 from omniload.spec import Spec
 from scripts import quality_corpus
-from scripts.harness import MemoryIntake
+from scripts.harness import Figure, MemoryIntake, add_json_flag, commit, write_results
 
 CACHE = Path.home() / ".cache" / "omniload" / "bench" / "balance-lengths-v2.npz"
 PAD_TO = 128
@@ -327,11 +326,46 @@ def stepper_balance(
     }
 
 
-def _commit() -> str:
-    found = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
-    )
-    return found.stdout.strip() or "?"
+def _met(ok: bool) -> str:
+    return "**met**" if ok else "**missed**"
+
+
+def balance_figures(args: argparse.Namespace, settings: list[dict], stepper: list[dict], planner: list[dict]) -> list:
+    """The summary table's rows: the share over all settings (the documented settings under
+    the row's own text, others naming theirs), the live balance at dp 8 and the planner's time."""
+    figures = []
+    if settings:
+        shares = [r["share_variable"] for r in settings]
+        where = ""
+        if (args.lengths, args.seqs, args.dps) != ("corpus,long-tail", "4096,8192,32768,131072", "8,64"):
+            where = f", lengths {args.lengths}, seq_len {args.seqs}, dp {args.dps}"
+        figures.append(
+            Figure(
+                f"variable token budgets, share of the possible gain over per-rank packing{where} (≥ 95%)",
+                f"{100 * min(shares):.1f}-{100 * max(shares):.1f}% in all {len(shares)} settings: "
+                + _met(min(shares) >= 0.95),
+                "per-rank packing",
+            )
+        )
+    live = {r["rank_tokens"]: r["to_bound"] for r in stepper if r["dp"] == 8}
+    if live:
+        figures.append(
+            Figure(
+                "live balance / lower bound, dp 8, 8192 × 2 (variable ≤ 1.02, fixed ≤ 1.05)",
+                f"{live['variable']:.3f}, {live['fixed']:.3f} (mean of {args.stepper_steps} steps): "
+                + _met(live["variable"] <= 1.02 and live["fixed"] <= 1.05),
+            )
+        )
+    if planner:
+        ms = sorted(r["plan_ms"] for r in planner)
+        figures.append(
+            Figure(
+                f"planner CPU a step, variable budgets, dp {args.large_dp:,}, 64k-token ranks (≤ 10 ms)",
+                f"{ms[0]:.1f}-{ms[-1]:.1f} ms ({', '.join(r['lengths'] for r in planner)}; median of "
+                f"{args.large_steps} steps each): {_met(ms[-1] <= 10)}",
+            )
+        )
+    return figures
 
 
 def main() -> None:
@@ -344,12 +378,13 @@ def main() -> None:
     parser.add_argument("--large-steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--stepper-steps", type=int, default=300, help="steps of the real Stepper (0: none)")
+    add_json_flag(parser)
     args = parser.parse_args()
     samplers: dict[str, Sampler] = {}
     for name in args.lengths.split(","):
         samplers[name] = corpus_sampler() if name == "corpus" else long_tail
     print(
-        f"commit {_commit()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {args.steps} steps a setting, "
+        f"commit {commit()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {args.steps} steps a setting, "
         f"rows = max(1, {RANK_TOKENS} // seq_len), variable cap 2 x rows x seq_len, pad {PAD_TO}"
     )
     print(
@@ -361,6 +396,7 @@ def main() -> None:
     head += f"{'fixed':>7}{'variable':>9}{'ideal':>7}{'share fixed':>12}{'share var':>10}{'var, tight':>11}"
     print(head + f"{'var full':>9}")
     worst, worst_tight, least = 1.0, 1.0, 1.0
+    settings: list[dict] = []
     for lengths_name, sample in samplers.items():
         for seq_len in map(int, args.seqs.split(",")):
             for dp in map(int, args.dps.split(",")):
@@ -371,6 +407,12 @@ def main() -> None:
                     tight = (gain["c"] - 1) / (gain["d_tight"] - 1)
                     worst, worst_tight = min(worst, share["c"]), min(worst_tight, tight)
                     least = min(least, f["c_least"])
+                    settings.append(
+                        {"lengths": lengths_name, "seq_len": seq_len, "rows": s.rows, "dp": dp, "model": model}
+                        | {"packed_full": f["fullness"], "variable_full": f["c_full"], "variable_least": f["c_least"]}
+                        | {f"gain_{n}": gain[k] for n, k in (("fixed", "b"), ("variable", "c"), ("ideal", "d"))}
+                        | {"share_fixed": share["b"], "share_variable": share["c"], "share_variable_tight": tight}
+                    )
                     print(
                         f"{lengths_name:<10}{seq_len:>7}{s.rows:>5}{dp:>4} {model:<10}{f['fullness']:>9.1%}"
                         f"{gain['b']:>7.3f}{gain['c']:>9.3f}{gain['d']:>7.3f}{share['b']:>12.1%}{share['c']:>10.1%}"
@@ -378,25 +420,32 @@ def main() -> None:
                     )
     print(f"variable budgets, least share of the possible improvement: {worst:.1%} (tight bound: {worst_tight:.1%})")
     print(f"variable budgets, least full step: {least:.1%} of dp x rows x seq_len real tokens")
+    stepper: list[dict] = []
     if args.stepper_steps:
         llama_8b = ",".join(str(c) for c in PRESETS["llama-8b"].cost_coeffs())
         for mode, (dp, seq_len, rows, coeffs, pad, cost_name) in itertools.product(
             ("fixed", "variable"), ((4, 4096, 2, "1,0,0", 1, "len^2"), (8, 8192, 2, llama_8b, PAD_TO, "llama-8b"))
         ):
             f = stepper_balance(args.stepper_steps, mode, dp, seq_len, rows, coeffs, pad)
+            stepper.append({"rank_tokens": mode, "dp": dp, "seq_len": seq_len, "rows": rows, "cost": cost_name} | f)
             print(
                 f"real Stepper, bench corpus, dp={dp}, {seq_len} x {rows}, cost {cost_name}, pad {pad}, "
                 f"--rank-tokens {mode}: max rank cost / lower bound {f['to_bound']:.3f}, / bound with pigeonhole "
                 f"terms {f['to_tight']:.3f} (mean of {args.stepper_steps} steps; {f['carried']:.1f} segments "
                 "carried a step)"
             )
+    planner: list[dict] = []
     for lengths_name, sample in samplers.items():
         big = planner_time(sample, args.large_steps, args.large_dp)
+        planner.append({"lengths": lengths_name, "dp": args.large_dp} | big)
         print(
             f"planner at dp={args.large_dp}, 64k-token ranks, {lengths_name} ({big['segments']:.0f} segments a step, "
             f"llama-8b), CPU time a step: whole step plan {big['plan_ms']:.1f} ms, assignment alone "
             f"{big['assign_ms']:.1f} ms (median of {args.large_steps}); max / lower bound {big['to_bound']:.4f}"
         )
+    figures = balance_figures(args, settings, stepper, planner)
+    raw = {"steps": args.steps, "stepper_steps": args.stepper_steps, "large_steps": args.large_steps}
+    write_results(args.json, figures, raw | {"settings": settings, "stepper": stepper, "planner": planner})
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from scripts.harness import Figure, add_json_flag, write_results
+
 _PUT_THREADS = 32
 _GET_THREADS = 16
 _GET_SAMPLE = 2000
@@ -123,15 +125,89 @@ def spread(values: list[float], fmt: str) -> str:
     return "/".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
 
 
+def _launches(values: list[float]) -> str:
+    """Each launch's seconds, or their range where there are more than three."""
+    if len(values) > 3:
+        return f"{min(values):.2f}-{max(values):.2f} s ({len(values)} launches)"
+    return ", ".join(f"{v:.2f}" for v in values) + " s"
+
+
+def figures_of(rows: list[tuple]) -> list[Figure]:
+    """A start figure a bucket size, and the bytes an object over all sizes."""
+    figures = [
+        Figure(
+            f"start on {n:,} S3 objects, cold / kept catalog",
+            f"{_launches(cold)} / {_launches(cached)}, moto serving {gets:,.0f} GETs/s",
+        )
+        for n, cold, cached, _, _, _, gets in rows
+    ]
+    if rows:
+        sizes = "; ".join(f"{memory:.0f} B / {file:.0f} B at {n:,} objects" for n, _, _, memory, file, _, _ in rows)
+        met = all(max(memory, file) <= 100 for _, _, _, memory, file, _, _ in rows)
+        figures.append(
+            Figure(
+                "catalog an object, in memory / on disk (≤ 100 B)",
+                f"{sizes} (tracemalloc around build_catalog; the catalog file): {'**met**' if met else '**missed**'}",
+            )
+        )
+    return figures
+
+
+def kept_load_s(objects: int, rounds: int) -> list[float]:
+    """Seconds to read a kept catalog of `objects` one-shard objects back into its table, as a
+    restart does (np.load of the columns, then the table), each of `rounds` times."""
+    import hashlib
+
+    import numpy as np
+
+    from omniload.formats.shard_table import ShardTable, table_arrays, table_from_arrays
+    from omniload.formats.shards import Shard
+
+    shards = [
+        Shard(
+            f"s3://bucket/corpus/part-{i:06d}.parquet",
+            "parquet",
+            0,
+            1,
+            1000 + i % 17,
+            1000 * i,
+            size=80_000 + i,
+            version=hashlib.md5(str(i).encode()).hexdigest(),
+        )
+        for i in range(objects)
+    ]
+    seconds = []
+    with tempfile.TemporaryDirectory(prefix="bench-catalog-load-") as folder:
+        path = Path(folder, "catalog.npz")
+        with open(path, "wb") as file:
+            np.savez(file, **table_arrays(ShardTable(shards), "0/"))
+        for _ in range(rounds):
+            start = time.perf_counter()
+            with np.load(path, allow_pickle=False) as arrays:
+                table = table_from_arrays(arrays, "0/")
+            assert table[objects - 1] == shards[-1]
+            seconds.append(time.perf_counter() - start)
+    return seconds
+
+
 def main() -> None:
     from tests.s3_store import CREDENTIALS, MotoServer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--objects", default="10000,100000", help="bucket sizes, comma-separated")
+    parser.add_argument(
+        "--objects", default="10000,100000", help="bucket sizes, comma-separated (0: only --load-objects)"
+    )
     parser.add_argument("--folders", type=int, default=100, help="top folders the objects are spread over")
     parser.add_argument("--rounds", type=int, default=3, help="cold and cached launches per size")
     parser.add_argument("--cold-rounds", type=int, default=0, help="cold launches per size (0: --rounds)")
+    parser.add_argument(
+        "--load-objects", type=int, default=100_000, help="time loading a kept catalog of this many objects (0: not)"
+    )
+    add_json_flag(parser)
     args = parser.parse_args()
+    loads = kept_load_s(args.load_objects, 5) if args.load_objects else []
+    if loads:
+        print(f"kept catalog of {args.load_objects:,} objects loaded in {spread(loads, '.3f')} s (min/med/max of 5)")
 
     os.environ.update(CREDENTIALS)
     store = MotoServer()
@@ -142,7 +218,7 @@ def main() -> None:
     )
     rows = []
     try:
-        for n in [int(x) for x in args.objects.split(",") if x]:
+        for n in [int(x) for x in args.objects.split(",") if x and int(x)]:
             bucket = f"catalog-{n}"
             puts = fill(store, bucket, n, args.folders)
             listed, gets = raw_rates(store, bucket, n)
@@ -181,6 +257,19 @@ def main() -> None:
             f"{file_per_object:>12.0f}{listed:>13,.0f}{gets:>12,.0f}"
         )
     print("goals: <= 10 s cold, <= 3 s cached, <= 100 B/object")
+    keys = ("objects", "cold_s", "cached_s", "memory_b_an_object", "file_b_an_object", "moto_keys_listed_a_s")
+    keys += ("moto_gets_a_s",)
+    raw = {"folders": args.folders, "sizes": [dict(zip(keys, row)) for row in rows], "kept_load_s": loads}
+    figures = figures_of(rows)
+    if loads:
+        within = "**met**" if max(loads) <= 1 else "**missed**"
+        figures.append(
+            Figure(
+                f"kept catalog load at {args.load_objects:,} objects (≤ 1 s)",
+                f"{min(loads) * 1e3:.0f}-{max(loads) * 1e3:.0f} ms (np.load of the columns, 5 loads): {within}",
+            )
+        )
+    write_results(args.json, figures, raw)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from omniload.coordinator.checkpoint.folder import CheckpointWriter, last_positi
 from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.plan.stepper import Stepper
 from omniload.spec import Spec
+from scripts.harness import Figure, add_json_flag, write_results
 
 _TOKENS = np.zeros(1 << 22, dtype=np.int32)  # every document's tokens are a view of this
 
@@ -82,7 +83,7 @@ def _stepper(spec: Spec, dp: int) -> Stepper:
     return stepper
 
 
-def folder_size(steps: int, dp: int, seq_len: int, rows: int, fill: int) -> None:
+def folder_size(steps: int, dp: int, seq_len: int, rows: int, fill: int) -> dict:
     spec = _spec(seq_len, rows, fill)
     stepper = _stepper(spec, dp)
     with tempfile.TemporaryDirectory() as folder:
@@ -101,17 +102,31 @@ def folder_size(steps: int, dp: int, seq_len: int, rows: int, fill: int) -> None
         snapshots = [p for p in files if p.name.startswith("snapshot-")]
         records = sum(p.read_bytes().count(b"\n") for p in logs)
         log_bytes = sum(p.stat().st_size for p in logs)
+        result = {
+            "dp": dp,
+            "seq_len": seq_len,
+            "rows": rows,
+            "steps": steps,
+            "seconds": time.perf_counter() - started,
+            "folder_bytes": sum(p.stat().st_size for p in files),
+            "snapshots": len(snapshots),
+            "logs": len(logs),
+            "record_bytes": log_bytes / max(1, records),
+            "snapshot_bytes": max(p.stat().st_size for p in snapshots),
+        }
         print(
             f"DP={dp}, seq_len {seq_len} x rows {rows}, {steps:,} steps ({time.perf_counter() - started:.0f}s): "
             f"folder {sum(p.stat().st_size for p in files) / 1024:,.1f} KB in {len(snapshots)} snapshots and "
             f"{len(logs)} logs; a step's record {log_bytes / max(1, records):.0f} B; a snapshot "
             f"{max(p.stat().st_size for p in snapshots) / 1024:.1f} KB"
         )
+    return result
 
 
-def resume_time(dp: int, seq_len: int, rows: int, snapshot_at: int, replays: list[int], fill: int) -> None:
+def resume_time(dp: int, seq_len: int, rows: int, snapshot_at: int, replays: list[int], fill: int) -> list[dict]:
     spec = _spec(seq_len, rows, fill)
     print(f"DP={dp}, seq_len {seq_len} x rows {rows}: resume time by steps since the snapshot")
+    out = []
     for replay in replays:
         stepper = _stepper(spec, dp)
         with tempfile.TemporaryDirectory() as folder:
@@ -132,9 +147,11 @@ def resume_time(dp: int, seq_len: int, rows: int, snapshot_at: int, replays: lis
                 resumed.next_step(build=False)
             took = time.perf_counter() - started
             assert resumed.state_dict("f") == expected, "the replay must land on the same position"
+            out.append({"dp": dp, "seq_len": seq_len, "rows": rows, "replayed": found.replay, "seconds": took})
             print(
                 f"  {found.replay:4d} steps replayed: {took:6.2f}s ({took / max(1, found.replay) * 1000:.0f} ms/step)"
             )
+    return out
 
 
 def main() -> None:
@@ -145,12 +162,27 @@ def main() -> None:
     parser.add_argument(
         "--shuffle-fill", type=int, default=0, help="the jobs' --shuffle-fill (0: the default; small: a quick check)"
     )
+    add_json_flag(parser)
     args = parser.parse_args()
     replays = [int(r) for r in args.replays.split(",")]
-    folder_size(args.steps, 2, 2048, 4, args.shuffle_fill)
-    folder_size(max(1, args.steps // 50), args.large_dp, 2048, 1, args.shuffle_fill)
-    resume_time(2, 2048, 4, 100, replays, args.shuffle_fill)
-    resume_time(args.large_dp, 2048, 1, 100, replays, args.shuffle_fill)
+    folders = [
+        folder_size(args.steps, 2, 2048, 4, args.shuffle_fill),
+        folder_size(max(1, args.steps // 50), args.large_dp, 2048, 1, args.shuffle_fill),
+    ]
+    small = resume_time(2, 2048, 4, 100, replays, args.shuffle_fill)
+    large = resume_time(args.large_dp, 2048, 1, 100, replays, args.shuffle_fill)
+    small_log, large_log = (f["record_bytes"] for f in folders)
+    fewest, most = replays.index(min(replays)), replays.index(max(replays))  # the same replays on both sides
+    least, at_least = small[fewest]["replayed"], [small[fewest]["seconds"], large[fewest]["seconds"]]
+    most, at_most = small[most]["replayed"], [small[most]["seconds"], large[most]["seconds"]]
+    figures = [
+        Figure("checkpoint log a step", f"{small_log:.0f} B at dp 2, {large_log:.0f} B at dp {args.large_dp:,}"),
+        Figure(
+            f"resume from the checkpoint folder, {most} steps since the snapshot, dp 2 / dp {args.large_dp:,}",
+            f"{at_most[0]:.2f} s / {at_most[1]:.2f} s ({least} steps: {at_least[0]:.2f} s / {at_least[1]:.2f} s)",
+        ),
+    ]
+    write_results(args.json, figures, {"folders": folders, "resumes": small + large})
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from collections.abc import Callable
 
 import torch
 
+from scripts.harness import Figure, add_json_flag, write_results
+
 WAYS = ("plain + .to()", "pin_memory", "device=")
 
 
@@ -97,6 +99,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--compute-ms", default="0,20", help="GPU work per step, one pass over the ways each")
     parser.add_argument("--device", default="cuda", help="cpu: run the script's own code without a GPU")
+    add_json_flag(parser)
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_device.py needs CUDA: torch.cuda.is_available() is False here (or pass --device cpu)")
@@ -113,10 +116,13 @@ def main() -> None:
         f"{args.rows}, {args.steps} timed steps a way"
     )
     print(f"{'compute/step':>13}{'way':>16}{'step ms':>9}{'tokens/s':>14}{'GB/s in':>9}")
+    passes: list[dict] = []  # a pass over the ways a --compute-ms, for --json
     for compute_ms in (float(ms) for ms in args.compute_ms.split(",")):
         busy = _busy(compute_ms, args.device)
+        passes.append({"compute_ms": compute_ms, "alone_step_ms": None, "ways": {}})
         if compute_ms > 0:
             step = alone(busy, args.steps, args.device) / args.steps
+            passes[-1]["alone_step_ms"] = step * 1000
             print(f"{compute_ms:>11.0f}ms{'compute alone':>16}{step * 1000:>9.1f}", flush=True)
         sums = set()
         for way in WAYS:
@@ -124,10 +130,37 @@ def main() -> None:
             sums.add(checksum)
             step = seconds / args.steps
             gb = nbytes / step / 1e9
+            passes[-1]["ways"][way] = {"step_ms": step * 1000, "tokens_per_s": tokens / step, "gb_per_s": gb}
             print(f"{compute_ms:>11.0f}ms{way:>16}{step * 1000:>9.1f}{tokens / step:>14,.0f}{gb:>9.2f}", flush=True)
         if len(sums) != 1:
             raise SystemExit(f"the ways handed out different batches (checksums {sorted(sums)})")
     print("every way handed out the same batches (checksum of input_ids and labels on the device)")
+    write_results(
+        args.json,
+        [_figure(one, args.seq_len * args.rows, args.device) for one in passes],
+        {"device": name, "steps": args.steps, "seq_len": args.seq_len, "rows": args.rows, "passes": passes},
+    )
+
+
+def _figure(one: dict, tokens: int, device: str) -> Figure:
+    """A pass's summary row: with compute, what each way adds to the compute alone; without, each
+    way's step."""
+    size = f"{tokens // 1000}k" if tokens >= 1000 else f"{tokens}"
+    on = "GPU" if device == "cuda" else device.upper()
+    ways = one["ways"]
+    if one["alone_step_ms"] is None:
+        return Figure(
+            f"a batch into the {on} with no compute, {size} tokens, ms a step",
+            ", ".join(f"{way} {w['step_ms']:.2f}" for way, w in ways.items()),
+        )
+    alone = one["alone_step_ms"]
+    added = [w["step_ms"] - alone for w in ways.values()]
+    return Figure(
+        f"the loader's cost in a {on} step of {one['compute_ms']:g} ms of compute, {size} tokens",
+        f"{min(added):+.1f} to {max(added):+.1f} ms ({max(added) / alone:.0%} at most) on a {alone:.1f} ms step: "
+        + ", ".join(f"{way} {a:+.1f}" for way, a in zip(ways, added)),
+        "the compute alone",
+    )
 
 
 if __name__ == "__main__":

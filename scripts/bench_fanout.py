@@ -45,8 +45,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
+
+from scripts.harness import Figure, add_json_flag, write_results
 
 
 def _ranks(addrs: dict[int, str], token: str, world: int, conn) -> None:
@@ -244,6 +247,7 @@ def main() -> None:
         help="the job's --autoscale-every; 0 (the default here): the pool split by weight once, at its full "
         "size, so that a run of seconds measures the coordinator rather than the pool growing (see above)",
     )
+    add_json_flag(parser)
     args = parser.parse_args()
     spec = {
         "sources": make_sources(3, 20000),
@@ -265,11 +269,13 @@ def main() -> None:
         f"{'gap p50':>9}{'gap p99':>9}{'p99/p50':>8}{'1st batch':>10}"
         f"{'coord CPU':>10}{'ns/slot':>8}{'send CPU':>9}{'B/token':>9}"
     )
+    runs = []
     for world, mode in ((int(w), m) for w in args.worlds.split(",") for m in args.modes.split(",")):
         steps = max(12, round(args.tokens / (world * args.rows * args.seq_len)))
         relay_ranks = int(mode[len("relay") :]) if mode.startswith("relay") else 0
         senders = int(mode[len("senders") :]) if mode.startswith("senders") else 0
         r = run(world, args.procs, steps, {**spec, "senders": senders}, relay_ranks, args.clients == "lean")
+        runs.append({"mode": mode, "steps": steps, **r})
         print(
             f"{world:>6}{mode:>10}{r['connections']:>6}{r['tokens_per_s']:>14,.0f}{r['mb_per_s']:>8.0f}"
             f"{r['gap_p50'] * 1000:>7.0f}ms"
@@ -283,6 +289,75 @@ def main() -> None:
         "relayN: N ranks share one relay (`omniload relay`, ranks on its Unix socket); sendersN: N sender "
         "processes write the batches from shared memory; conns: TCP connections the coordinator holds while serving"
     )
+    write_results(
+        args.json,
+        figures_of(runs, args.clients == "lean"),
+        {
+            "clients": args.clients,
+            "tokens": args.tokens,
+            "procs": args.procs,
+            "seq_len": args.seq_len,
+            "rows": args.rows,
+            "runs": [{k: None if isinstance(v, float) and v != v else v for k, v in r.items()} for r in runs],
+        },
+    )
+
+
+def _spread(values: list[float], fmt: Callable[[float], str]) -> str:
+    """'a' or 'a-b', the least and the most of `values` as `fmt` writes them."""
+    low, high = fmt(min(values)), fmt(max(values))
+    return low if low == high else f"{low}-{high}"
+
+
+def figures_of(runs: list[dict], lean: bool) -> list[Figure]:
+    """The summary rows of these runs: a mode's delivery and coordinator CPU over its worlds, the
+    batch gaps at 1,024 ranks, the bytes a token slot at 64, and the whole on a 16-core machine."""
+    figures = []
+    modes = list(dict.fromkeys(r["mode"] for r in runs))
+    rate = "token slots/s" if lean else "tokens/s (full clients)"
+    for mode in modes:
+        mine = [r for r in runs if r["mode"] == mode]
+        worlds = " / ".join(f"{r['world']:,}" for r in mine)
+        figures.append(
+            Figure(
+                f"coordinator fan-out, {rate}, {worlds} ranks, {mode}",
+                " / ".join(f"{r['tokens_per_s'] / 1e6:.1f}M" for r in mine),
+            )
+        )
+        ns = [r["ns_per_slot"] for r in mine if r["ns_per_slot"] == r["ns_per_slot"]]  # nan: too short to sample
+        if ns:
+            sampled = [r["world"] for r in mine if r["ns_per_slot"] == r["ns_per_slot"]]
+            figures.append(
+                Figure(
+                    f"the coordinator's CPU a delivered token slot, fan-out, {mode} (issue 41: ≤ 10 ns)",
+                    f"{_spread(ns, lambda v: f'{v:.0f}')} ns at {_spread(sampled, lambda v: f'{v:,}')} ranks",
+                )
+            )
+    at_1024 = [r for r in runs if r["world"] == 1024]
+    if at_1024:
+        figures.append(
+            Figure(
+                "batch-gap p99/p50 at 1,024 ranks (≤ 3)",
+                ", ".join(f"{r['gap_p99'] / r['gap_p50']:.1f} {r['mode']}" for r in at_1024),
+            )
+        )
+    at_64 = [r for r in runs if r["world"] == 64]
+    if at_64:
+        figures.append(
+            Figure(
+                "received bytes a token slot, 64 ranks",
+                ", ".join(f"{r['bytes_per_token']:.1f} B {r['mode']}" for r in at_64),
+            )
+        )
+    if lean and len(os.sched_getaffinity(0)) == 16:
+        figures.append(
+            Figure(
+                "coordinator fan-out on 16 cores (≥ 100M)",
+                f"{_spread([r['tokens_per_s'] for r in runs], lambda v: f'{v / 1e6:.1f}')}M token slots/s over "
+                f"{len(runs)} runs ({', '.join(modes)})",
+            )
+        )
+    return figures
 
 
 if __name__ == "__main__":

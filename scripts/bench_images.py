@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from scripts.harness import children_import_scripts
+from scripts.harness import Figure, add_json_flag, children_import_scripts, write_results
 
 children_import_scripts()  # workers import this module's tokenizers, ranks its loaders
 
@@ -254,6 +254,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2)
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "omniload" / "bench"))
+    add_json_flag(parser)
     args = parser.parse_args()
 
     folder = make_corpus(Path(args.cache), args.samples)
@@ -278,9 +279,42 @@ def main() -> None:
 
     print("\nbalance, max/mean rank cost judged with the image term (median over 200 steps):")
     print(f"{'dp':>4}{'planned with d':>18}{'planned without d':>20}")
+    balanced = {}
     for dp in (8, 32):
-        figures = balance(dp, rows=4, seq_len=2048, steps=200)
+        figures = balanced[dp] = balance(dp, rows=4, seq_len=2048, steps=200)
         print(f"{dp:>4}{figures['with']:>18.3f}{figures['without']:>20.3f}")
+    ratios = [o[0] / c[0] for o, c in zip(runs["omniload"], runs["colocated"])]  # a trial's sides ran together
+    write_results(
+        args.json,
+        [
+            Figure(
+                "image-text loading, images/s / the DataLoader",
+                f"{medians['omniload'][0] / medians['colocated'][0]:.2f}x"
+                + (f" (trials {min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else "")
+                + f"; tokens/s {medians['omniload'][1] / medians['colocated'][1]:.2f}x",
+                "forked DataLoader, same decode",
+            ),
+            Figure(
+                "image-text balance, max/mean rank cost with the image term, dp 8 / 32",
+                " / ".join(f"{balanced[dp]['with']:.3f}" for dp in balanced)
+                + " planned with it; "
+                + " / ".join(f"{balanced[dp]['without']:.3f}" for dp in balanced)
+                + " without",
+                "planned without the image term",
+            ),
+        ],
+        {
+            "ranks": args.ranks,
+            "workers": args.workers,
+            "samples": args.samples,
+            "images": args.images,
+            "trials": {
+                name: [dict(zip(("images_per_s", "tokens_per_s", "first_batch_s"), t)) for t in trials]
+                for name, trials in runs.items()
+            },
+            "balance_max_over_mean": {str(dp): b for dp, b in balanced.items()},
+        },
+    )
 
 
 if __name__ == "__main__":

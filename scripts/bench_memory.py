@@ -39,10 +39,12 @@ import time
 import psutil
 
 from omniload.coordinator.serve.listening import free_port  # noqa: E402
+from scripts.harness import Figure, add_json_flag, write_results
 from scripts.peers import PEERS, cache_for, clean_streaming_leftovers, convert, missing  # noqa: E402
 
 _KINDS = ("dataloader", "streaming", "litdata", "planned", "omniload")
 _LABELS = {"dataloader": "DataLoader", "streaming": "streaming", "litdata": "LitData", "planned": "planned"}
+_PEER_NAMES = {"streaming": "streaming", "litdata": "LitData"}  # as the summary table names them
 _RATE = 10.0  # steps per second per rank
 _WARM_STEPS = 20
 _SAMPLES, _SAMPLE_GAP_S = 3, 0.7
@@ -247,6 +249,7 @@ def main() -> None:
         help="seconds every side runs at its pace after the warm-up before memory is sampled (steady "
         "state: --workers auto decides every 5 s whether to grow or shrink its pool)",
     )
+    add_json_flag(parser)
     args = parser.parse_args()
     # one core per worker on every side (omniload's workers set it themselves): the tokenizers
     # library's thread pool in each DataLoader worker would make the baseline heavier than users run it
@@ -275,6 +278,7 @@ def main() -> None:
         f"step {_WARM_STEPS}"
     )
     bare = {n: bare_torch_mb(n) for n in ranks}
+    measured: list[dict] = []  # a row a (sources, ranks): each side's MB, for --json
     for k in (int(k) for k in args.sources.split(",")):
         # two files per source, row groups / record batches of 1000 documents (~1.5 MB of text)
         sources = make_sources(k, args.docs, median_bytes=args.median_bytes, files_per_source=2)
@@ -303,6 +307,7 @@ def main() -> None:
                 - bare[n]
                 for kind in kinds
             }
+            measured.append({"sources": k, "ranks": n, "mb": mb, "omniload_processes_mb": roles[n]})
             line = "".join(f"{mb[kind]:>15,.0f}" for kind in kinds)
             if "omniload" in kinds:
                 line += "".join(f"{mb[kind] / mb['omniload']:>14.1f}x" for kind in others)
@@ -319,6 +324,54 @@ def main() -> None:
                     if r
                 )
             )
+    write_results(
+        args.json,
+        figures_of(measured),
+        {
+            "workers_per_rank": args.workers_per_rank,
+            "omniload_workers": args.omniload_workers,
+            "tokenizer": args.tokenizer,
+            "docs": args.docs,
+            "settle_s": args.settle,
+            "bare_torch_mb": bare,
+            "rows": measured,
+        },
+    )
+
+
+def figures_of(measured: list[dict]) -> list[Figure]:
+    """The summary rows: a source count's memory against the lean DataLoader, and against the
+    peers, at each rank count (their MB over omniload's)."""
+    figures = []
+    for k in dict.fromkeys(row["sources"] for row in measured):
+        rows = [row["mb"] for row in measured if row["sources"] == k and "omniload" in row["mb"]]
+        if not rows:
+            continue
+        at = " / ".join(str(row["ranks"]) for row in measured if row["sources"] == k)
+
+        def times(kind: str, rows: list[dict] = rows) -> list[str]:
+            return [f"{mb[kind] / mb['omniload']:.1f}x" for mb in rows]
+
+        if "dataloader" in rows[0]:
+            ours = " / ".join(f"{mb['omniload']:,.0f}" for mb in rows)
+            theirs = " / ".join(f"{mb['dataloader']:,.0f}" for mb in rows)
+            figures.append(
+                Figure(
+                    f"loader memory / the lean DataLoader, {k} sources"
+                    + (" (≥ 5x at 8 ranks, ≥ 15x at 16)" if k == 16 else ""),
+                    f"{' / '.join(times('dataloader'))} at {at} ranks ({ours} MB against {theirs} MB)",
+                    "lean DataLoader",
+                )
+            )
+        if peers := [peer for peer in PEERS if peer in rows[0]]:
+            figures.append(
+                Figure(
+                    f"loader memory against the peers, {at} ranks" + ("" if k == 16 else f", {k} sources"),
+                    ", ".join(f"{' / '.join(times(peer))} less than {_PEER_NAMES[peer]}" for peer in peers),
+                    "the peers",
+                )
+            )
+    return figures
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ import torch.nn.functional as F
 import omniload
 from omniload.demo.train import VOCAB, TinyGPT
 from scripts import quality_corpus
+from scripts.harness import Figure, write_results
 
 WEIGHTS = {"code": 0.5, "docs": 0.3, "changelogs": 0.2}
 SEQ, DP = 256, 2
@@ -551,6 +552,64 @@ def merge(paths: list[Path]) -> dict:
     return {**{k: runs[0][k] for k in keys}, "results": results}
 
 
+def _signed(x: float) -> str:
+    return f"{x:+.3f}".replace("-", "−")
+
+
+def quality_figures(run: dict) -> list[Figure]:
+    """The summary's rows for one corpus and length (a --json file's keys, merged or not): the
+    loss gaps to chunks on whole documents and to windows on windows (mean over seeds, the
+    per-seed range), and distinct documents a step against chunks; those whose arms ran."""
+    results = run["results"]
+    named = {shape: name for name, shape in LENGTHS.items()}
+    length = named.get((run["rows"], run["steps"]), f"{run['rows']} rows × {run['steps']} steps")
+    setting = f"{run['corpus']} corpus, {length}"
+    count = len(run["seeds"].split(","))
+    seeds = f"{count} seed" + ("s" if count > 1 else "")
+
+    def gap(baseline: str, evaluation: str) -> tuple[str, float]:
+        per_seed = [
+            a[f"loss_{evaluation}"]["mix"] - b[f"loss_{evaluation}"]["mix"]
+            for a, b in zip(results["omniload"], results[baseline])
+        ]
+        spread = f"{_signed(min(per_seed))} to {_signed(max(per_seed))}"
+        return f"{_signed(float(np.mean(per_seed)))} ({spread}, {seeds})", float(np.mean(per_seed))
+
+    figures = []
+    if "omniload" in results and "chunks" in results:
+        value, _ = gap("chunks", "documents")
+        figures.append(
+            Figure(
+                f"held-out loss on whole documents, omniload − Megatron's chunks, {setting} (within seed noise)",
+                value,
+                "permutation of chunks",
+            )
+        )
+    if "omniload" in results and "windows" in results:
+        value, mean = gap("windows", "windows")
+        figures.append(
+            Figure(
+                f"held-out loss on random windows, omniload − nanoGPT's windows, {setting} (≤ +0.02)",
+                f"{value}: {'**met**' if mean <= 0.02 else '**missed**'}",
+                "random windows",
+            )
+        )
+    if "omniload" in results and "chunks" in results:
+        ratios = [a["distinct_docs"] / b["distinct_docs"] for a, b in zip(results["omniload"], results["chunks"])]
+        ratio = float(np.mean([a["distinct_docs"] for a in results["omniload"]])) / float(
+            np.mean([b["distinct_docs"] for b in results["chunks"]])
+        )
+        figures.append(
+            Figure(
+                f"distinct documents a step, omniload / chunks, {setting} (within 10%)",
+                f"{ratio:.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x, {seeds}): "
+                + ("**met**" if abs(ratio - 1) <= 0.1 else "**missed**"),
+                "permutation of chunks",
+            )
+        )
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", choices=sorted(CORPORA), default="bench")
@@ -571,8 +630,7 @@ def main() -> None:
         merged = merge(args.merge)
         print(f"corpus {merged['corpus']}, {merged['rows']} rows x {merged['steps']} steps, seeds {merged['seeds']}")
         summarize(merged["results"], args.baseline)
-        if args.json:
-            args.json.write_text(json.dumps(merged, indent=1))
+        write_results(args.json, quality_figures(merged), merged)
         return
     arms = args.arms.split(",")
     unknown = set(arms) - set(ARMS)
@@ -600,21 +658,9 @@ def main() -> None:
             results[arm].append(figures)
     if args.baseline in results:
         summarize(results, args.baseline)
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "corpus": args.corpus,
-                    "rows": rows,
-                    "steps": steps,
-                    "dp": DP,
-                    "seq_len": SEQ,
-                    "seeds": args.seeds,
-                    "results": results,
-                },
-                indent=1,
-            )
-        )
+    run = {"corpus": args.corpus, "rows": rows, "steps": steps, "dp": DP, "seq_len": SEQ, "seeds": args.seeds}
+    run["results"] = results
+    write_results(args.json, quality_figures(run), run)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from scripts.bench_data import CACHE, bpe_tokenizer, make_sources, us_per_token
 from scripts.bench_throughput import WARMUP_STEPS, run
-from scripts.harness import children_import_scripts
+from scripts.harness import Figure, add_json_flag, children_import_scripts, write_results
 
 children_import_scripts()  # the spawned peers import the baselines
 
@@ -275,6 +275,7 @@ def main() -> None:  # noqa: PLR0915
         help="the interpreter that has the peers installed (their ranks run under it)",
     )
     parser.add_argument("--read-ahead", type=int, default=0, help="bytes per lane; 0: the job's default")
+    add_json_flag(parser)
     args = parser.parse_args()
 
     tokenizer = bpe_tokenizer() if args.tokenizer == "bpe" else args.tokenizer
@@ -365,6 +366,36 @@ def main() -> None:  # noqa: PLR0915
                     f"omniload at {rtt} ms / {peer} at {rtt} ms (medians): "
                     f"{ours / statistics.median(g['tokens_per_s'] for g in got):.2f}x"
                 )
+        # the summary's row is the 32k BPE's at 50 ms: other settings' figures are rows of their own
+        of = "" if args.tokenizer == "bpe" else f", tokenizer {Path(args.tokenizer).name}"
+        figures = [
+            Figure(
+                f"S3 at {rtt} ms round trip / local disk, tokens/s{of}" + (" (≥ 0.9)" if rtt == 50 else ""),
+                f"{statistics.median(ratios):.3f}"
+                + (f" ({min(ratios):.3f}-{max(ratios):.3f})" if len(ratios) > 1 else "")
+                + f" over {len(ratios)} round{'s' if len(ratios) > 1 else ''}",
+                "the same files on disk, bracketing",
+            )
+            for rtt in rtts
+            if (ratios := [r for _, r in remote[rtt]])
+        ]
+        write_results(
+            args.json,
+            figures,
+            {
+                "ranks": args.ranks,
+                "workers": args.workers,
+                "steps": args.steps,
+                "sources": args.sources,
+                "docs": args.docs,
+                "tokenizer": args.tokenizer,
+                "shuffle_window": args.shuffle_window,
+                "us_per_token": cost,
+                "local": local,
+                "remote": {str(rtt): [{**o, "ratio": r} for o, r in got] for rtt, got in remote.items()},
+                "peers": {f"{peer}, {rtt} ms": got for (peer, rtt), got in peers.items()},
+            },
+        )
     finally:
         for proxy in proxies.values():
             proxy.close()

@@ -50,15 +50,17 @@ import os
 import socket
 import statistics
 import time
+from pathlib import Path
 
 import psutil
 
-from scripts.harness import children_import_scripts
+from scripts.harness import Figure, add_json_flag, children_import_scripts, write_results
 
 children_import_scripts()  # workers import this module's tokenizers, ranks its loaders
 
 WARMUP_STEPS = 50
 _LABELS = {"streaming": "streaming", "litdata": "LitData"}
+_PEER_NAMES = {"streaming": "MosaicML streaming", "litdata": "LitData"}
 
 
 _heavy: dict = {}
@@ -287,6 +289,7 @@ def main() -> None:  # noqa: PLR0915
         "reading as it delivers, the steady state of every horizon",
     )
     parser.add_argument("--shuffle-fill", type=int, default=0, help="omniload's --shuffle-fill (0: the default)")
+    add_json_flag(parser)
     args = parser.parse_args()
     if unknown := set(args.mixes.split(",")) - {"bpe", "heavy"}:
         parser.error(f"no mix {', '.join(sorted(unknown))}; the mixes are bpe and heavy")
@@ -329,6 +332,8 @@ def main() -> None:  # noqa: PLR0915
         f"{'omniload taken':>16}"
     )
     delivered = 0.0
+    trials: list[dict] = []  # every side's figures of every trial, for --json
+    figures: list[Figure] = []
     for mix in args.mixes.split(","):
         mixed = [dict(s) for s in sources]
         if mix == "heavy":
@@ -364,6 +369,18 @@ def main() -> None:  # noqa: PLR0915
                 for side in order
             }
             ours, theirs = r["omniload"], r["baseline"]
+            trials.append(
+                {
+                    "mix": mix,
+                    "trial": trial,
+                    **(
+                        {"tokenizer_alone_per_cpu_s": single_core, "tokenizer_together_per_cpu_s": together}
+                        if per_core
+                        else {}
+                    ),
+                    **{side: dict(r[side]) for side in order},
+                }
+            )
             delivered = max(delivered, ours["bytes_per_s"])
             ratios.append(ours["tokens_per_s"] / theirs["tokens_per_s"])
             if per_core:
@@ -410,6 +427,8 @@ def main() -> None:  # noqa: PLR0915
                 f"{mix}: omniload / {_LABELS[peer]} median {statistics.median(peer_ratios):.2f}x "
                 f"(range {min(peer_ratios):.2f}-{max(peer_ratios):.2f})"
             )
+        if mix == "bpe":
+            figures += _figures(args, workers, [t for t in trials if t["mix"] == mix], against, shares)
     limit = loopback_bytes_per_s()
     print(
         f"omniload's ranks took up to {delivered / 1e6:,.0f} MB/s of batch tensors (read-ahead included; "
@@ -417,6 +436,87 @@ def main() -> None:  # noqa: PLR0915
         f"see bench_fanout); plain loopback TCP copy "
         f"{limit / 1e6:,.0f} MB/s ({delivered / limit:.1%} of the limit)"
     )
+    write_results(
+        args.json,
+        figures,
+        {
+            "ranks": args.ranks,
+            "workers_per_rank": args.workers_per_rank,
+            "workers": workers,
+            "steps": args.steps,
+            "sources": args.sources,
+            "docs": args.docs,
+            "tokenizer": args.tokenizer,
+            "shuffle_window": args.shuffle_window,
+            "shuffle_fill": args.shuffle_fill,
+            "trials": trials,
+            "loopback_bytes_per_s": limit,
+            "delivered_bytes_per_s": delivered,
+        },
+    )
+
+
+def _range(values: list[float], fmt: str) -> str:
+    """'a' or 'a-b': the least and the most of `values`, formatted."""
+    low, high = format(min(values), fmt), format(max(values), fmt)
+    return low if low == high else f"{low}-{high}"
+
+
+def _figures(
+    args: argparse.Namespace, workers: int, trials: list[dict], against: dict[str, list[float]], shares: list[float]
+) -> list[Figure]:
+    """The summary rows of the bpe mix: the ratio to the lean DataLoader, to the peers, the time to
+    first batch and the workers' share of the tokenizer's speed."""
+    tokenizer = "BPE" if args.tokenizer == "bpe" else f"tokenizer {Path(args.tokenizer).name}"
+    ratios = [t["omniload"]["tokens_per_s"] / t["baseline"]["tokens_per_s"] for t in trials]
+    over = f"{len(trials)} trial{'s' if len(trials) > 1 else ''}"
+    side = (
+        f"{workers} workers a side"
+        if workers == args.ranks * args.workers_per_rank
+        else (f"{workers} workers / {args.ranks * args.workers_per_rank} DataLoader workers")
+    )
+    cores = len(os.sched_getaffinity(0))
+    fill = (
+        " ".join(
+            f"`--shuffle-{name} {value}`"
+            for name, value in (("window", args.shuffle_window), ("fill", args.shuffle_fill))
+            if value
+        )
+        or "default fill"
+    )
+    figure = (  # the 2-core machine's row, and the lent 16-core machine's
+        f"sustained tokens/s, {tokenizer}, {args.ranks} ranks, {side} / the lean DataLoader"
+        if cores == 2
+        else f"tokens/s, {tokenizer}, {cores} cores, {args.ranks} ranks, {side} / the DataLoader"
+    )
+    figures = [
+        Figure(figure, f"{statistics.median(ratios):.2f}x (trials {_range(ratios, '.2f')})", "lean DataLoader"),
+        Figure(
+            f"time to first batch, {args.sources} × {args.docs:,} documents, {tokenizer}, {args.ranks} ranks (≤ 5 s)",
+            f"{_range([t['omniload']['ttfb'] for t in trials], '.1f')} s, {fill}, over {over}",
+            f"DataLoader {_range([t['baseline']['ttfb'] for t in trials], '.1f')} s",
+        ),
+    ]
+    if against:
+        figures.append(
+            Figure(
+                "sustained tokens/s against the peers, same run",
+                ", ".join(
+                    f"{statistics.median(r):.2f}x {_PEER_NAMES[peer]} (trials {_range(r, '.2f')})"
+                    for peer, r in against.items()
+                ),
+                "the peers",
+            )
+        )
+    if shares:
+        figures.append(
+            Figure(
+                "worker tokens per CPU-second / the tokenizer alone, in a job (≥ 90%)",
+                f"{statistics.median(shares):.0%} (trials {_range(shares, '.0%')}) of the tokenizer on one quiet core",
+                "the tokenizer alone",
+            )
+        )
+    return figures
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 # one core, as the workers run it: set before the tokenizers library starts its thread pool
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -47,6 +48,7 @@ from omniload.spec import Spec  # noqa: E402
 from omniload.workers import worker  # noqa: E402
 from omniload.workers.readers import iter_slices  # noqa: E402
 from omniload.workers.transforms import load_transform  # noqa: E402
+from scripts.harness import Figure, add_json_flag, write_results  # noqa: E402
 
 
 def lanes_of(sources: list[dict], tokenizer: str) -> list[LaneConfig]:
@@ -80,6 +82,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=4000, help="documents per source")
     parser.add_argument("--tokenizer", default="bpe", help="bpe (the 32k BPE), bytes, or a tokenizer.json")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds of the three")
+    add_json_flag(parser)
     args = parser.parse_args()
     worker.set_up_allocators()  # as a worker does
     tokenizer = bpe_tokenizer() if args.tokenizer == "bpe" else args.tokenizer
@@ -116,22 +119,64 @@ def main() -> None:
     for name, values in speeds.items():
         print(f"{name:<26}{statistics.median(values):>12,.0f}  (range {min(values):,.0f}-{max(values):,.0f})")
     mine = speeds["worker"]
+    shares_of = {}
     for name in list(sides)[1:]:
-        shares = [w / t for w, t in zip(mine, speeds[name])]
+        shares = shares_of[name] = [w / t for w, t in zip(mine, speeds[name])]
         print(
             f"worker / {name}: median {statistics.median(shares):.0%} (rounds {', '.join(f'{s:.0%}' for s in shares)})"
         )
-    write_ns, read_ns = _check_costs(lanes, made["worker"], args.rounds)
+    writes, reads = _check_costs(lanes, made["worker"], args.rounds)
+    write_ns, read_ns = statistics.median(writes), statistics.median(reads)
     worker_ns = 1e9 / statistics.median(mine)
     print(
         f"the ring's checks: the writer's digest {write_ns:.2f} ns a token ({write_ns / worker_ns:.2%} of the "
         f"worker's {worker_ns:.0f} ns; goal <= 3%), the reader's check {read_ns:.2f} ns a token (the coordinator's)"
     )
+    rounds = f"{args.rounds} round{'s' if args.rounds > 1 else ''}"
+    # the summary's rows are the 32k BPE's: another tokenizer's figures are rows of their own
+    of = "" if args.tokenizer == "bpe" else f", tokenizer {Path(args.tokenizer).name}"
+    figures = [
+        Figure(
+            f"worker tokens per CPU-second / the tokenizer alone, in one process{of} (≥ 90%)",
+            "; ".join(
+                f"{statistics.median(shares):.0%} (rounds {_range(shares, '.0%')}) against {name}"
+                for name, shares in shares_of.items()
+            ),
+            "the tokenizer alone",
+        ),
+        Figure(
+            f"the checks' CPU{of} (≤ 3% of the worker's)",
+            f"{write_ns / worker_ns:.2%} ({write_ns:.2f} of {worker_ns:,.0f} ns a token, medians of {rounds}; "
+            f"digest {_range(writes, '.2f')} ns)",
+            "the worker without checks",
+        ),
+    ]
+    write_results(
+        args.json,
+        figures,
+        {
+            "sources": args.sources,
+            "docs": args.docs,
+            "tokenizer": args.tokenizer,
+            "tokens": made["worker"],
+            "transform_rows": batch,
+            "tokens_per_cpu_s": speeds,
+            "worker_shares": shares_of,
+            "digest_ns_a_token": writes,
+            "check_ns_a_token": reads,
+        },
+    )
 
 
-def _check_costs(lanes: list[LaneConfig], tokens: int, rounds: int) -> tuple[float, float]:
+def _range(values: list[float], fmt: str) -> str:
+    """'a' or 'a-b': the least and the most of `values`, formatted."""
+    low, high = format(min(values), fmt), format(max(values), fmt)
+    return low if low == high else f"{low}-{high}"
+
+
+def _check_costs(lanes: list[LaneConfig], tokens: int, rounds: int) -> tuple[list[float], list[float]]:
     """CPU ns a token of the ring's writer digest (over each record's parts, as try_write
-    hashes them) and of the reader's check (one piece, as read() hashes it), medians of rounds."""
+    hashes them) and of the reader's check (one piece, as read() hashes it), a figure a round."""
     records = [
         tuple(memoryview(p).cast("B") for p in record)
         for lane in lanes
@@ -149,7 +194,7 @@ def _check_costs(lanes: list[LaneConfig], tokens: int, rounds: int) -> tuple[flo
         for number, (data, size) in enumerate(zip(joined, sizes)):
             ring.xxhash.xxh3_64_intdigest(data, seed=ring._seed(number, size))
         reads.append((time.process_time() - started) / tokens * 1e9)
-    return statistics.median(writes), statistics.median(reads)
+    return writes, reads
 
 
 if __name__ == "__main__":
