@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 from omniload.coordinator.serve.listening import free_port
@@ -94,8 +95,9 @@ class FaultyProxy:
     resets every Nth connection after some of the response
     body has passed: the reset in the middle of a body that S3 clients do not retry by
     themselves. `resets` counts the resets made. With `throttle_every` = M, every Mth connection
-    is answered 503 SlowDown, as S3 throttles (`throttled` counts them). Runs in threads of the
-    test process."""
+    is answered 503 SlowDown, as S3 throttles (`throttled` counts them). `requests` counts the
+    requests passed on by kind: "HEAD object", "GET object", "GET list" (a listing: a GET with a
+    query). Runs in threads of the test process."""
 
     def __init__(
         self,
@@ -108,6 +110,7 @@ class FaultyProxy:
         self.target_port, self.delay_s, self.reset_every, self.cut_after = target_port, delay_s, reset_every, cut_after
         self.throttle_every = throttle_every
         self.resets = self.connections = self.throttled = 0
+        self.requests: Counter[str] = Counter()
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port = self._server.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
@@ -163,8 +166,13 @@ class FaultyProxy:
         sent = 0
         try:
             while data := source.recv(65536):
-                if request and answered[0] and self.delay_s:  # a request waits a round trip, once, not per chunk
-                    time.sleep(self.delay_s)
+                if request and answered[0]:  # a request's first bytes: "METHOD /path HTTP/1.1"
+                    method, _, rest = data.partition(b" ")
+                    kind = f"{method.decode(errors='replace')} {'list' if b'?' in rest.split(b' ', 1)[0] else 'object'}"
+                    with self._lock:
+                        self.requests[kind] += 1
+                    if self.delay_s:  # a request waits a round trip, once, not per chunk
+                        time.sleep(self.delay_s)
                 answered[0] = not request
                 if cut and sent + len(data) > self.cut_after:
                     sink.sendall(data[: max(0, self.cut_after - sent)])

@@ -24,6 +24,7 @@ from tests.jobs import (
     TORCHRUN,
     collect,
     coordinator_on_a_small_disk,
+    lockstep_digests,
     omniload_cli,
     run_ranks,
     start_ranks,
@@ -241,6 +242,34 @@ def test_a_cached_run_reads_nothing_from_the_store(uploaded, tmp_path, monkeypat
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
     second = run_ranks(spec, 2, tmp_path)
     assert [r["hashes"] for r in second] == [r["hashes"] for r in first]
+
+
+def test_a_cold_start_with_a_cache_dir_asks_the_store_once_for_each_small_object(s3, tmp_path, monkeypatch):
+    """The catalog's reads go into the job's block cache, and the workers take an object it read
+    whole from there: a cold start over 24 small objects asks the store for each one once (a HEAD
+    for its version, a GET), where without the cache the catalog and the workers each ask, and
+    the batches are the same."""
+    objects = 24
+    folder = tmp_path / "tiny" / "data"
+    folder.mkdir(parents=True)
+    for i in range(objects):
+        lines = (json.dumps({"text": f"doc {i} {j} " * 9}) + "\n" for j in range(5))
+        (folder / f"part-{i:03d}.jsonl").write_text("".join(lines))
+    s3.upload("tiny", tmp_path / "tiny")
+    spec = {**SPEC, "sources": [{"name": "tiny", "path": "s3://tiny/data/*.jsonl"}]}
+    counted = {}
+    for cached in (False, True):
+        proxy = FaultyProxy(s3.port)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        try:
+            run = {**spec, "cache_dir": str(tmp_path / "cache")} if cached else spec
+            counted[cached] = (lockstep_digests(run, 2), dict(proxy.requests))
+        finally:
+            proxy.close()
+    (uncached, before), (cached_digests, after) = counted[False], counted[True]
+    assert cached_digests == uncached
+    assert before["HEAD object"] >= 2 * objects and before["GET object"] >= 2 * objects, before
+    assert after["HEAD object"] == objects and after["GET object"] == objects, after
 
 
 def _launch_fails(*sources: str, env: dict[str, str] | None = None, timeout: float = 90):
