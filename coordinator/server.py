@@ -12,7 +12,7 @@ positions and checkpoints (checkpoint/positions.py, written on a thread by
 checkpoint/folder.py); the workers and their supervision (pool/workforce.py); the planning loop
 (planning.py and plan_task.py, a costly step's computation on a thread); the ranks'
 admission, ACKs and watch (serve/ranks.py, the Hub of serve/sessions.py); frames, senders and
-the step arena (serve/sending.py). The loop only waits: nothing here blocks on a disk, a join
+the step arena (serve/dispatch.py). The loop only waits: nothing here blocks on a disk, a join
 or a long computation. Every unexpected error, in any task, thread or callback, ends in `fail`,
 which names where it happened and tells every rank.
 """
@@ -41,9 +41,9 @@ from omniload.coordinator.pool.catalog import build_catalog, job_identity
 from omniload.coordinator.pool.forkserver import share_tokenizers
 from omniload.coordinator.pool.worker_pool import available_cpus
 from omniload.coordinator.pool.workforce import Workforce
+from omniload.coordinator.serve.dispatch import Dispatch
 from omniload.coordinator.serve.listening import address_of, listen
 from omniload.coordinator.serve.ranks import Ranks
-from omniload.coordinator.serve.sending import Sending
 from omniload.coordinator.serve.sessions import Sessions
 from omniload.coordinator.spill import Spill
 from omniload.errors import ConfigError, OmniloadError, SourceFailed
@@ -83,7 +83,7 @@ class Coordinator:
         self.source_names = [s.name for s in spec.sources]
         self.role: Primary | Standby = Standby(self) if standby else Primary(self)  # serves only after taking over
         self.tenure = Tenure(self)
-        self.sending = Sending(spec, self.job_id, self.source_names, self.fail, self.token)
+        self.dispatch = Dispatch(spec, self.job_id, self.source_names, self.fail, self.token)
         self.exit_code = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         # made in run, before the loop:
@@ -127,12 +127,12 @@ class Coordinator:
                 len(plan),
                 sum(self.workforce.pool.lane_counts),
             )
-            self.sending.spawn()
+            self.dispatch.spawn()
             run_loop(self._main(recovery))
         finally:
             self.workforce.stop()
             self.spill.close()
-            self.sending.close()
+            self.dispatch.close()
             self.positions.close()
             self.tenure.release(self.exit_code)  # once the folder holds the last position: standbys leave
         return self.exit_code
@@ -161,7 +161,7 @@ class Coordinator:
             return
         if not await self.role.follow(recovery):
             return
-        servers = [await self.sending.listen(Sessions(self.ranks), self.host, self.port, self.reserved)]
+        servers = [await self.dispatch.listen(Sessions(self.ranks), self.host, self.port, self.reserved)]
         if self.spec.metrics_port is not None:
             servers.append(
                 await listen(serve_metrics(self.ranks.status), self.host, self.spec.metrics_port, "--metrics-port")
@@ -184,7 +184,7 @@ class Coordinator:
             ticker.cancel()
             await self.planning.stop()
             await self.ranks.hang_up()
-            await self.sending.stop()
+            await self.dispatch.stop()
             await asyncio.gather(ticker, return_exceptions=True)
 
     def _install_signal_handlers(self, loop: asyncio.AbstractEventLoop) -> None:

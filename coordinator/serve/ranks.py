@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from omniload.coordinator.observe.figures import Figures
     from omniload.coordinator.planning import Planning
     from omniload.coordinator.pool.workforce import Workforce
-    from omniload.coordinator.serve.sending import Sending
+    from omniload.coordinator.serve.dispatch import Dispatch
     from omniload.spec import Spec
 
 log = logging.getLogger("omniload")
@@ -57,7 +57,7 @@ class RanksJob(Protocol):
     positions: Positions
     planning: Planning
     workforce: Workforce
-    sending: Sending
+    dispatch: Dispatch
     figures: Figures
     should_exit: asyncio.Event
 
@@ -162,7 +162,7 @@ class Ranks:
         delivery.acknowledge(state, step)
         if delivery.slowest != before:
             self._job.planning.allow(delivery.slowest + self._spec.plan_ahead)
-            self._job.sending.release_through(delivery.slowest - 1)  # every rank has read these steps' bytes
+            self._job.dispatch.release_through(delivery.slowest - 1)  # every rank has read these steps' bytes
 
     def rank_gone(self, state: RankState) -> None:
         self.live.detach(state)
@@ -200,12 +200,12 @@ class Ranks:
     # -- the planner's steps -----------------------------------------------------------------
     def encode_step(self, step: Step, position: dict) -> Frames:
         """The step's frames, one per kind of rank (pure: it may run on the planner's thread)."""
-        return self._job.sending.encode_step(step, position, self.grid.dp, self.frame_kinds)
+        return self._job.dispatch.encode_step(step, position, self.grid.dp, self.frame_kinds)
 
     def on_step(self, number: int, frames: Frames, position: dict, tokens: int) -> None:
         if not self._job.role.check_planned(number, position):
             return
-        self._job.sending.planned(frames)
+        self._job.dispatch.planned(frames)
         self.live.add_step(number, frames, position, tokens)
 
     def on_end(self, steps: int) -> None:

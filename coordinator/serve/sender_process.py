@@ -1,6 +1,6 @@
 """`python -m omniload.coordinator.serve.sender_process`: writes batches to a share of the ranks' sockets.
 
-The coordinator starts it (coordinator/serve/senders.py) with two Unix sockets. On `--fds-fd` the
+The coordinator starts it (coordinator/serve/sender_pool.py) with two Unix sockets. On `--fds-fd` the
 coordinator hands over each rank connection it accepted (SCM_RIGHTS, with its number for
 it); the sender says OPEN for it on the routes once it serves it. On `--routes-fd` one ROUTE
 stream runs both ways (omniload.route): what the ranks send goes up; the coordinator's frames

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from omniload.coordinator.serve.senders import Senders, _Sender
-from omniload.coordinator.serve.sending import Sending
+from omniload.coordinator.serve.dispatch import Dispatch
+from omniload.coordinator.serve.sender_pool import SenderPool, _Sender
 from omniload.spec import Spec
 
 
-def _sending(**spec: object) -> Sending:
-    return Sending(Spec.from_dict({"sources": ["a=x.parquet"], **spec}), "job", ["a"], lambda *_: None, b"t")
+def _dispatch(**spec: object) -> Dispatch:
+    return Dispatch(Spec.from_dict({"sources": ["a=x.parquet"], **spec}), "job", ["a"], lambda *_: None, b"t")
 
 
 @pytest.mark.parametrize(
@@ -24,7 +24,7 @@ def _sending(**spec: object) -> Sending:
         ({}, 16, 0),
         ({}, 63, 0),
         ({}, 64, 1),
-        ({}, 1024, 16),  # Senders keeps at most the ones it started (one per 8 cores)
+        ({}, 1024, 16),  # SenderPool keeps at most the ones it started (one per 8 cores)
         ({}, None, 0),  # the ranks come through relays: the loop serves their streams
         ({"tp": 8, "broadcast_at": "tp"}, 512, 1),  # 64 of the 512 connect
         ({"senders": 2}, 16, 2),  # asked for: kept whatever the world
@@ -32,11 +32,11 @@ def _sending(**spec: object) -> Sending:
     ],
 )
 def test_senders_kept_follow_the_ranks_that_connect(spec, world, kept):
-    assert _sending(**spec).size_senders(world) == kept
+    assert _dispatch(**spec).size_senders(world) == kept
 
 
 def test_frames_skip_the_step_arena_only_when_no_sender_is_kept():
-    few, many = _sending(), _sending()
+    few, many = _dispatch(), _dispatch()
     few.size_senders(16)
     many.size_senders(128)
     assert (few._placing, many._placing) == (False, True)
@@ -60,7 +60,7 @@ class _Sessions:
 
 
 def test_retired_senders_get_their_routes_closed_and_the_kept_ones_do_not():
-    senders = Senders(3, Path("/nonexistent"), lambda *_: None, b"t", lambda world: 1)
+    senders = SenderPool(3, Path("/nonexistent"), lambda *_: None, b"t", lambda world: 1)
     pairs = [socket.socketpair() for _ in range(3)]
     for index, (near, _) in enumerate(pairs):
         sender = _Sender(index, None, near, near)  # type: ignore[arg-type]

@@ -3,7 +3,7 @@
 Each step is encoded once per kind of rank (`encode_step`, pure: it may run on the planner's
 thread); each frame carries the loader position after the step, which the rank's
 state_dict() returns. Where senders serve (--senders; Linux; those the job's first rank or relay
-keeps, see serve/senders.py), a frame's payload is copied into
+keeps, see serve/sender_pool.py), a frame's payload is copied into
 the step arena, a shared-memory segment the sender processes read, allocated on a thread once
 the first step says how large steps are; the steps before it is ready, and any it has no room
 for, go over the senders' sockets. Without senders the coordinator's own connections write
@@ -26,7 +26,7 @@ from omniload.coordinator.serve.arena import StepArena
 from omniload.coordinator.serve.batch_frames import encode_batch, step_fields
 from omniload.coordinator.serve.delivery import Frame, Frames, Variant
 from omniload.coordinator.serve.listening import bind
-from omniload.coordinator.serve.senders import Accepting, Senders
+from omniload.coordinator.serve.sender_pool import Accepting, SenderPool
 from omniload.coordinator.serve.sessions import Sessions
 from omniload.errors import ConfigError
 from omniload.formats.ring import segment_path
@@ -42,7 +42,7 @@ _CAN_SEND = hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")  # senders
 _RANKS_PER_SENDER = 64
 
 
-class Sending:
+class Dispatch:
     def __init__(
         self,
         spec: Spec,
@@ -53,7 +53,7 @@ class Sending:
     ) -> None:
         self._spec, self._job_id, self._source_names, self._fail = spec, job_id, source_names, fail
         self._token = token
-        self.senders: Senders | None = None
+        self.senders: SenderPool | None = None
         self._arena: StepArena | None = None  # the planned steps' payloads, for the senders
         self._arena_sized = False
         self._placing = True  # frames go into the arena (while senders serve)
@@ -67,7 +67,7 @@ class Sending:
         if not _CAN_SEND:
             raise ConfigError("--senders needs Linux (pidfd_open and SCM_RIGHTS); use --senders 0 here")
         self._arena = StepArena(segment_path(os.getpid(), self._job_id, "arena"), _ARENA_CAPACITY)
-        senders = Senders(count, self._arena.path, self._fail, self._token, self.size_senders)
+        senders = SenderPool(count, self._arena.path, self._fail, self._token, self.size_senders)
         senders.spawn()
         log.info("%d senders write batches to the ranks", count)
         self.senders = senders

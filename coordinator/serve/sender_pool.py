@@ -53,7 +53,7 @@ class _Sender:
 
     @property
     def sessions(self) -> RoutedSessions:
-        """The sessions it serves, known once its routes are open (Senders.open)."""
+        """The sessions it serves, known once its routes are open (SenderPool.open)."""
         if self._sessions is None:
             raise RuntimeError(f"{self.name}: its routes are not open yet")
         return self._sessions
@@ -79,7 +79,7 @@ class Accepting:
         self.sockets[0].close()
 
 
-class Senders:
+class SenderPool:
     def __init__(
         self,
         count: int,
