@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,21 @@ def wait_connected(job: omniload.Job, count: int, timeout: float = 60) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"{count} ranks did not connect in {timeout:.0f}s")
+
+
+def wait_for_status(
+    job: omniload.Job, ready: Callable[[dict[str, Any]], bool], what: str, timeout: float = 60
+) -> dict[str, Any]:
+    """Poll the job's status until `ready(status)`, and return that status: a test reaches a
+    state by waiting on it, not by sleeping for a time that a slow machine may not honour."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = job.status()
+        if ready(status):
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} in {timeout:.0f}s: steps {status['steps']}")
+        time.sleep(0.05)
 
 
 def wait_written(job: omniload.Job, timeout: float = 60) -> None:

@@ -160,9 +160,13 @@ class Figures:
         millisecond), and the rings' read-ahead (their spans, shared by coordinator and workers)."""
         workers = 0
         for worker in self._pool.workers:
-            process = self._processes.get(worker.pid) if worker is not None and worker.pid is not None else None
-            try:
-                workers += process.memory_info().rss if process is not None else 0
+            if worker is None or worker.pid is None:
+                continue
+            try:  # (a worker's Process is kept: psutil caches what it reads once, such as its start time)
+                process = self._processes.get(worker.pid) or self._processes.setdefault(
+                    worker.pid, psutil.Process(worker.pid)
+                )
+                workers += process.memory_info().rss
             except psutil.Error:  # it just exited
                 pass
         rings = sum(ring.span for ring in self._pool.rings.values())

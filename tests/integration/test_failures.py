@@ -15,7 +15,7 @@ import torch
 
 import omniload
 from tests.corpus import mixed_sources
-from tests.jobs import ROOT, collect, run_ranks, start_ranks, workers_of
+from tests.jobs import ROOT, collect, run_ranks, start_ranks, wait_for_status, workers_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -47,7 +47,7 @@ def test_killed_worker_is_replaced_with_nothing_lost_or_repeated(corpus, tmp_pat
     reference = run_ranks(spec, world=2, out_dir=tmp_path)
     with omniload.Job(spec) as job:
         ranks = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.05"})  # ~4 s of "training"
-        time.sleep(2.0)  # mid-run; with epochs=0 the workers never finish on their own
+        wait_for_status(job, lambda s: s["steps"]["slowest"] >= 20, "20 steps consumed")  # mid-run (epochs=0)
         victims = workers_of(job)
         assert victims, "no worker processes found"
         for victim in victims[:2]:

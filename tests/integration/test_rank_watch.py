@@ -9,7 +9,7 @@ import pytest
 
 import omniload
 from tests.corpus import mixed_sources
-from tests.jobs import collect, start_ranks, wait_connected
+from tests.jobs import collect, start_ranks, wait_connected, wait_for_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 TIMEOUT_S = 3.0
@@ -35,8 +35,7 @@ def _wait_exit(process, seconds: float) -> str:
 def test_a_killed_rank_is_named_to_the_others_within_the_rank_timeout(corpus, tmp_path):
     with omniload.Job(_spec(corpus)) as job:
         (rank0, _), (rank1, _) = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.02"})
-        wait_connected(job, 2)
-        time.sleep(0.5)
+        wait_for_status(job, lambda s: s["steps"]["slowest"] >= 2, "two steps consumed by both ranks")
         assert rank0.poll() is None and rank1.poll() is None, "both ranks consume"
         rank1.send_signal(signal.SIGKILL)
         killed = time.monotonic()
@@ -97,7 +96,7 @@ def test_a_mix_after_the_data_ended_is_refused_and_the_job_goes_on(corpus, tmp_p
     with omniload.Job(spec) as job:
         loader = omniload.connect(job.addr, job.token, rank=0, world_size=1)
         next(loader)
-        time.sleep(0.5)  # the planner has planned all 6 steps and seen the end
+        wait_for_status(job, lambda s: s["steps"]["final"] == 6, "end of the data seen by the planner")
         with pytest.raises(omniload.ConfigError, match="the data has ended after 6 steps"):
             job.set_weights({"web": 1.0})
         assert len([batch for batch in loader]) == 5

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -12,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import omniload
 from tests.corpus import mixed_sources
-from tests.jobs import PROBE, collect, omniload_cli, start_ranks, wait_connected
+from tests.jobs import PROBE, collect, omniload_cli, start_ranks, wait_for_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -44,10 +43,9 @@ def _scrape(job: omniload.Job) -> dict[tuple[str, tuple], float]:
 def test_status_and_metrics_list_every_source_and_rank_and_their_counters_grow(corpus, tmp_path):
     with omniload.Job(_spec(corpus)) as job:
         ranks = start_ranks(job, 2, tmp_path, env={"PROBE_STEP_S": "0.02"})
-        wait_connected(job, 2)
-        time.sleep(1.5)
+        at = wait_for_status(job, lambda s: s["steps"]["slowest"] >= 10, "10 steps consumed")["steps"]["slowest"]
         first, status = _scrape(job), job.status()
-        time.sleep(1.5)
+        wait_for_status(job, lambda s: s["steps"]["slowest"] >= at + 10, "10 more steps consumed")
         second = _scrape(job)
         table = omniload_cli("status", "--once", env=job.env())
         as_json = json.loads(omniload_cli("status", "--json", "--addr", job.addr, "--token", job.token).stdout)

@@ -30,7 +30,8 @@ class SlowIntake(ListIntake):
         return super().poll(until_group) if self._asked % 4 == 0 else None
 
 
-async def _plan(stepper, allowed: int, change_after: float | None = None):
+async def _plan(stepper, allowed: int, change_after_steps: int | None = None):
+    """Plan `allowed` steps; once `change_after_steps` of them have arrived, change the weights."""
     steps: asyncio.Queue = asyncio.Queue()
     planner = PlanTask(
         stepper,
@@ -40,12 +41,13 @@ async def _plan(stepper, allowed: int, change_after: float | None = None):
         lambda count: steps.put_nowait(None),
     )
     task = planner.start(allowed)
-    at = None
-    if change_after is not None:
-        await asyncio.sleep(change_after)
-        at = await planner.change_weights(NEW)
-    got = [await asyncio.wait_for(steps.get(), 30) for _ in range(allowed)]
-    await asyncio.sleep(0.05)
+    got, at = [], None
+    for arrived in range(allowed + 1):
+        if arrived == change_after_steps:
+            at = await planner.change_weights(NEW)
+        if arrived < allowed:
+            got.append(await asyncio.wait_for(steps.get(), 30))
+    await asyncio.sleep(0.05)  # time to go past what was allowed, were it to
     assert steps.empty(), "the planner went past what was allowed"
     await planner.stop()
     assert task.cancelled() or task.exception() is None
@@ -54,14 +56,14 @@ async def _plan(stepper, allowed: int, change_after: float | None = None):
 
 def test_a_change_applies_from_exactly_the_step_it_names_even_mid_step():
     stepper = _stepper(_spec(), intakes=[SlowIntake(i, heavy_tailed(i, 1500)) for i in range(3)])
-    got, at, _ = asyncio.run(_plan(stepper, allowed=12, change_after=0.05))
+    got, at, _ = asyncio.run(_plan(stepper, allowed=12, change_after_steps=1))
     assert 0 < at < 12, "the change came while steps were being planned"
     for number, weights in got:
         assert (weights == [0.0, 0.0, 1.0]) == (number >= at), (number, at, weights)
 
 
 def test_a_change_while_held_by_the_slowest_rank_names_the_next_step():
-    got, at, planner = asyncio.run(_plan(_stepper(_spec()), allowed=3, change_after=0.3))
+    got, at, planner = asyncio.run(_plan(_stepper(_spec()), allowed=3, change_after_steps=3))
     assert at == 3 and [n for n, _ in got] == [0, 1, 2]
     assert planner.progress()["steps"] == 3
 
