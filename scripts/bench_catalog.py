@@ -31,14 +31,13 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import statistics
 import tempfile
 import time
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from scripts.harness import Figure, add_json_flag, write_results
+from scripts.harness import Figure, add_json_flag, min_median_max, write_results
 
 _PUT_THREADS = 32
 _GET_THREADS = 16
@@ -119,10 +118,6 @@ def catalog_bytes(spec: dict) -> int:
     stop_helpers()
     del catalog
     return held
-
-
-def spread(values: list[float], fmt: str) -> str:
-    return "/".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
 
 
 def _launches(values: list[float]) -> str:
@@ -207,7 +202,10 @@ def main() -> None:
     args = parser.parse_args()
     loads = kept_load_s(args.load_objects, 5) if args.load_objects else []
     if loads:
-        print(f"kept catalog of {args.load_objects:,} objects loaded in {spread(loads, '.3f')} s (min/med/max of 5)")
+        print(
+            f"kept catalog of {args.load_objects:,} objects loaded in {min_median_max(loads, '.3f')} s "
+            "(min/med/max of 5)"
+        )
 
     os.environ.update(CREDENTIALS)
     store = MotoServer()
@@ -253,7 +251,7 @@ def main() -> None:
     )
     for n, cold, cached, per_object, file_per_object, listed, gets in rows:
         print(
-            f"{n:>9,}{spread(cold, '.2f'):>22}{spread(cached, '.2f'):>24}{per_object:>10.0f}"
+            f"{n:>9,}{min_median_max(cold, '.2f'):>22}{min_median_max(cached, '.2f'):>24}{per_object:>10.0f}"
             f"{file_per_object:>12.0f}{listed:>13,.0f}{gets:>12,.0f}"
         )
     print("goals: <= 10 s cold, <= 3 s cached, <= 100 B/object")

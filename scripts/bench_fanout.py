@@ -45,11 +45,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 
-from scripts.harness import Figure, add_json_flag, write_results
+from scripts.harness import Figure, add_json_flag, low_high, write_results
 
 
 def _ranks(addrs: dict[int, str], token: str, world: int, conn) -> None:
@@ -303,12 +302,6 @@ def main() -> None:
     )
 
 
-def _spread(values: list[float], fmt: Callable[[float], str]) -> str:
-    """'a' or 'a-b', the least and the most of `values` as `fmt` writes them."""
-    low, high = fmt(min(values)), fmt(max(values))
-    return low if low == high else f"{low}-{high}"
-
-
 def figures_of(runs: list[dict], lean: bool) -> list[Figure]:
     """The summary rows of these runs: a mode's delivery and coordinator CPU over its worlds, the
     batch gaps at 1,024 ranks, the bytes a token slot at 64, and the whole on a 16-core machine."""
@@ -330,7 +323,7 @@ def figures_of(runs: list[dict], lean: bool) -> list[Figure]:
             figures.append(
                 Figure(
                     f"the coordinator's CPU a delivered token slot, fan-out, {mode} (issue 41: ≤ 10 ns)",
-                    f"{_spread(ns, lambda v: f'{v:.0f}')} ns at {_spread(sampled, lambda v: f'{v:,}')} ranks",
+                    f"{low_high(ns, '.0f')} ns at {low_high(sampled, ',')} ranks",
                 )
             )
     at_1024 = [r for r in runs if r["world"] == 1024]
@@ -353,7 +346,7 @@ def figures_of(runs: list[dict], lean: bool) -> list[Figure]:
         figures.append(
             Figure(
                 "coordinator fan-out on 16 cores (≥ 100M)",
-                f"{_spread([r['tokens_per_s'] for r in runs], lambda v: f'{v / 1e6:.1f}')}M token slots/s over "
+                f"{low_high([r['tokens_per_s'] / 1e6 for r in runs], '.1f')}M token slots/s over "
                 f"{len(runs)} runs ({', '.join(modes)})",
             )
         )

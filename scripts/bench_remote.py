@@ -35,7 +35,7 @@ from pathlib import Path
 
 from scripts.bench_data import CACHE, bpe_tokenizer, make_sources, us_per_token
 from scripts.bench_throughput import WARMUP_STEPS, run
-from scripts.harness import Figure, add_json_flag, children_import_scripts, write_results
+from scripts.harness import Figure, add_json_flag, children_import_scripts, min_median_max, write_results
 
 children_import_scripts()  # the spawned peers import the baselines
 
@@ -243,10 +243,6 @@ def peer_urls(peer: str, spec: dict, store, python: str) -> list[str] | None:
     return [f"s3://{BUCKET}/{peer}/{f.name}" for f in folders]
 
 
-def spread(values: list[float], fmt: str) -> str:
-    return "/".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
-
-
 def main() -> None:  # noqa: PLR0915
     from tests.s3_store import CREDENTIALS, FaultyProxy, MotoServer
 
@@ -356,8 +352,9 @@ def main() -> None:  # noqa: PLR0915
         rows += [(f"{peer}, s3 {rtt} ms", got, None) for (peer, rtt), got in peers.items()]
         for name, got, ratios in rows:
             print(
-                f"{name:<22}{len(got):>5}{spread([g['tokens_per_s'] for g in got], ',.0f'):>36}"
-                f"{spread([g['ttfb'] for g in got], '.2f'):>26}{spread(ratios, '.3f') if ratios else '':>30}"
+                f"{name:<22}{len(got):>5}{min_median_max([g['tokens_per_s'] for g in got], ',.0f'):>36}"
+                f"{min_median_max([g['ttfb'] for g in got], '.2f'):>26}"
+                f"{min_median_max(ratios, '.3f') if ratios else '':>30}"
             )
         for (peer, rtt), got in peers.items():
             ours = statistics.median(o["tokens_per_s"] for o, _ in remote.get(rtt, [])) if rtt in remote else None

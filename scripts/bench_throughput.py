@@ -54,7 +54,7 @@ from pathlib import Path
 
 import psutil
 
-from scripts.harness import Figure, add_json_flag, children_import_scripts, write_results
+from scripts.harness import Figure, add_json_flag, children_import_scripts, low_high, write_results
 
 children_import_scripts()  # workers import this module's tokenizers, ranks its loaders
 
@@ -456,12 +456,6 @@ def main() -> None:  # noqa: PLR0915
     )
 
 
-def _range(values: list[float], fmt: str) -> str:
-    """'a' or 'a-b': the least and the most of `values`, formatted."""
-    low, high = format(min(values), fmt), format(max(values), fmt)
-    return low if low == high else f"{low}-{high}"
-
-
 def _figures(
     args: argparse.Namespace, workers: int, trials: list[dict], against: dict[str, list[float]], shares: list[float]
 ) -> list[Figure]:
@@ -490,11 +484,11 @@ def _figures(
         else f"tokens/s, {tokenizer}, {cores} cores, {args.ranks} ranks, {side} / the DataLoader"
     )
     figures = [
-        Figure(figure, f"{statistics.median(ratios):.2f}x (trials {_range(ratios, '.2f')})", "lean DataLoader"),
+        Figure(figure, f"{statistics.median(ratios):.2f}x (trials {low_high(ratios, '.2f')})", "lean DataLoader"),
         Figure(
             f"time to first batch, {args.sources} × {args.docs:,} documents, {tokenizer}, {args.ranks} ranks (≤ 5 s)",
-            f"{_range([t['omniload']['ttfb'] for t in trials], '.1f')} s, {fill}, over {over}",
-            f"DataLoader {_range([t['baseline']['ttfb'] for t in trials], '.1f')} s",
+            f"{low_high([t['omniload']['ttfb'] for t in trials], '.1f')} s, {fill}, over {over}",
+            f"DataLoader {low_high([t['baseline']['ttfb'] for t in trials], '.1f')} s",
         ),
     ]
     if against:
@@ -502,7 +496,7 @@ def _figures(
             Figure(
                 "sustained tokens/s against the peers, same run",
                 ", ".join(
-                    f"{statistics.median(r):.2f}x {_PEER_NAMES[peer]} (trials {_range(r, '.2f')})"
+                    f"{statistics.median(r):.2f}x {_PEER_NAMES[peer]} (trials {low_high(r, '.2f')})"
                     for peer, r in against.items()
                 ),
                 "the peers",
@@ -512,7 +506,8 @@ def _figures(
         figures.append(
             Figure(
                 "worker tokens per CPU-second / the tokenizer alone, in a job (≥ 90%)",
-                f"{statistics.median(shares):.0%} (trials {_range(shares, '.0%')}) of the tokenizer on one quiet core",
+                f"{statistics.median(shares):.0%} (trials {low_high(shares, '.0%')}) "
+                "of the tokenizer on one quiet core",
                 "the tokenizer alone",
             )
         )

@@ -48,7 +48,7 @@ from omniload.spec import Spec  # noqa: E402
 from omniload.workers import worker  # noqa: E402
 from omniload.workers.readers import iter_slices  # noqa: E402
 from omniload.workers.transforms import load_transform  # noqa: E402
-from scripts.harness import Figure, add_json_flag, write_results  # noqa: E402
+from scripts.harness import Figure, add_json_flag, low_high, write_results  # noqa: E402
 
 
 def lanes_of(sources: list[dict], tokenizer: str) -> list[LaneConfig]:
@@ -139,7 +139,7 @@ def main() -> None:
         Figure(
             f"worker tokens per CPU-second / the tokenizer alone, in one process{of} (≥ 90%)",
             "; ".join(
-                f"{statistics.median(shares):.0%} (rounds {_range(shares, '.0%')}) against {name}"
+                f"{statistics.median(shares):.0%} (rounds {low_high(shares, '.0%')}) against {name}"
                 for name, shares in shares_of.items()
             ),
             "the tokenizer alone",
@@ -147,7 +147,7 @@ def main() -> None:
         Figure(
             f"the checks' CPU{of} (≤ 3% of the worker's)",
             f"{write_ns / worker_ns:.2%} ({write_ns:.2f} of {worker_ns:,.0f} ns a token, medians of {rounds}; "
-            f"digest {_range(writes, '.2f')} ns)",
+            f"digest {low_high(writes, '.2f')} ns)",
             "the worker without checks",
         ),
     ]
@@ -166,12 +166,6 @@ def main() -> None:
             "check_ns_a_token": reads,
         },
     )
-
-
-def _range(values: list[float], fmt: str) -> str:
-    """'a' or 'a-b': the least and the most of `values`, formatted."""
-    low, high = format(min(values), fmt), format(max(values), fmt)
-    return low if low == high else f"{low}-{high}"
 
 
 def _check_costs(lanes: list[LaneConfig], tokens: int, rounds: int) -> tuple[list[float], list[float]]:

@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -100,6 +101,17 @@ def write_results(path: Path | None, figures: list[Figure], raw: dict[str, Any] 
     }
     path.write_text(json.dumps(results, indent=1) + "\n")
     print(f"results: {path}")
+
+
+def low_high(values: list[float], fmt: str) -> str:
+    """'a' or 'a-b': the least and the most of `values`, each as format(v, fmt) writes it."""
+    low, high = format(min(values), fmt), format(max(values), fmt)
+    return low if low == high else f"{low}-{high}"
+
+
+def min_median_max(values: list[float], fmt: str) -> str:
+    """'min/median/max' of `values`, each as format(v, fmt) writes it."""
+    return "/".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
 
 
 class MemoryIntake:

@@ -27,7 +27,7 @@ _MAX_REFINE = 4096
 _RETRY_ROUNDS = 4
 # assign's greedy pass runs as plain Python up to this many ranks: on 2 cores a whole planning
 # step cost less so at dp 12-24 with 1, 4 and 16 rows a rank, at dp 32 only with 4, and more
-# at 48 (docs/benchmarks.md, Planning cost)
+# at 48 (measured with scripts/bench_balance.py's planner timing, 2026-11-25)
 _PYTHON_DP = 24
 
 Ints = NDArray[np.int64]  # segment indices, lengths, ranks, rows, free tokens per row

@@ -76,7 +76,7 @@ def compact_batches(
     """Every rank's compact_batch at once: row k is segments[bounds[k] : bounds[k + 1]], each
     rank `rows` rows of its width (widths: one a rank). A step at dp=256 holds thousands of
     segments, and a batch built segment by segment was a large share of the planning thread
-    (docs/benchmarks.md, Planning cost); here the per-segment work is reading its attributes
+    (scripts/bench_planner.py); here the per-segment work is reading its attributes
     into arrays, the offsets and padding are numpy's, and the tokens are copied by one
     np.concatenate. The ranks' arrays are views into the step's: one buffer a step."""
     n = len(segments)

@@ -1,4 +1,5 @@
-"""Failure modes as ordinary cases: dead workers, stuck transforms, bad clients (invariants 2 and 4)."""
+"""Failure modes as ordinary cases: dead workers, stuck transforms, bad clients (docs/architecture.md,
+Invariants: exactly once, never hang silently)."""
 
 from __future__ import annotations
 
