@@ -7,7 +7,9 @@ Each figure of a results file (scripts/harness.py's write_results) becomes a row
 measured, the value, the baseline, then the command, commit, date and machine of its run. A row
 whose first cell is the figure's is replaced; a new figure is added at the table's end. Rows no
 file names stay as they are: the summary also holds figures gathered over several runs by hand,
-which say so in their cells. `--check` prints the rows without writing the document.
+which say so in their cells. `--check` prints the rows without writing the document; `--only
+TEXT` renders only the figures whose name holds TEXT (a figure measured while the machine was
+busy is better left out than written).
 """
 
 from __future__ import annotations
@@ -83,13 +85,19 @@ def main() -> None:
     parser.add_argument("results", type=Path, nargs="+", help="files a benchmark's --json wrote")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--check", action="store_true", help="print the rows; write nothing")
+    parser.add_argument(
+        "--only", action="append", default=[], help="render only the figures whose name holds this text (repeatable)"
+    )
     args = parser.parse_args()
     rows = []
     for path in args.results:
         results = json.loads(path.read_text())
         if not results.get("figures"):
             raise SystemExit(f"{path}: no figures (a benchmark's --json file has a 'figures' list)")
-        rows.extend(row_of(results, figure) for figure in results["figures"])
+        chosen = [f for f in results["figures"] if not args.only or any(text in f["figure"] for text in args.only)]
+        rows.extend(row_of(results, figure) for figure in chosen)
+    if not rows:
+        raise SystemExit(f"no figure's name holds {' or '.join(map(repr, args.only))}")
     if args.check:
         print("\n".join(rows))
         return
