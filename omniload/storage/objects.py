@@ -15,6 +15,7 @@ Anything else, or a transient error past the budget, raises StoreError naming th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import random
@@ -30,7 +31,7 @@ import pyarrow.fs as pafs
 
 from omniload.errors import ConfigError
 from omniload.storage.disk_cache import DiskCache
-from omniload.storage.stores import endpoint_of, explain, filesystem, is_transient, is_unreachable
+from omniload.storage.stores import endpoint_of, explain, filesystem, hub_commit, is_transient, is_unreachable
 from omniload.storage.urls import ObjectUrl, StoreOptions, glob_regex, glob_root, has_glob, parse, redact
 
 BLOCK = 1 << 20
@@ -40,6 +41,7 @@ _BACKOFF_S, _BACKOFF_MAX_S = 0.1, 8.0
 FETCHERS = 8  # block requests in flight per lane
 _LIST_THREADS = 16
 T = TypeVar("T")
+_HUB_OPENING = threading.Lock()
 Block = bytes | memoryview  # a block as fetched (a view of the client's buffer) or read from the disk cache
 
 
@@ -88,13 +90,13 @@ def retrying(
 def list_matching(pattern: str, options: StoreOptions) -> list[str]:
     """The URLs of the objects a URL (a glob, or one object) names, in key order; ConfigError when it names
     none, saying whether the bucket, the prefix or only the pattern is missing."""
-    url = parse(pattern)
-    fs = filesystem(url, options)
     where = redact(pattern)
+    url = pinned(parse(pattern), options, where)
+    fs = filesystem(url, options)
     if not has_glob(url.key):
         info = retrying(lambda: fs.get_file_info(url.fs_path), where, url, options)
         if info.type == pafs.FileType.File:
-            return [pattern]
+            return [url.with_key(url.key)]
         found = _listed(fs, url, url.key.rstrip("/") + "/" if url.key else "", options, recursive=True)
         if found:  # a folder: its files (as a local folder would not be): ask for a glob instead
             raise ConfigError(
@@ -109,6 +111,16 @@ def list_matching(pattern: str, options: StoreOptions) -> list[str]:
     if not found:
         _no_match(fs, url, options, pattern)
     return [url.with_key(key) for key, _ in sorted(found)]
+
+
+def pinned(url: ObjectUrl, options: StoreOptions, where: str) -> ObjectUrl:
+    """A Hub URL at the commit its revision names now (`datasets/org/name@<sha>`), listed and
+    read at that commit: what the job lists is what it reads, however the repository moves on.
+    Other stores' objects carry their versions (ETags) instead, checked when a worker opens them."""
+    if url.store != "hf":
+        return url
+    commit = retrying(lambda: hub_commit(url, options), where, url, options)
+    return ObjectUrl(url.store, url.scheme, f"{url.bucket.partition('@')[0]}@{commit}", url.key, url.account)
 
 
 def _listed(
@@ -268,9 +280,12 @@ class RemoteObject:
             if self._file is None:
                 fs = filesystem(self.parsed, self.options)
                 where = redact(self.url)
-                file = retrying(
-                    lambda: fs.open_input_file(self.parsed.fs_path), where, self.parsed, self.options, counters
-                )
+                # HfFileSystem opens a file by listing its folder once (cached): Hub objects open
+                # one at a time in a process, or every thread opening one would list the folder
+                with _HUB_OPENING if self.parsed.store == "hf" else contextlib.nullcontext():
+                    file = retrying(
+                        lambda: fs.open_input_file(self.parsed.fs_path), where, self.parsed, self.options, counters
+                    )
                 version = version_of(retrying(file.metadata, where, self.parsed, self.options, counters))
                 size = file.size()
                 if self.size is None:

@@ -114,6 +114,37 @@ def _make(url: ObjectUrl, options: StoreOptions) -> pafs.FileSystem:
     return pafs.PyFileSystem(pafs.FSSpecHandler(hub))
 
 
+def hub_commit(url: ObjectUrl, options: StoreOptions) -> str:
+    """The commit a Hub URL's revision (a branch, a tag; the default branch when it names none)
+    points at now. The job reads that commit throughout (its URLs name it), so a repository that
+    moves on while the job runs, or before it resumes, changes no batch."""
+    from urllib.parse import unquote
+
+    try:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+    except ImportError:
+        raise ConfigError("reading hf:// URLs needs the Hub client: pip install 'omniload[hf]'") from None
+
+    kind, _, repo = url.bucket.partition("/")
+    kind = kind.removesuffix("s")  # datasets -> dataset, the API's repo_type
+    repo_id, _, revision = repo.partition("@")
+    api = HfApi(endpoint=options.endpoint, token=False if options.anonymous else os.environ.get("HF_TOKEN") or None)
+    where = redact(url.with_key(url.key))
+    try:
+        info = api.repo_info(repo_id, repo_type=kind, revision=unquote(revision) or None)
+    except RevisionNotFoundError:
+        raise ConfigError(f"{where}: {kind} repository '{repo_id}' has no revision '{unquote(revision)}'") from None
+    except RepositoryNotFoundError:
+        raise ConfigError(
+            f"{where}: no {kind} repository '{repo_id}' at {endpoint_of(url, options)}; check its name, or set "
+            "HF_TOKEN to a token that may read it (private or gated)"
+        ) from None
+    if not info.sha:
+        raise FileNotFoundError(f"the Hub gave no commit for {url.bucket}")
+    return str(info.sha)
+
+
 def _azure_account(url: ObjectUrl) -> str:
     account = url.account or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME") or os.environ.get("AZURE_STORAGE_ACCOUNT")
     if not account:
