@@ -60,7 +60,8 @@ def test_a_hub_dataset_gives_the_batches_its_local_copy_gives_listing_a_folder_o
     }
     assert lockstep_digests(remote, 2) == lockstep_digests(local, 2)
     asked = _requests(hub)
-    assert not asked["paths-info"], f"a request a file: {asked}"
+    # never a request a file: huggingface_hub 2.x asks no paths-info, 0.25 one a process
+    assert asked["paths-info"] <= 3 and asked["resolve"] <= 4 * FOLDERS * FILES, asked
     # the coordinator, its indexing child and each of the 2 workers list each folder at most once
     assert asked["tree"] <= 4 * (FOLDERS + 1), asked
 
