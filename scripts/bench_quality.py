@@ -549,7 +549,10 @@ def merge(paths: list[Path]) -> dict:
         if any(run[k] != runs[0][k] for k in keys):
             raise SystemExit(f"{path}: not the same corpus, length and seeds as {paths[0]}")
     results = {arm: figures for run in runs for arm, figures in run["results"].items()}
-    return {**{k: runs[0][k] for k in keys}, "results": results}
+    measured = {
+        k: ", ".join(dict.fromkeys(str(run.get(k, "?")) for run in runs)) for k in ("commit", "date", "machine")
+    }
+    return {**{k: runs[0][k] for k in keys}, "results": results, "measured": measured}
 
 
 def _signed(x: float) -> str:
@@ -630,7 +633,7 @@ def main() -> None:
         merged = merge(args.merge)
         print(f"corpus {merged['corpus']}, {merged['rows']} rows x {merged['steps']} steps, seeds {merged['seeds']}")
         summarize(merged["results"], args.baseline)
-        write_results(args.json, quality_figures(merged), merged)
+        write_results(args.json, quality_figures(merged), merged, merged.pop("measured"))
         return
     arms = args.arms.split(",")
     unknown = set(arms) - set(ARMS)

@@ -14,8 +14,9 @@
 # Written on a machine without a GPU: parts 1-3 ran here only on the CPU (bench_quality
 # --device cpu), never yet on a GPU.
 set -u
+out_arg=${1:+$(realpath -m "$1")}  # before the cd below: a relative OUT_DIR is the caller's
 cd "$(dirname "$0")/.."  # python -m scripts.* runs from the repository root
-out=${1:-/tmp/device_check}
+out=${out_arg:-/tmp/device_check}
 mkdir -p "$out"
 failed=0
 

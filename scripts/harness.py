@@ -43,12 +43,16 @@ def children_import_scripts() -> None:
 
 
 def commit() -> str:
-    """The checkout's short commit, '+' when files differ from it; '?' outside git."""
+    """The checkout's short commit, '+' when code differs from it (docs do not count: rendering
+    results edits them); '?' outside git."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     if head.returncode:
         return "?"
     dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, cwd=ROOT
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
     )
     return head.stdout.strip() + ("+" if dirty.stdout.strip() else "")
 
@@ -87,17 +91,22 @@ def command_line() -> str:
     return shlex.join(["python", "-m", f"scripts.{Path(sys.argv[0]).stem}", *kept])
 
 
-def write_results(path: Path | None, figures: list[Figure], raw: dict[str, Any] | None = None) -> None:
-    """Write the run's figures and raw numbers to `path` (nothing when it is None)."""
+def write_results(
+    path: Path | None, figures: list[Figure], raw: dict[str, Any] | None = None, measured: dict[str, str] | None = None
+) -> None:
+    """Write the run's figures and raw numbers to `path` (nothing when it is None). `measured`
+    overrides where the figures were measured (commit, date, machine) when they are not this
+    run's: a merge of earlier runs names theirs."""
     if path is None:
         return
     results = {
+        **(raw or {}),  # first: the raw numbers never hide where they were measured
         "command": command_line(),
         "commit": commit(),
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
+        **(measured or {}),
         "figures": [dataclasses.asdict(f) for f in figures],
-        **(raw or {}),
     }
     path.write_text(json.dumps(results, indent=1) + "\n")
     print(f"results: {path}")

@@ -5,7 +5,8 @@
 
 Each figure of a results file (scripts/harness.py's write_results) becomes a row: what is
 measured, the value, the baseline, then the command, commit, date and machine of its run. A row
-whose first cell is the figure's is replaced; a new figure is added at the table's end. Rows no
+whose first cell is the figure's is replaced; a figure with no row is refused, unless `--add`
+adds it at the table's end. Rows no
 file names stay as they are: the summary also holds figures gathered over several runs by hand,
 which say so in their cells. `--check` prints the rows without writing the document; `--only
 TEXT` renders only the figures whose name holds TEXT (a figure measured while the machine was
@@ -52,8 +53,10 @@ def first_cell(row: str) -> str:
         at = bar + 1
 
 
-def render(document: str, rows: list[str]) -> tuple[str, list[str]]:
-    """The document with `rows` written into its summary table; and what was done, a line a row."""
+def render(document: str, rows: list[str], add: bool = False) -> tuple[str, list[str]]:
+    """The document with `rows` written into its summary table; and what was done, a line a row.
+    A figure with no row of its own is refused unless `add`: a figure named a little differently
+    from its row would otherwise sit beside it, the two saying different things."""
     lines = document.split("\n")
     try:
         top = lines.index(HEADER)
@@ -74,9 +77,13 @@ def render(document: str, rows: list[str]) -> tuple[str, list[str]]:
         if found:
             table[found[0]] = row
             done.append(f"replaced: {key}")
-        else:
+        elif add:
             table.append(row)
             done.append(f"added: {key}")
+        else:
+            raise SystemExit(
+                f"no row of the summary table is '{key}': --add to add it, or --only the figures whose rows exist"
+            )
     return "\n".join([*lines[: top + 2], *table, *lines[end:]]), done
 
 
@@ -85,6 +92,7 @@ def main() -> None:
     parser.add_argument("results", type=Path, nargs="+", help="files a benchmark's --json wrote")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--check", action="store_true", help="print the rows; write nothing")
+    parser.add_argument("--add", action="store_true", help="add the figures that have no row yet at the table's end")
     parser.add_argument(
         "--only", action="append", default=[], help="render only the figures whose name holds this text (repeatable)"
     )
@@ -101,7 +109,7 @@ def main() -> None:
     if args.check:
         print("\n".join(rows))
         return
-    document, done = render(args.doc.read_text(), rows)
+    document, done = render(args.doc.read_text(), rows, args.add)
     args.doc.write_text(document)
     print("\n".join(done))
 

@@ -12,8 +12,9 @@
 # >= 100M), p99/p50 of the batch gap (<= 3), and ns/slot (the coordinator's own CPU per
 # delivered token slot; the goal is <= 10 ns).
 set -u
+out_arg=${1:+$(realpath -m "$1")}  # before the cd below: a relative OUT_DIR is the caller's
 cd "$(dirname "$0")/.."  # python -m scripts.* runs from the repository root
-out=${1:-/tmp/scale_check}
+out=${out_arg:-/tmp/scale_check}
 mkdir -p "$out"
 have=$(nproc)
 if [ "$have" -ge 4 ]; then default_cores="4 8 16"; else default_cores="1 2"; fi

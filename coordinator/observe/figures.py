@@ -162,11 +162,8 @@ class Figures:
         for worker in self._pool.workers:
             if worker is None or worker.pid is None:
                 continue
-            try:  # (a worker's Process is kept: psutil caches what it reads once, such as its start time)
-                process = self._processes.get(worker.pid) or self._processes.setdefault(
-                    worker.pid, psutil.Process(worker.pid)
-                )
-                workers += process.memory_info().rss
+            try:
+                workers += self._process(worker.pid).memory_info().rss
             except psutil.Error:  # it just exited
                 pass
         rings = sum(ring.span for ring in self._pool.rings.values())
@@ -177,10 +174,13 @@ class Figures:
             "rings": round(rings / 2**20, 1),
         }
 
+    def _process(self, pid: int) -> psutil.Process:
+        """A worker's Process, kept: psutil reads what never changes (its start time) once."""
+        return self._processes.get(pid) or self._processes.setdefault(pid, psutil.Process(pid))
+
     def _cpu_seconds(self, pid: int) -> float:
         try:
-            process = self._processes.get(pid) or self._processes.setdefault(pid, psutil.Process(pid))
-            times = process.cpu_times()
+            times = self._process(pid).cpu_times()
             return times.user + times.system
         except psutil.Error:  # it just exited; its replacement is sampled from the next tick
             return 0.0

@@ -278,7 +278,7 @@ def index_files(sources: list[IndexRequest], stop_at_bad: bool, cache: tuple[str
     out = []
     for request in sources:
         files = sorted(set(request.files) | set(_listed(request)))
-        access = Files(request.store, cache=disk, fetchers=_INDEX_THREADS)  # a GET in flight an object indexed
+        access = Files(request.store, cache=disk, fetchers=_INDEX_THREADS)  # a GET in flight for each object indexed
         remote = [path for path, _ in files if is_remote(path)]
         index = functools.partial(_index_one, request, access)
         ahead: dict[str, list[Shard] | str] = {}

@@ -53,7 +53,7 @@ class Dispatch:
     ) -> None:
         self._spec, self._job_id, self._source_names, self._fail = spec, job_id, source_names, fail
         self._token = token
-        self.senders: SenderPool | None = None
+        self.sender_pool: SenderPool | None = None
         self._arena: StepArena | None = None  # the planned steps' payloads, for the senders
         self._arena_sized = False
         self._placing = True  # frames go into the arena (while senders serve)
@@ -70,7 +70,7 @@ class Dispatch:
         senders = SenderPool(count, self._arena.path, self._fail, self._token, self.size_senders)
         senders.spawn()
         log.info("%d senders write batches to the ranks", count)
-        self.senders = senders
+        self.sender_pool = senders
 
     def size_senders(self, world: int | None) -> int:
         """How many of the senders to keep for a world of `world` ranks (None: the ranks come
@@ -92,9 +92,9 @@ class Dispatch:
         """The rank port (`reserved`: already bound, a standby's): accepted by the senders where
         they serve, else by this loop."""
         listener = bind(host, port, "--port", reserved)
-        if self.senders is not None:
-            await self.senders.start(sessions.session)
-            return self.senders.listen(listener, sessions.session)
+        if self.sender_pool is not None:
+            await self.sender_pool.start(sessions.session)
+            return self.sender_pool.listen(listener, sessions.session)
         return await asyncio.start_server(sessions.serve, sock=listener)
 
     def encode_step(self, step: Step, position: dict, dp: int, frame_kinds: Sequence[Variant]) -> Frames:
@@ -140,13 +140,13 @@ class Dispatch:
             self._arena.release_through(step)
 
     async def stop(self) -> None:
-        if self.senders is not None:
-            await self.senders.stop()
+        if self.sender_pool is not None:
+            await self.sender_pool.stop()
 
     def close(self) -> None:
         """Kill the senders and unlink the arena; always, from the coordinator's `finally`."""
-        if self.senders is not None:
-            self.senders.kill()
+        if self.sender_pool is not None:
+            self.sender_pool.kill()
         if self._arena is not None:
             self._arena.close()
 

@@ -41,8 +41,15 @@ _BACKOFF_S, _BACKOFF_MAX_S = 0.1, 8.0
 FETCHERS = 8  # block requests in flight per lane
 _LIST_THREADS = 16
 T = TypeVar("T")
-_HUB_OPENING = threading.Lock()
+_HUB_FOLDERS: dict[str, threading.Lock] = {}  # a Hub folder -> the lock its objects open under
+_HUB_FOLDERS_LOCK = threading.Lock()
 Block = bytes | memoryview  # a block as fetched (a view of the client's buffer) or read from the disk cache
+
+
+def _hub_folder_lock(url: ObjectUrl) -> threading.Lock:
+    folder = url.fs_path.rpartition("/")[0]
+    with _HUB_FOLDERS_LOCK:
+        return _HUB_FOLDERS.setdefault(folder, threading.Lock())
 
 
 class StoreError(OSError):
@@ -95,8 +102,8 @@ def list_matching(pattern: str, options: StoreOptions) -> list[str]:
     fs = filesystem(url, options)
     if not has_glob(url.key):
         info = retrying(lambda: fs.get_file_info(url.fs_path), where, url, options)
-        if info.type == pafs.FileType.File:
-            return [url.with_key(url.key)]
+        if info.type == pafs.FileType.File:  # (as written, but a Hub URL at its commit)
+            return [url.with_key(url.key)] if url.store == "hf" else [pattern]
         found = _listed(fs, url, url.key.rstrip("/") + "/" if url.key else "", options, recursive=True)
         if found:  # a folder: its files (as a local folder would not be): ask for a glob instead
             raise ConfigError(
@@ -280,9 +287,9 @@ class RemoteObject:
             if self._file is None:
                 fs = filesystem(self.parsed, self.options)
                 where = redact(self.url)
-                # HfFileSystem opens a file by listing its folder once (cached): Hub objects open
-                # one at a time in a process, or every thread opening one would list the folder
-                with _HUB_OPENING if self.parsed.store == "hf" else contextlib.nullcontext():
+                # HfFileSystem opens a file by listing its folder once (cached): a folder's Hub
+                # objects open one at a time in a process, or every thread opening one would list it
+                with _hub_folder_lock(self.parsed) if self.parsed.store == "hf" else contextlib.nullcontext():
                     file = retrying(
                         lambda: fs.open_input_file(self.parsed.fs_path), where, self.parsed, self.options, counters
                     )

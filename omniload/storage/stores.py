@@ -107,11 +107,17 @@ def _make(url: ObjectUrl, options: StoreOptions) -> pafs.FileSystem:
     try:
         from huggingface_hub import HfFileSystem
     except ImportError:
-        raise ConfigError("reading hf:// URLs needs the Hub client: pip install 'omniload[hf]'") from None
-    hub = HfFileSystem(
-        token=False if options.anonymous else os.environ.get("HF_TOKEN") or None, endpoint=options.endpoint
-    )
+        raise ConfigError(_NO_HUB_CLIENT) from None
+    hub = HfFileSystem(token=_hub_token(options), endpoint=options.endpoint)
     return pafs.PyFileSystem(pafs.FSSpecHandler(hub))
+
+
+_NO_HUB_CLIENT = "reading hf:// URLs needs the Hub client: pip install 'omniload[hf]'"
+
+
+def _hub_token(options: StoreOptions) -> str | bool | None:
+    """False: anonymous; None: huggingface_hub's own (with HF_TOKEN unset, the cached login)."""
+    return False if options.anonymous else os.environ.get("HF_TOKEN") or None
 
 
 def hub_commit(url: ObjectUrl, options: StoreOptions) -> str:
@@ -124,12 +130,12 @@ def hub_commit(url: ObjectUrl, options: StoreOptions) -> str:
         from huggingface_hub import HfApi
         from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
     except ImportError:
-        raise ConfigError("reading hf:// URLs needs the Hub client: pip install 'omniload[hf]'") from None
+        raise ConfigError(_NO_HUB_CLIENT) from None
 
     kind, _, repo = url.bucket.partition("/")
     kind = kind.removesuffix("s")  # datasets -> dataset, the API's repo_type
     repo_id, _, revision = repo.partition("@")
-    api = HfApi(endpoint=options.endpoint, token=False if options.anonymous else os.environ.get("HF_TOKEN") or None)
+    api = HfApi(endpoint=options.endpoint, token=_hub_token(options))
     where = redact(url.with_key(url.key))
     try:
         info = api.repo_info(repo_id, repo_type=kind, revision=unquote(revision) or None)

@@ -25,9 +25,11 @@ def _row(figure: str, value: str) -> str:
     return row_of({**_RESULTS, "machine": "2 cores"}, {"figure": figure, "value": value, "baseline": "none"})
 
 
-def test_a_figure_replaces_its_own_row_and_a_new_one_is_added_at_the_end():
+def test_a_figure_replaces_its_own_row_and_a_new_one_is_added_only_when_asked():
     rows = [_row("planner CPU a token slot, dp 64 (≤ 10 ns)", "39-49 ns"), _row("a new figure", "7")]
-    document, done = render(_DOC, rows)
+    with pytest.raises(SystemExit, match="no row of the summary table is 'a new figure': --add"):
+        render(_DOC, rows)
+    document, done = render(_DOC, rows, add=True)
     assert done == ["replaced: planner CPU a token slot, dp 64 (≤ 10 ns)", "added: a new figure"]
     lines = document.split("\n")
     table = lines[lines.index(HEADER) + 2 : lines.index(HEADER) + 5]
