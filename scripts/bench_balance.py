@@ -53,7 +53,8 @@ from omniload.model_shape import PRESETS
 from omniload.order import sample_id
 from omniload.spec import Spec
 from scripts import quality_corpus
-from scripts.harness import Figure, MemoryIntake, add_json_flag, commit, write_results
+from scripts.harness import Figure, add_json_flag, commit, write_results
+from tests.intakes import MemoryIntake
 
 CACHE = Path.home() / ".cache" / "omniload" / "bench" / "balance-lengths-v2.npz"
 PAD_TO = 128

@@ -151,26 +151,12 @@ def figures_of(rows: list[tuple]) -> list[Figure]:
 def kept_load_s(objects: int, rounds: int) -> list[float]:
     """Seconds to read a kept catalog of `objects` one-shard objects back into its table, as a
     restart does (np.load of the columns, then the table), each of `rounds` times."""
-    import hashlib
-
     import numpy as np
 
     from omniload.formats.shard_table import ShardTable, table_arrays, table_from_arrays
-    from omniload.formats.shards import Shard
+    from tests.corpus import bucket_objects
 
-    shards = [
-        Shard(
-            f"s3://bucket/corpus/part-{i:06d}.parquet",
-            "parquet",
-            0,
-            1,
-            1000 + i % 17,
-            1000 * i,
-            size=80_000 + i,
-            version=hashlib.md5(str(i).encode()).hexdigest(),
-        )
-        for i in range(objects)
-    ]
+    shards = bucket_objects(objects)
     seconds = []
     with tempfile.TemporaryDirectory(prefix="bench-catalog-load-") as folder:
         path = Path(folder, "catalog.npz")

@@ -42,7 +42,8 @@ from omniload.formats.ring import Ring
 from omniload.formats.shard_table import ShardTable
 from omniload.formats.shards import Shard
 from omniload.spec import Spec
-from scripts.harness import Figure, MemoryIntake, add_json_flag, write_results
+from scripts.harness import Figure, add_json_flag, write_results
+from tests.intakes import MemoryIntake
 
 SEQ_LEN, ROWS, SOURCES, MEDIAN_TOKENS = 2048, 4, 3, 600
 

@@ -19,15 +19,9 @@ import shlex
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
-
-import numpy as np
-
-from omniload.coordinator.plan.documents import Doc
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,36 +115,3 @@ def low_high(values: list[float], fmt: str) -> str:
 def min_median_max(values: list[float], fmt: str) -> str:
     """'min/median/max' of `values`, each as format(v, fmt) writes it."""
     return "/".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
-
-
-class MemoryIntake:
-    """A source of `count` documents, `tokens_at(pos)` the ids of each, read once in order: the
-    coordinator's intake interface for the real Stepper without workers (bench_balance and
-    bench_planner time the planner with it)."""
-
-    def __init__(self, index: int, count: int, tokens_at: Callable[[int], np.ndarray]) -> None:
-        self.catalog = SimpleNamespace(index=index, name=f"s{index}", images=None)
-        self._count, self._tokens_at, self.group, self._p = count, tokens_at, 0, 0
-
-    @property
-    def cursor(self) -> tuple[int, int]:
-        return self.group, self._p
-
-    @property
-    def dry(self) -> bool:
-        return self.group >= 1
-
-    def epoch_end(self, group: int) -> int:
-        return group + 1
-
-    def seek(self, group: int, pos: int) -> None:
-        self.group, self._p = group, pos
-
-    def poll(self, until_group: int | None = None) -> Doc | None:
-        if self.dry or (until_group is not None and self.group >= until_group):
-            return None
-        g, p = self.group, self._p
-        self._p += 1
-        if self._p == self._count:
-            self.group, self._p = g + 1, 0
-        return Doc(self.catalog.index, p, self._tokens_at(p), g, p, after=self.cursor)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from omniload.formats.shards import Shard
 
 
 def documents(n: int, seed: int, min_words: int = 2, max_words: int = 120) -> list[str]:
@@ -151,3 +154,21 @@ def write_token_file(path: Path, documents: list[list[int]], eos: int, dtype: ty
     path.parent.mkdir(parents=True, exist_ok=True)
     np.concatenate([np.asarray([*doc, eos], dtype=dtype) for doc in documents]).tofile(path)
     return path
+
+
+def bucket_objects(n: int) -> list[Shard]:
+    """n objects of a bucket, one shard each, as the catalog indexes a store's parquet files
+    (sizes and 32-hex-digit ETags included): the catalog's columns at scale, without a store."""
+    return [
+        Shard(
+            f"s3://bucket/corpus/part-{i:06d}.parquet",
+            "parquet",
+            0,
+            1,
+            1000 + i % 17,
+            1000 * i,
+            size=80_000 + i,
+            version=hashlib.md5(str(i).encode()).hexdigest(),
+        )
+        for i in range(n)
+    ]

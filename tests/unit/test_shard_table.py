@@ -4,7 +4,6 @@ in, whatever its numbers and versions, in under 100 bytes a shard at 100,000 obj
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import pickle
 import tracemalloc
 
@@ -13,23 +12,7 @@ import pytest
 
 from omniload.formats.shard_table import ShardTable, table_arrays, table_from_arrays
 from omniload.formats.shards import Shard
-
-
-def _objects(n: int) -> list[Shard]:
-    """n objects of a bucket, one shard each, as the catalog indexes a store's parquet files."""
-    return [
-        Shard(
-            f"s3://bucket/corpus/part-{i:06d}.parquet",
-            "parquet",
-            0,
-            1,
-            1000 + i % 17,
-            1000 * i,
-            size=80_000 + i,
-            version=hashlib.md5(str(i).encode()).hexdigest(),
-        )
-        for i in range(n)
-    ]
+from tests.corpus import bucket_objects
 
 
 def test_every_shard_comes_back_as_it_went_in():
@@ -57,7 +40,7 @@ def test_every_shard_comes_back_as_it_went_in():
 
 
 def test_a_catalog_of_100000_objects_holds_under_100_bytes_an_object():
-    shards = _objects(100_000)
+    shards = bucket_objects(100_000)
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     table = ShardTable(shards)
@@ -72,7 +55,7 @@ def test_a_catalog_of_100000_objects_holds_under_100_bytes_an_object():
 def test_a_kept_catalog_reads_back_the_table_it_wrote(tmp_path, versions):
     """What a restart, a standby or the next run reads instead of listing the store again
     (np.savez's file, no pickle)."""
-    shards = _objects(500)
+    shards = bucket_objects(500)
     if versions == "text":  # multipart ETags, GCS generations: not 32 hex digits
         shards = [dataclasses.replace(s, version=f"{i}-{i % 3}") for i, s in enumerate(shards)]
     shards.append(Shard("s3://bucket/other/ü.jsonl", "jsonl", 0, 3, 3, 600_000, 128, 0, 9, shards[0].version))

@@ -4,7 +4,6 @@ every segment once, and resume from any step identical to an uninterrupted run."
 from __future__ import annotations
 
 from collections import Counter
-from types import SimpleNamespace
 
 import numpy as np
 import orjson
@@ -13,46 +12,9 @@ import pytest
 from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.plan.stepper import Stepper
 from omniload.spec import Spec
+from tests.intakes import ListIntake
 
 SEQ, ROWS, DP = 64, 4, 2
-
-
-class ListIntake:
-    """A source whose document at position p has lengths[p] tokens, read `epochs` times, one
-    group per epoch (the intake's interface)."""
-
-    def __init__(self, index: int, lengths: list[int], epochs: int = 1, late: float = 0.0, seed: int = 0) -> None:
-        self.catalog = SimpleNamespace(index=index, name=f"s{index}", images=None)
-        self._lengths, self._epochs = lengths, epochs
-        self.group, self._p = 0, 0
-        # `late`: the share of polls that find the record not in the ring yet (a worker behind)
-        self._late, self._rng = late, np.random.default_rng(seed)
-
-    @property
-    def cursor(self) -> tuple[int, int]:
-        return self.group, self._p
-
-    @property
-    def dry(self) -> bool:
-        return self.group >= self._epochs
-
-    def epoch_end(self, group: int) -> int:
-        return group + 1
-
-    def seek(self, group: int, pos: int) -> None:
-        self.group, self._p = group, pos
-
-    def poll(self, until_group: int | None = None) -> Doc | None:
-        if self.dry or (until_group is not None and self.group >= until_group):
-            return None
-        if self._late and self._rng.random() < self._late:
-            return None
-        g, p = self.group, self._p
-        self._p += 1
-        if self._p == len(self._lengths):
-            self.group, self._p = g + 1, 0
-        tokens = (np.arange(self._lengths[p], dtype=np.int32) + 1000 * p) % 50_000
-        return Doc(self.catalog.index, p, tokens, g, p, after=self.cursor)
 
 
 def heavy_tailed(seed: int, n: int) -> list[int]:
