@@ -227,8 +227,7 @@ def _index_in(
         for source in sources
     ]
     stop = spec.on_bad_file == "stop" if stop_at_bad is None else stop_at_bad
-    cache = (spec.cache_dir, spec.cache_limit) if spec.cache_dir else None
-    return list(child.submit(index_files, requests, stop, cache).result())
+    return list(child.submit(index_files, requests, stop, spec.cache_dir, spec.cache_limit).result())
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,12 +260,14 @@ def check_tokenizers(tokenizers: dict[str, str]) -> dict[str, int | None]:
     return vocabs
 
 
-def index_files(sources: list[IndexRequest], stop_at_bad: bool, cache: tuple[str, int] | None = None) -> list[Indexed]:
+def index_files(
+    sources: list[IndexRequest], stop_at_bad: bool, cache_dir: str | None = None, cache_limit: int = 0
+) -> list[Indexed]:
     """Runs in the indexing child: per source, its files' shards in columns (sent to the
     coordinator as a few arrays, not an object a shard), their ordinals following on from the
     file before, and the files that cannot be read and why (they count no rows); a source's
     files end at its first bad one when the job stops on one. With the job's block cache
-    (`cache`: --cache-dir and --cache-limit), the blocks read to index an object are kept
+    (--cache-dir, --cache-limit), the blocks read to index an object are kept
     there, so a worker reading it next takes them from the cache instead of the store: a
     small object the index read whole costs a cold start one HEAD and one GET, not two of each."""
     from concurrent.futures import ThreadPoolExecutor
@@ -274,7 +275,7 @@ def index_files(sources: list[IndexRequest], stop_at_bad: bool, cache: tuple[str
     from omniload.storage.disk_cache import DiskCache
     from omniload.storage.files import Files
 
-    disk = DiskCache(*cache) if cache else None
+    disk = DiskCache(cache_dir, cache_limit) if cache_dir else None
     out = []
     for request in sources:
         files = sorted(set(request.files) | set(_listed(request)))

@@ -15,7 +15,6 @@ Anything else, or a transient error past the budget, raises StoreError naming th
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import random
@@ -41,15 +40,7 @@ _BACKOFF_S, _BACKOFF_MAX_S = 0.1, 8.0
 FETCHERS = 8  # block requests in flight per lane
 _LIST_THREADS = 16
 T = TypeVar("T")
-_HUB_FOLDERS: dict[str, threading.Lock] = {}  # a Hub folder -> the lock its objects open under
-_HUB_FOLDERS_LOCK = threading.Lock()
 Block = bytes | memoryview  # a block as fetched (a view of the client's buffer) or read from the disk cache
-
-
-def _hub_folder_lock(url: ObjectUrl) -> threading.Lock:
-    folder = url.fs_path.rpartition("/")[0]
-    with _HUB_FOLDERS_LOCK:
-        return _HUB_FOLDERS.setdefault(folder, threading.Lock())
 
 
 class StoreError(OSError):
@@ -287,12 +278,9 @@ class RemoteObject:
             if self._file is None:
                 fs = filesystem(self.parsed, self.options)
                 where = redact(self.url)
-                # HfFileSystem opens a file by listing its folder once (cached): a folder's Hub
-                # objects open one at a time in a process, or every thread opening one would list it
-                with _hub_folder_lock(self.parsed) if self.parsed.store == "hf" else contextlib.nullcontext():
-                    file = retrying(
-                        lambda: fs.open_input_file(self.parsed.fs_path), where, self.parsed, self.options, counters
-                    )
+                file = retrying(
+                    lambda: fs.open_input_file(self.parsed.fs_path), where, self.parsed, self.options, counters
+                )
                 version = version_of(retrying(file.metadata, where, self.parsed, self.options, counters))
                 size = file.size()
                 if self.size is None:

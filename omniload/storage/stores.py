@@ -18,6 +18,7 @@ import re
 import threading
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -109,7 +110,23 @@ def _make(url: ObjectUrl, options: StoreOptions) -> pafs.FileSystem:
     except ImportError:
         raise ConfigError(_NO_HUB_CLIENT) from None
     hub = HfFileSystem(token=_hub_token(options), endpoint=options.endpoint)
-    return pafs.PyFileSystem(pafs.FSSpecHandler(hub))
+    return pafs.PyFileSystem(_HubHandler(hub))
+
+
+class _HubHandler(pafs.FSSpecHandler):
+    """HfFileSystem opens a file by listing its folder once (then cached): a folder's files open
+    one at a time, or every thread opening one at once would list the folder again."""
+
+    def __init__(self, fs: Any) -> None:
+        super().__init__(fs)
+        self._folders: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def open_input_file(self, path: str) -> Any:
+        with self._lock:
+            folder = self._folders.setdefault(path.rpartition("/")[0], threading.Lock())
+        with folder:
+            return super().open_input_file(path)
 
 
 _NO_HUB_CLIENT = "reading hf:// URLs needs the Hub client: pip install 'omniload[hf]'"
