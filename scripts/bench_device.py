@@ -99,12 +99,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--compute-ms", default="0,20", help="GPU work per step, one pass over the ways each")
     parser.add_argument("--device", default="cuda", help="cpu: run the script's own code without a GPU")
+    parser.add_argument("--docs", type=int, default=20000, help="documents a source")
     add_json_flag(parser)
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_device.py needs CUDA: torch.cuda.is_available() is False here (or pass --device cpu)")
     spec = {
-        "sources": make_sources(3, 20000),
+        "sources": make_sources(3, args.docs),
         "seq_len": args.seq_len,
         "rows": args.rows,
         "seed": 0,

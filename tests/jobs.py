@@ -216,3 +216,28 @@ def coordinator_on_a_small_disk(
         env={**os.environ, "OMNILOAD_TOKEN": token},
     )
     return coordinator, json.loads(coordinator.stdout.readline())["addr"]  # type: ignore[union-attr]
+
+
+def run_as_torchrun(job: omniload.Job, nproc: int, script: Path, *args: str, timeout: float = 120) -> None:
+    """`nproc` ranks of `script`, each with the environment torchrun gives its ranks (RANK,
+    LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for gloo) and the job's, forked with
+    torch imported (rank_forkserver): for the tests about what the ranks get. The tests of
+    torchrun itself (test_torchrun, test_recipes, and a few more) start it as users do."""
+    from omniload.coordinator.serve.listening import free_port
+
+    world = {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0"}
+    world |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1"))}
+    ranks = [
+        spawn(list(args), {**os.environ, **job.env(), **world, "RANK": str(r), "LOCAL_RANK": str(r)}, script=script)
+        for r in range(nproc)
+    ]
+    try:
+        for rank, process in enumerate(ranks):
+            _, stderr = process.communicate(timeout=timeout)
+            assert process.returncode == 0, (
+                f"rank {rank} of {script.name} exited {process.returncode}: {stderr[-3000:]}"
+            )
+    finally:  # a rank that failed leaves the others waiting in a collective
+        for process in ranks:
+            process.kill()
+            process.wait(10)

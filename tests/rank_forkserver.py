@@ -2,13 +2,14 @@
 
 A fresh interpreter spends about 3 s of CPU importing torch, and the suite starts well over a
 hundred rank processes on a 2-core CI machine. The server (`python tests/rank_forkserver.py
-SOCKET`) imports torch, numpy and the client, then forks one child per request: a real
-process with its own pid, environment, stdout and stderr, that runs tests/rank_probe.py's
-main() as `python tests/rank_probe.py ARGS...` would. `spawn()` returns a handle with the
-part of subprocess.Popen the tests use (poll, wait, communicate, send_signal, kill, stderr).
+SOCKET`) imports torch, torch.distributed, numpy and the client, then forks one child per
+request: a real process with its own pid, environment, stdout and stderr, that runs a rank
+script (tests/rank_probe.py unless asked for another) as `python SCRIPT ARGS...` would.
+`spawn()` returns a handle with the part of subprocess.Popen the tests use (poll, wait,
+communicate, send_signal, kill, stderr).
 
 Protocol, one unix-socket connection per child: the request is a length-prefixed JSON
-{argv, env, cwd} with the child's stdout and stderr passed as file descriptors; the server
+{script, argv, env, cwd} with the child's stdout and stderr passed as file descriptors; the server
 answers "PID\\n" once forked and "RETURNCODE\\n" (Popen's convention: -N for signal N) once
 the child is reaped, then closes the connection. The server ends when its stdin closes.
 """
@@ -19,6 +20,7 @@ import array
 import atexit
 import json
 import os
+import runpy
 import selectors
 import shutil
 import signal
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 _ROOT = Path(__file__).parent.parent
+_PROBE = Path(__file__).with_name("rank_probe.py")
 _HEADER = struct.Struct("!I")
 
 
@@ -156,23 +159,21 @@ def _stop_server(server: subprocess.Popen, folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def spawn(args: list[str], env: dict[str, str]) -> ForkedRank:
-    """Start `python tests/rank_probe.py *args` as a fork of the server, with exactly `env`; its
-    stderr is piped (as start_ranks always asked of Popen), its stdout is this process's fd 1."""
+def spawn(args: list[str], env: dict[str, str], script: Path = _PROBE) -> ForkedRank:
+    """Start `python SCRIPT *args` as a fork of the server, with exactly `env`; its stderr is
+    piped (as start_ranks always asked of Popen), its stdout is this process's fd 1."""
     path = _start_server()
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.connect(path)
     read_end, write_end = os.pipe()
     try:
-        body = json.dumps({"argv": args, "env": env, "cwd": os.getcwd()}).encode()
+        body = json.dumps({"script": str(script), "argv": args, "env": env, "cwd": os.getcwd()}).encode()
         connection.sendmsg(
             [_HEADER.pack(len(body)) + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [1, write_end]))]
         )
     finally:
         os.close(write_end)
-    return ForkedRank(
-        connection, [sys.executable, "tests/rank_probe.py", *args], os.fdopen(read_end, "rb", buffering=0)
-    )
+    return ForkedRank(connection, [sys.executable, str(script), *args], os.fdopen(read_end, "rb", buffering=0))
 
 
 # --- the server ---------------------------------------------------------------------------
@@ -182,6 +183,7 @@ def _serve(path: str) -> None:
     import numpy  # noqa: F401  what every rank imports, once
     import rank_probe  # noqa: F401  (tests/ is sys.path[0]: this file runs as a script)
     import torch  # noqa: F401
+    import torch.distributed  # noqa: F401  the scripts that run under torchrun's environment use it
 
     import omniload.client  # noqa: F401
 
@@ -287,12 +289,12 @@ def _run_child(request: dict[str, Any], descriptors: list[int], close_in_child: 
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
-    sys.argv = [str(Path(__file__).with_name("rank_probe.py")), *request["argv"]]
-    import rank_probe
+    sys.argv = [request["script"], *request["argv"]]
+    sys.path[0] = os.path.dirname(request["script"])  # as `python SCRIPT` would have it
 
     code = 0
     try:
-        rank_probe.main()
+        runpy.run_path(request["script"], run_name="__main__")
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if not isinstance(exc.code, int) and exc.code is not None:

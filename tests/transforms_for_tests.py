@@ -30,10 +30,12 @@ def fail_on_seven(text: str) -> list[int]:
 
 def burn_bytes(text: str) -> np.ndarray:
     """The byte tokens after CPU work that costs a few microseconds per token, hundreds of
-    times the tokenizing (thread CPU time, which the autoscaler measures: a sleep would not)."""
+    times the tokenizing (thread CPU time, which the autoscaler measures: a sleep would not).
+    BURN_BYTES_ROUNDS=0 in the job's environment gives the same tokens at no cost: a reference
+    run that only needs the batches."""
     tokens = np.frombuffer(text.encode(), np.uint8).astype(np.int32)
     mixed = tokens.copy()
-    for _ in range(1000):
+    for _ in range(int(os.environ.get("BURN_BYTES_ROUNDS", 1000))):
         mixed = (mixed * 1103515245 + 12345) & 0x7FFFFFFF
     return tokens if mixed.sum() >= 0 else mixed
 

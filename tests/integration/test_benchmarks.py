@@ -42,6 +42,7 @@ def test_bench_throughput_runs():
     out = _run(
         "bench_throughput.py",
         *("--steps", "5", "--docs", "300", "--sources", "2", "--seq-len", "256", "--trials", "1", "--mixes", "bpe"),
+        *("--ranks", "1", "--workers-per-rank", "1"),
     )
     assert "bpe: omniload / baseline" in out and "single-core speed" in out and "loopback TCP copy" in out
     assert "processes at once" in out  # the reference under the same contention
@@ -82,9 +83,9 @@ def test_bench_quality_runs(tmp_path):
         "--seeds",
         "0",
         "--eval-docs",
-        "4",
+        "1",
         "--eval-windows",
-        "16",
+        "4",
         "--json",
         str(results),
     )
@@ -122,7 +123,8 @@ def test_bench_planner_runs_and_its_batches_do_not_depend_on_the_round_or_the_in
 def test_bench_device_runs_its_three_ways_without_a_gpu():
     """On CPU (--device cpu): the ways' code and the same-batches check, not the GPU figures."""
     out = _run(
-        "bench_device.py", "--device", "cpu", "--steps", "3", *("--seq-len", "256"), "--rows", "2", "--compute-ms", "0"
+        "bench_device.py",
+        *("--device", "cpu", "--steps", "3", "--seq-len", "256", "--rows", "2", "--compute-ms", "0", "--docs", "300"),
     )
     assert all(way in out for way in ("plain + .to()", "pin_memory", "device=")) and "the same batches" in out
 

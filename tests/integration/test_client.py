@@ -16,7 +16,7 @@ import omniload
 from omniload import client
 from omniload.state import RANK_KEY
 from tests.corpus import mixed_sources
-from tests.jobs import ROOT, TORCHRUN, omniload_cli
+from tests.jobs import ROOT, run_as_torchrun
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -129,37 +129,14 @@ def test_a_loop_ends_at_the_end_of_the_data_and_stays_ended(corpus):
 def test_prefetching_tp_ranks_save_the_trained_step_and_resume_bit_exact(corpus, tmp_path):
     """--broadcast-at tp: position() and state_dict(step=) are collective (rank 1 connects to no
     coordinator), and an out-of-range step raises on every rank."""
-    flags = [
-        f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
-        for s in mixed_sources(corpus)
-    ]
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "steps": 14, "epochs": 0}
+    spec |= {"tp": 2, "broadcast_at": "tp"}
 
     def torchrun(mode: str) -> list[dict]:
-        result = omniload_cli(
-            "launch",
-            *flags,
-            "--seq-len",
-            "64",
-            "--rows",
-            "2",
-            "--steps",
-            "14",
-            "--epochs",
-            "0",
-            "--tp",
-            "2",
-            "--broadcast-at",
-            "tp",
-            "--",
-            *TORCHRUN,
-            "--nproc_per_node=2",
-            str(TRAINER),
-            mode,
-            str(tmp_path / "state{rank}.json"),
-            str(tmp_path / f"{mode}{{rank}}.json"),
-            timeout=170,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
+        with omniload.Job(spec) as job:
+            run_as_torchrun(
+                job, 2, TRAINER, mode, str(tmp_path / "state{rank}.json"), str(tmp_path / f"{mode}{{rank}}.json")
+            )
         return [json.loads((tmp_path / f"{mode}{r}.json").read_text()) for r in range(2)]
 
     saved = torchrun("save")

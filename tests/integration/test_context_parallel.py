@@ -1,5 +1,6 @@
-"""Context parallelism on packed sequences under torchrun (gloo, CPU): what a cp=2 job's
-ranks get, put back together, is what the same job without context parallelism delivers."""
+"""Context parallelism on packed sequences, ranks in torchrun's environment (gloo, CPU): what a
+cp=2 job's ranks get, put back together, is what the same job without context parallelism
+delivers."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import omniload
 from omniload.coordinator.plan.parallel import SLICED, thd_unslice
 from tests.corpus import mixed_sources
-from tests.jobs import ROOT, TORCHRUN, lockstep_batches, omniload_cli
+from tests.jobs import ROOT, lockstep_batches, run_as_torchrun
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -19,26 +21,11 @@ DUMP = ROOT / "tests" / "batch_dump.py"
 STEPS = 6
 
 
-def _launch(corpus: dict[str, str], out: Path, nproc: int, *flags: str) -> list[tuple[dict, list]]:
-    """Run the job under torchrun with `nproc` ranks; each rank's (arrays, metas)."""
-    sources = [
-        f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
-        for s in mixed_sources(corpus)
-    ]
+def _ranks(spec: dict, out: Path, nproc: int) -> list[tuple[dict, list]]:
+    """Run the job with `nproc` ranks under torchrun's environment; each rank's (arrays, metas)."""
     out.mkdir()
-    result = omniload_cli(
-        "launch",
-        *sources,
-        *("--seq-len", "64", "--rows", "2", "--steps", str(STEPS), "--workers", "3", "-q"),
-        *flags,
-        "--",
-        *TORCHRUN,
-        f"--nproc_per_node={nproc}",
-        str(DUMP),
-        str(out),
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    with omniload.Job(spec) as job:
+        run_as_torchrun(job, nproc, DUMP, str(out))
     ranks = []
     for rank in range(nproc):
         with np.load(out / f"rank{rank}.npz") as npz:
@@ -49,11 +36,11 @@ def _launch(corpus: dict[str, str], out: Path, nproc: int, *flags: str) -> list[
 
 @pytest.mark.parametrize("rank_tokens", ["fixed", "variable"])
 def test_each_cp_group_reassembles_the_sequences_the_job_without_cp_delivers(corpus, tmp_path, rank_tokens):
-    budgets = ("--rank-tokens", rank_tokens)
-    # the job without cp, dp = 2, as its two ranks get it (two loaders in this process)
     spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "steps": STEPS, "workers": 3}
-    whole = lockstep_batches({**spec, "rank_tokens": rank_tokens}, world=2)
-    split = _launch(corpus, tmp_path / "cp2", 4, "--cp", "2", *budgets)  # dp = 2, cp ranks 2d and 2d+1 (tp-cp-dp-pp)
+    spec["rank_tokens"] = rank_tokens
+    # the job without cp, dp = 2, as its two ranks get it (two loaders in this process)
+    whole = lockstep_batches(spec, world=2)
+    split = _ranks({**spec, "cp": 2}, tmp_path / "cp2", 4)  # dp = 2, cp ranks 2d and 2d+1 (tp-cp-dp-pp)
     for step in range(STEPS):
         counts = {meta[step]["global_trained_tokens"] for _, meta in whole + split}
         want_count = sum(int((arrays[f"{step}/labels"] != -100).sum()) for arrays, _ in whole)

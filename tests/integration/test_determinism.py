@@ -39,13 +39,14 @@ def test_a_different_seed_gives_different_batches(corpus, tmp_path):
     assert a[0]["hashes"] != b[0]["hashes"]
 
 
-def _autoscaled_and_static(corpus, tmp_path, steps: int, env: dict[str, str] | None = None) -> tuple:
+def _autoscaled_and_static(corpus, tmp_path, monkeypatch, steps: int, env: dict[str, str] | None = None) -> tuple:
     """Two ranks read a job under --workers auto with a budget of two workers, and again under a
     static split of two. Eight sources (the corpus' files under several names), two of them
     hundreds of times costlier per token: packed by weight, sources 0, 2, 4, 6 share a worker.
     The costly two are copies of one source: burn_bytes costs per document, so its cost per
     token follows the documents' length. Returns (autoscaled ranks, static ranks, the workers'
-    status read every 0.1 s while the autoscaled job ran)."""
+    status read every 0.1 s while the autoscaled job ran). The static job burns no CPU: only its
+    batches matter."""
     import os
     import threading
 
@@ -58,7 +59,9 @@ def _autoscaled_and_static(corpus, tmp_path, steps: int, env: dict[str, str] | N
     for costly in (0, 6):
         sources[costly]["tokenizer"] = "tests.transforms_for_tests:burn_bytes"
     base = {"sources": sources, "seq_len": 512, "rows": 4, "seed": 3, "epochs": 0, "steps": steps, "ring_mb": 1}
-    static = run_ranks({**base, "workers": 2}, world=2, out_dir=tmp_path)
+    with monkeypatch.context() as free:
+        free.setenv("BURN_BYTES_ROUNDS", "0")
+        static = run_ranks({**base, "workers": 2}, world=2, out_dir=tmp_path)
     auto = {**base, "workers": "auto", "reserve_cpus": len(os.sched_getaffinity(0)) - 2, "autoscale_every": 0.5}
     readings: list[dict] = []
     with omniload.Job(auto) as job:
@@ -80,7 +83,7 @@ def _autoscaled_and_static(corpus, tmp_path, steps: int, env: dict[str, str] | N
     return scaled, static, readings
 
 
-def test_autoscaling_grows_moves_and_shrinks_the_pool_without_changing_the_data(corpus, tmp_path):
+def test_autoscaling_grows_moves_and_shrinks_the_pool_without_changing_the_data(corpus, tmp_path, monkeypatch):
     """--workers auto grows the pool and re-splits it by measured cost while the ranks read, then
     shrinks it again, stopping a worker, once the ranks take their batches slowly (a long
     training step) and the workers idle: the batches are those of a static split throughout.
@@ -88,7 +91,7 @@ def test_autoscaling_grows_moves_and_shrinks_the_pool_without_changing_the_data(
     it grows to two, and the measured costs part the costly two."""
     # 1,200 steps as fast as the ranks can (the pool grows and moves), then 100 of 0.15 s (it shrinks)
     slow = {"PROBE_SLOW_AFTER": "1200", "PROBE_STEP_S": "0.15"}
-    scaled, static, readings = _autoscaled_and_static(corpus, tmp_path, steps=1300, env=slow)
+    scaled, static, readings = _autoscaled_and_static(corpus, tmp_path, monkeypatch, steps=1300, env=slow)
     for rank in range(2):
         assert len(scaled[rank]["hashes"]) == 1300
         assert scaled[rank]["hashes"] == static[rank]["hashes"], f"rank {rank}: the pool's changes changed the data"

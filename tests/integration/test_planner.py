@@ -1,4 +1,4 @@
-"""The central planner in real jobs: tensor-parallel groups under torchrun, live mixing."""
+"""The central planner in real jobs: tensor-parallel groups (ranks in torchrun's environment), live mixing."""
 
 from __future__ import annotations
 
@@ -10,39 +10,16 @@ import torch
 
 import omniload
 from tests.corpus import mixed_sources
-from tests.jobs import PROBE, ROOT, TORCHRUN, omniload_cli
+from tests.jobs import PROBE, ROOT, omniload_cli, run_as_torchrun
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 @pytest.mark.parametrize("broadcast_at", ["none", "tp"])
 def test_tp_ranks_of_a_dp_group_see_identical_batches_and_dp_groups_are_disjoint(corpus, tmp_path, broadcast_at):
-    flags = [
-        f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
-        for s in mixed_sources(corpus)
-    ]
-    out = tmp_path / "rank{rank}.json"
-    result = omniload_cli(
-        "launch",
-        *flags,
-        "--seq-len",
-        "64",
-        "--rows",
-        "2",
-        "--tp",
-        "2",
-        "--steps",
-        "12",
-        "--broadcast-at",
-        broadcast_at,
-        "--",
-        *TORCHRUN,
-        "--nproc_per_node=4",
-        str(PROBE),
-        str(out),
-        timeout=200,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "tp": 2, "steps": 12}
+    with omniload.Job({**spec, "broadcast_at": broadcast_at}) as job:
+        run_as_torchrun(job, 4, PROBE, str(tmp_path / "rank{rank}.json"))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
     assert all(len(r["hashes"]) == 12 for r in ranks)
     assert ranks[0]["hashes"] == ranks[1]["hashes"], "tp ranks 0 and 1 (dp group 0) differ"

@@ -67,7 +67,7 @@ def test_sigkill_then_resume_from_the_folder_repeats_the_uninterrupted_run(corpu
 
 @pytest.mark.parametrize("before, after", [(4, 2)])  # more ranks after: test_images' resume on 3 after 2 (suite time)
 def test_resume_with_a_different_number_of_ranks_delivers_every_sample_once(corpus, tmp_path, before, after):
-    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "workers": 3, "seed": 8, "epochs": 1}
+    spec = {"sources": mixed_sources(corpus), "seq_len": 256, "rows": 2, "workers": 3, "seed": 8, "epochs": 1}
     whole = Counter(i for rank in run_ranks(spec, world=before, out_dir=tmp_path) for i in rank["sample_ids"])
     folder = tmp_path / f"ckpt{before}{after}"
     with omniload.Job({**spec, "checkpoint_dir": str(folder)}) as job:

@@ -50,13 +50,13 @@ def _expected_ids(sources: list[dict], seq_len: int) -> set[int]:
 @pytest.mark.parametrize("workers", [1, 5], ids=["one-worker-serves-all-sources", "several-lanes-per-source"])
 def test_one_epoch_delivers_every_document_chunk_exactly_once(corpus, tmp_path, workers):
     sources = mixed_sources(corpus)
-    spec = {"sources": sources, "seq_len": 96, "rows": 2, "workers": workers, "seed": 11, "epochs": 1}
+    spec = {"sources": sources, "seq_len": 256, "rows": 2, "workers": workers, "seed": 11, "epochs": 1}
     ranks = run_ranks(spec, world=2, out_dir=tmp_path)
 
     assert len(ranks[0]["hashes"]) == len(ranks[1]["hashes"]) > 0, "equal step counts when the data ends"
     delivered = ranks[0]["sample_ids"] + ranks[1]["sample_ids"]
     assert len(delivered) == len(set(delivered)), "a sample was delivered twice"
-    assert set(delivered) == _expected_ids(sources, 96), "a sample was lost"
+    assert set(delivered) == _expected_ids(sources, 256), "a sample was lost"
 
 
 def test_64_ranks_of_one_job_get_every_step_and_never_the_same_sample(corpus):
