@@ -152,5 +152,5 @@ def test_timing_the_tokenizer_in_processes_at_once_says_why_it_failed(tokenizer,
 
 
 def test_ring_soak_runs_and_finds_no_misread():
-    out = _run("ring_soak.py", "--seconds", "4", "--kill-every", "0.5")
+    out = _run("ring_soak.py", "--seconds", "2", "--kill-every", "0.25")
     assert "0 misreads, 0 records failing their checks" in out and "writers killed" in out

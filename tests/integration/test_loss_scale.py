@@ -1,5 +1,6 @@
-"""Loss normalisation in a real 2-rank torchrun job (gloo, CPU): the demo's gradient is the one
-of the unsplit global batch, though the ranks hold unequal numbers of labelled tokens."""
+"""Loss normalisation in a real 2-rank job, the ranks in torchrun's environment (gloo, CPU): the
+demo's gradient is the one of the unsplit global batch, though the ranks hold unequal numbers of
+labelled tokens."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import json
 import numpy as np
 import pytest
 
+import omniload
 from tests.corpus import mixed_sources
-from tests.jobs import ROOT, TORCHRUN, omniload_cli
+from tests.jobs import ROOT, run_as_torchrun
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -17,23 +19,9 @@ STEPS = 30  # the first steps of the shuffle may all be full chunks (equal count
 
 
 def test_the_demo_gradient_is_the_global_batch_gradient_and_the_meta_counts_every_rank(corpus, tmp_path):
-    sources = [
-        f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
-        for s in mixed_sources(corpus)
-    ]
-    result = omniload_cli(
-        "launch",
-        *sources,
-        *("--seq-len", "64", "--rows", "2", "--steps", str(STEPS), "--workers", "3", "-q"),
-        "--",
-        *TORCHRUN,
-        "--nproc_per_node=2",
-        str(ROOT / "tests" / "loss_scale_probe.py"),
-        str(tmp_path),
-        str(STEPS),
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "steps": STEPS, "workers": 3}
+    with omniload.Job(spec) as job:
+        run_as_torchrun(job, 2, ROOT / "tests" / "loss_scale_probe.py", str(tmp_path), str(STEPS))
     counts = json.loads((tmp_path / "counts.json").read_text())
     assert len(counts) == STEPS
     for step in counts:  # the same count on every rank: the sum of the ranks' labelled tokens

@@ -19,10 +19,10 @@ from omniload.coordinator.checkpoint.folder import last_position
 from tests.corpus import documents, mixed_sources, write_parquet
 from tests.jobs import (
     ROOT,
-    TORCHRUN,
     collect,
     lockstep_digests,
     omniload_cli,
+    run_as_torchrun,
     run_ranks,
     start_ranks,
     wait_for_checkpoint,
@@ -108,32 +108,18 @@ def _config(tmp_path: Path, spec: dict) -> str:
 
 
 def test_loader_state_saved_and_loaded_with_torch_distributed_checkpoint(corpus, tmp_path):
-    flags = [
-        f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
-        for s in mixed_sources(corpus)
-    ]
-    common = [*flags, "--seq-len", "64", "--rows", "2", "--steps", "20", "--epochs", "0"]
+    """Two ranks in torchrun's environment save the loader with the model through
+    torch.distributed.checkpoint, and two ranks of a new job load it (tests/dcp_train.py)."""
+    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "steps": 20, "epochs": 0}
 
-    def torchrun(mode: str, out: str) -> dict[str, dict]:
-        result = omniload_cli(
-            "launch",
-            *common,
-            "--",
-            *TORCHRUN,
-            "--nproc_per_node=2",
-            str(ROOT / "tests" / "dcp_train.py"),
-            mode,
-            str(tmp_path / "dcp"),
-            str(tmp_path / out),
-            timeout=200,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
+    def dcp_ranks(mode: str, out: str) -> dict[int, dict]:
+        with omniload.Job(spec) as job:
+            run_as_torchrun(job, 2, ROOT / "tests" / "dcp_train.py", mode, str(tmp_path / "dcp"), str(tmp_path / out))
         return {r: json.loads((tmp_path / out.format(rank=r)).read_text()) for r in range(2)}
 
-    spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "steps": 20, "epochs": 0}
-    full = lockstep_digests(spec, world=2, digest_size=16)  # the flags' job, uninterrupted
-    saved = torchrun("save", "save{rank}.json")
-    loaded = torchrun("load", "load{rank}.json")
+    full = lockstep_digests(spec, world=2, digest_size=16)  # the job uninterrupted
+    saved = dcp_ranks("save", "save{rank}.json")
+    loaded = dcp_ranks("load", "load{rank}.json")
     for rank in range(2):
         assert sorted(map(int, saved[rank])) == list(range(10))
         assert sorted(map(int, loaded[rank])) == list(range(10, 20))
