@@ -89,11 +89,12 @@ def test_autoscaling_grows_moves_and_shrinks_the_pool_without_changing_the_data(
     training step) and the workers idle: the batches are those of a static split throughout.
     The pool starts with one worker, which the costly sources keep busy while they starve, so
     it grows to two, and the measured costs part the costly two."""
-    # 1,200 steps as fast as the ranks can (the pool grows and moves), then 100 of 0.15 s (it shrinks)
-    slow = {"PROBE_SLOW_AFTER": "1200", "PROBE_STEP_S": "0.15"}
-    scaled, static, readings = _autoscaled_and_static(corpus, tmp_path, monkeypatch, steps=1300, env=slow)
+    # 400 steps as fast as the ranks can (the pool grows and moves: it grows while the window
+    # fills, before the first step), then 60 of 0.15 s (it shrinks, a second or two in)
+    slow = {"PROBE_SLOW_AFTER": "400", "PROBE_STEP_S": "0.15"}
+    scaled, static, readings = _autoscaled_and_static(corpus, tmp_path, monkeypatch, steps=460, env=slow)
     for rank in range(2):
-        assert len(scaled[rank]["hashes"]) == 1300
+        assert len(scaled[rank]["hashes"]) == 460
         assert scaled[rank]["hashes"] == static[rank]["hashes"], f"rank {rank}: the pool's changes changed the data"
     counts = [r["count"] for r in readings]
     assert max((r["moves"] for r in readings), default=0) >= 1, "the autoscaler never moved a worker"
