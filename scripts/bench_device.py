@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--compute-ms", default="0,20", help="GPU work per step, one pass over the ways each")
     parser.add_argument("--device", default="cuda", help="cpu: run the script's own code without a GPU")
-    parser.add_argument("--docs", type=int, default=20000, help="documents a source")
+    parser.add_argument("--docs", type=int, default=20000, help="documents per source")
     add_json_flag(parser)
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():

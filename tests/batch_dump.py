@@ -1,8 +1,8 @@
 """A torchrun rank for the tests: consume a job and save every batch it got.
 
-Usage: python tests/batch_dump.py OUT_DIR   (OMNILOAD_*, RANK, WORLD_SIZE from torchrun and
-`omniload launch`). Writes OUT_DIR/rank{RANK}.npz with each step's tensors as "{step}/{name}",
-and OUT_DIR/rank{RANK}.json with each step's loader.meta.
+Usage: python tests/batch_dump.py OUT_DIR   (OMNILOAD_*, RANK, WORLD_SIZE as torchrun and
+`omniload launch` give them, or tests/jobs.run_as_torchrun). Writes OUT_DIR/rank{RANK}.npz with
+each step's tensors as "{step}/{name}", and OUT_DIR/rank{RANK}.json with each step's loader.meta.
 """
 
 from __future__ import annotations

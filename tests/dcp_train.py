@@ -1,5 +1,6 @@
 """A training script that saves and loads the loader with the model through
-torch.distributed.checkpoint (gloo, CPU). Run under torchrun:
+torch.distributed.checkpoint (gloo, CPU). Run under torchrun or in its environment
+(tests/jobs.run_as_torchrun):
 
     dcp_train.py save|load CHECKPOINT_DIR OUT   (OUT may contain {rank})
 """

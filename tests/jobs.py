@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,12 +42,37 @@ def start_ranks(
 
 
 def collect(ranks: list[tuple[ForkedRank, Path]], timeout: float = 90) -> list[dict[str, Any]]:
-    results = []
-    for process, out in ranks:
-        _, stderr = process.communicate(timeout=timeout)
-        assert process.returncode == 0, f"rank exited {process.returncode}: {stderr[-2000:]}"
-        results.append(json.loads(out.read_text()))
-    return results
+    wait_all([process for process, _ in ranks], timeout)
+    return [json.loads(out.read_text()) for _, out in ranks]
+
+
+def wait_all(processes: list[ForkedRank], timeout: float, what: str = "rank") -> None:
+    """Wait for every rank, reading their stderr together (a rank that fills its pipe must not
+    wait on one stuck in a collective); the first to fail stops the others, as torchrun does,
+    and is the one named."""
+    errors: dict[int, str] = {}
+
+    def drain(index: int, process: ForkedRank) -> None:
+        try:
+            errors[index] = process.communicate(timeout=timeout)[1]
+        except (subprocess.TimeoutExpired, RuntimeError) as exc:
+            errors[index] = f"({exc})"
+
+    readers = [threading.Thread(target=drain, args=(i, p), daemon=True) for i, p in enumerate(processes)]
+    for reader in readers:
+        reader.start()
+    failed: int | None = None
+    while failed is None and any(reader.is_alive() for reader in readers):
+        failed = next((i for i, p in enumerate(processes) if p.returncode not in (None, 0)), None)
+        time.sleep(0.02)
+    for process in processes:  # those still running: the rest of a failed job's ranks
+        _kill_running(process)
+    for reader in readers:
+        reader.join(10)
+    if failed is None:
+        failed = next((i for i, p in enumerate(processes) if p.returncode != 0), None)
+    if failed is not None:
+        raise AssertionError(f"{what} {failed} exited {processes[failed].returncode}: {errors.get(failed, '')[-2000:]}")
 
 
 def run_ranks(
@@ -219,25 +246,34 @@ def coordinator_on_a_small_disk(
 
 
 def run_as_torchrun(job: omniload.Job, nproc: int, script: Path, *args: str, timeout: float = 120) -> None:
-    """`nproc` ranks of `script`, each with the environment torchrun gives its ranks (RANK,
-    LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for gloo) and the job's, forked with
-    torch imported (rank_forkserver): for the tests about what the ranks get. The tests of
-    torchrun itself (test_torchrun, test_recipes, and a few more) start it as users do."""
-    from omniload.coordinator.serve.listening import free_port
+    """`nproc` ranks of `script` with the environment torchrun gives its ranks and the job's,
+    forked with torch imported (rank_forkserver): for the tests about what ranks get. As under
+    torchrun, the ranks meet at a TCPStore the launcher holds (TORCHELASTIC_USE_AGENT_STORE), so
+    no port is picked and given away; torch runs on one thread (conftest). The tests of the
+    user's command (the demo, the recipes, launch reading a bucket and launch --standby) start
+    torchrun itself."""
+    import torch.distributed as dist
 
-    world = {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0"}
-    world |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1"))}
-    ranks = [
-        spawn(list(args), {**os.environ, **job.env(), **world, "RANK": str(r), "LOCAL_RANK": str(r)}, script=script)
-        for r in range(nproc)
-    ]
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    torchrun_env = {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0"}
+    torchrun_env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    ranks: list[ForkedRank] = []
     try:
-        for rank, process in enumerate(ranks):
-            _, stderr = process.communicate(timeout=timeout)
-            assert process.returncode == 0, (
-                f"rank {rank} of {script.name} exited {process.returncode}: {stderr[-3000:]}"
-            )
-    finally:  # a rank that failed leaves the others waiting in a collective
-        for process in ranks:
-            process.kill()
-            process.wait(10)
+        for rank in range(nproc):
+            env = {**os.environ, **job.env(), **torchrun_env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            ranks.append(spawn(list(args), env, script=script))
+        wait_all(ranks, timeout, f"{script.name} rank")
+    finally:
+        for process in ranks:  # a spawn that failed leaves the earlier ranks waiting for the rest
+            _kill_running(process)
+        del store
+
+
+def _kill_running(process: ForkedRank) -> None:
+    """SIGKILL a rank not known to have ended, without reading its connection (a reader thread
+    of wait_all's may be reading it)."""
+    if process.returncode is None:
+        try:
+            os.kill(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

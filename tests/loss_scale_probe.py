@@ -1,6 +1,7 @@
 """A torchrun rank for the loss-normalisation test: the demo's gradient against the global batch's.
 
-Usage: python tests/loss_scale_probe.py OUT_DIR STEPS   (under `omniload launch -- torchrun`).
+Usage: python tests/loss_scale_probe.py OUT_DIR STEPS   (under torchrun, or in its environment:
+tests/jobs.run_as_torchrun).
 Every rank runs the demo's model under DDP with the demo's loss (omniload/demo/train.py) for
 STEPS batches without stepping the optimizer, and gathers every rank's batch. Rank 0 also runs
 an unwrapped copy of the same model on the gathered global batch, with the plain mean token

@@ -1,5 +1,6 @@
 """A prefetching trainer: it fetches the next batch before it saves, and saves the position of
-the step it trained on with `loader.state_dict(step=...)`. Run under torchrun (gloo):
+the step it trained on with `loader.state_dict(step=...)`. Run under torchrun or in its environment
+(tests/jobs.run_as_torchrun; gloo):
 
     prefetch_train.py save|load STATE OUT   (STATE and OUT may contain {rank})
 

@@ -181,7 +181,6 @@ def spawn(args: list[str], env: dict[str, str], script: Path = _PROBE) -> Forked
 
 def _serve(path: str) -> None:
     import numpy  # noqa: F401  what every rank imports, once
-    import rank_probe  # noqa: F401  (tests/ is sys.path[0]: this file runs as a script)
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401  the scripts that run under torchrun's environment use it
 
@@ -290,7 +289,7 @@ def _run_child(request: dict[str, Any], descriptors: list[int], close_in_child: 
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.argv = [request["script"], *request["argv"]]
-    sys.path[0] = os.path.dirname(request["script"])  # as `python SCRIPT` would have it
+    sys.path[0] = os.path.dirname(os.path.abspath(request["script"]))  # as `python SCRIPT` has it
 
     code = 0
     try:

@@ -42,7 +42,7 @@ def test_bench_throughput_runs():
     out = _run(
         "bench_throughput.py",
         *("--steps", "5", "--docs", "300", "--sources", "2", "--seq-len", "256", "--trials", "1", "--mixes", "bpe"),
-        *("--ranks", "1", "--workers-per-rank", "1"),
+        *("--ranks", "2", "--workers-per-rank", "1"),
     )
     assert "bpe: omniload / baseline" in out and "single-core speed" in out and "loopback TCP copy" in out
     assert "processes at once" in out  # the reference under the same contention

@@ -4,14 +4,13 @@ the job of the dict: tests/unit/test_spec.py.)"""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
 
 import omniload
 from tests.corpus import mixed_sources
-from tests.jobs import PROBE, collect, run_as_torchrun, run_ranks, start_ranks, wait_for_checkpoint
+from tests.jobs import collect, run_ranks, start_ranks, wait_for_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -32,15 +31,8 @@ def _spec(corpus, rank_tokens: str) -> dict:
     }
 
 
-def _variable_ranks(corpus, tmp_path) -> list[dict]:
-    """The ranks' records of a --rank-tokens variable job, ranks in torchrun's environment."""
-    with omniload.Job(_spec(corpus, "variable")) as job:
-        run_as_torchrun(job, DP, PROBE, str(tmp_path / "rank{rank}.json"))
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(DP)]
-
-
 def test_ranks_get_their_own_lengths_and_every_document_once(corpus, tmp_path):
-    ranks = _variable_ranks(corpus, tmp_path)
+    ranks = run_ranks(_spec(corpus, "variable"), world=DP, out_dir=tmp_path)
     steps = len(ranks[0]["hashes"])
     assert steps > 20 and all(len(r["hashes"]) == steps for r in ranks)
 

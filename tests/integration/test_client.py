@@ -132,15 +132,15 @@ def test_prefetching_tp_ranks_save_the_trained_step_and_resume_bit_exact(corpus,
     spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "steps": 14, "epochs": 0}
     spec |= {"tp": 2, "broadcast_at": "tp"}
 
-    def torchrun(mode: str) -> list[dict]:
+    def run_trainer_ranks(mode: str) -> list[dict]:
         with omniload.Job(spec) as job:
             run_as_torchrun(
                 job, 2, TRAINER, mode, str(tmp_path / "state{rank}.json"), str(tmp_path / f"{mode}{{rank}}.json")
             )
         return [json.loads((tmp_path / f"{mode}{r}.json").read_text()) for r in range(2)]
 
-    saved = torchrun("save")
-    loaded = torchrun("load")
+    saved = run_trainer_ranks("save")
+    loaded = run_trainer_ranks("load")
     states = [json.loads((tmp_path / f"state{r}.json").read_text()) for r in range(2)]
     assert states[0] == states[1] and _step_of(states[0]) == 7  # SAVE_AT + 1
     for rank in range(2):

@@ -21,7 +21,7 @@ DUMP = ROOT / "tests" / "batch_dump.py"
 STEPS = 6
 
 
-def _ranks(spec: dict, out: Path, nproc: int) -> list[tuple[dict, list]]:
+def _run_dump_ranks(spec: dict, out: Path, nproc: int) -> list[tuple[dict, list]]:
     """Run the job with `nproc` ranks under torchrun's environment; each rank's (arrays, metas)."""
     out.mkdir()
     with omniload.Job(spec) as job:
@@ -40,7 +40,7 @@ def test_each_cp_group_reassembles_the_sequences_the_job_without_cp_delivers(cor
     spec["rank_tokens"] = rank_tokens
     # the job without cp, dp = 2, as its two ranks get it (two loaders in this process)
     whole = lockstep_batches(spec, world=2)
-    split = _ranks({**spec, "cp": 2}, tmp_path / "cp2", 4)  # dp = 2, cp ranks 2d and 2d+1 (tp-cp-dp-pp)
+    split = _run_dump_ranks({**spec, "cp": 2}, tmp_path / "cp2", 4)  # dp = 2, cp ranks 2d and 2d+1 (tp-cp-dp-pp)
     for step in range(STEPS):
         counts = {meta[step]["global_trained_tokens"] for _, meta in whole + split}
         want_count = sum(int((arrays[f"{step}/labels"] != -100).sum()) for arrays, _ in whole)

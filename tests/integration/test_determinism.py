@@ -84,11 +84,11 @@ def _autoscaled_and_static(corpus, tmp_path, monkeypatch, steps: int, env: dict[
 
 
 def test_autoscaling_grows_moves_and_shrinks_the_pool_without_changing_the_data(corpus, tmp_path, monkeypatch):
-    """--workers auto grows the pool and re-splits it by measured cost while the ranks read, then
-    shrinks it again, stopping a worker, once the ranks take their batches slowly (a long
-    training step) and the workers idle: the batches are those of a static split throughout.
-    The pool starts with one worker, which the costly sources keep busy while they starve, so
-    it grows to two, and the measured costs part the costly two."""
+    """--workers auto grows the pool and re-splits it by measured cost while the job fills its
+    shuffle window, then shrinks it again, stopping a worker, once the ranks take their batches
+    slowly (a long training step) and the workers idle: the batches are those of a static split
+    throughout. The pool starts with one worker, which the costly sources keep busy while they
+    starve, so it grows to two, and the measured costs part the costly two."""
     # 400 steps as fast as the ranks can (the pool grows and moves: it grows while the window
     # fills, before the first step), then 60 of 0.15 s (it shrinks, a second or two in)
     slow = {"PROBE_SLOW_AFTER": "400", "PROBE_STEP_S": "0.15"}

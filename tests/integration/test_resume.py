@@ -112,14 +112,14 @@ def test_loader_state_saved_and_loaded_with_torch_distributed_checkpoint(corpus,
     torch.distributed.checkpoint, and two ranks of a new job load it (tests/dcp_train.py)."""
     spec = {"sources": mixed_sources(corpus), "seq_len": 64, "rows": 2, "steps": 20, "epochs": 0}
 
-    def dcp_ranks(mode: str, out: str) -> dict[int, dict]:
+    def run_dcp_ranks(mode: str, out: str) -> dict[int, dict]:
         with omniload.Job(spec) as job:
             run_as_torchrun(job, 2, ROOT / "tests" / "dcp_train.py", mode, str(tmp_path / "dcp"), str(tmp_path / out))
         return {r: json.loads((tmp_path / out.format(rank=r)).read_text()) for r in range(2)}
 
     full = lockstep_digests(spec, world=2, digest_size=16)  # the job uninterrupted
-    saved = dcp_ranks("save", "save{rank}.json")
-    loaded = dcp_ranks("load", "load{rank}.json")
+    saved = run_dcp_ranks("save", "save{rank}.json")
+    loaded = run_dcp_ranks("load", "load{rank}.json")
     for rank in range(2):
         assert sorted(map(int, saved[rank])) == list(range(10))
         assert sorted(map(int, loaded[rank])) == list(range(10, 20))

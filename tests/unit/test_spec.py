@@ -2,6 +2,7 @@ import dataclasses
 
 import pytest
 
+from omniload import cli
 from omniload.cli import build_spec
 from omniload.errors import ConfigError
 from omniload.spec import GROUPS, Spec, parse_source
@@ -245,29 +246,25 @@ def test_a_manifest_is_for_a_stores_urls():
     assert spec.sources[0].manifest == "web.manifest.npz"
 
 
-def test_launch_flags_give_the_spec_of_the_python_dict():
+def test_launch_flags_give_the_spec_of_the_python_dict(monkeypatch):
     """What `omniload launch FLAGS -- CMD` runs is the job Python's dict describes: the
     integration tests of layouts and budgets start their jobs from dicts."""
-    import inspect
-
-    from omniload.cli import launch
-
+    ran = {}
+    monkeypatch.setattr(cli, "run_launch", lambda spec, cmd, **kwargs: ran.update(spec=spec, cmd=cmd) or 0)
     flags = ["--source=web=w/*.parquet,weight=0.6", "--source=code=c/*.jsonl,weight=0.4,column=content"]
     flags += ["--seq-len", "512", "--rows", "2", "--seed", "7", "--cost-coeffs", "1,64,0", "--rank-tokens", "variable"]
     flags += ["--pad-to", "16", "--tp", "2", "--cp", "2", "--broadcast-at", "tp", "--steps", "12", "--epochs", "0"]
-    params = launch.make_context("launch", [*flags, "--", "torchrun", "train.py"]).params
-    own = set(inspect.signature(launch.callback).parameters)  # launch's own flags; the rest are the spec's
-    options = {name: value for name, value in params.items() if name not in own}
-    from_flags = build_spec(params["config"], params["sources"], options)
-    from_dict = Spec.from_dict(
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["launch", *flags, "--workers", "3", "-q", "--", "torchrun", "train.py"], standalone_mode=False)
+    assert exited.value.code == 0
+    assert ran["spec"] == Spec.from_dict(
         {
             "sources": [
                 {"name": "web", "path": "w/*.parquet", "weight": 0.6},
                 {"name": "code", "path": "c/*.jsonl", "weight": 0.4, "column": "content"},
             ],
             **{"seq_len": 512, "rows": 2, "seed": 7, "cost_coeffs": "1,64,0", "rank_tokens": "variable"},
-            **{"pad_to": 16, "tp": 2, "cp": 2, "broadcast_at": "tp", "steps": 12, "epochs": 0},
+            **{"pad_to": 16, "tp": 2, "cp": 2, "broadcast_at": "tp", "steps": 12, "epochs": 0, "workers": 3},
         }
     )
-    assert from_flags == from_dict
-    assert params["cmd"] == ("torchrun", "train.py")
+    assert ran["cmd"] == ["torchrun", "train.py"]
