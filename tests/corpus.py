@@ -130,6 +130,14 @@ def mixed_sources(corpus: dict[str, str], weights=(0.6, 0.3, 0.1)) -> list[dict]
     ]
 
 
+def source_flags(sources: list[dict]) -> list[str]:
+    """The `--source` flags of `omniload launch` that give these sources (mixed_sources' dicts)."""
+    return [
+        f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
+        for s in sources
+    ]
+
+
 def write_megatron(prefix: Path, documents: list[list[list[int]]], dtype: type = np.uint16) -> Path:
     """A Megatron indexed dataset PREFIX.bin + PREFIX.idx written by the MMIDIDX layout as
     documented (workers/token_files.py), without Megatron: each document a list of sequences

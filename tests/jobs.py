@@ -263,10 +263,9 @@ def run_as_torchrun(job: omniload.Job, nproc: int, script: Path, *args: str, tim
             env = {**os.environ, **job.env(), **torchrun_env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
             ranks.append(spawn(list(args), env, script=script))
         wait_all(ranks, timeout, f"{script.name} rank")
-    finally:
+    finally:  # (the store lives until here: the ranks meet at it until they end)
         for process in ranks:  # a spawn that failed leaves the earlier ranks waiting for the rest
             _kill_running(process)
-        del store
 
 
 def _kill_running(process: ForkedRank) -> None:

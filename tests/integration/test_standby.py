@@ -19,7 +19,7 @@ import omniload
 from omniload.control import job_status
 from omniload.coordinator.ha.lease import read_lease
 from omniload.job import FENCED_EXIT
-from tests.corpus import make_mixed_corpus, mixed_sources
+from tests.corpus import make_mixed_corpus, mixed_sources, source_flags
 from tests.jobs import PROBE, ROOT, TORCHRUN, checkpointed_step, collect, run_ranks, start_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
@@ -105,10 +105,7 @@ def _assert_same(reference: list[dict], got: list[dict]) -> None:
 def test_launch_standby_under_torchrun_survives_kill_9_of_the_primary(uninterrupted, tmp_path):
     spec, reference = uninterrupted
     folder = tmp_path / "ckpt"
-    flags = [
-        f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
-        for s in spec["sources"]
-    ]
+    flags = source_flags(spec["sources"])
     launch = subprocess.Popen(
         [
             sys.executable,

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import omniload
-from tests.corpus import mixed_sources
+from tests.corpus import mixed_sources, source_flags
 from tests.jobs import PROBE, collect, omniload_cli, start_ranks, wait_for_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -75,10 +75,7 @@ def test_status_and_metrics_list_every_source_and_rank_and_their_counters_grow(c
 
 
 def test_launch_prints_progress_lines_and_q_silences_them(corpus, tmp_path):
-    flags = [
-        f"--source={s['name']}={s['path']},weight={s['weight']}" + (f",column={s['column']}" if "column" in s else "")
-        for s in mixed_sources(corpus)
-    ]
+    flags = source_flags(mixed_sources(corpus))
     common = [*flags, "--seq-len", "64", "--workers", "3", "--steps", "60"]
     rank = [sys.executable, str(PROBE), str(tmp_path / "out.json")]
     talkative = omniload_cli(
