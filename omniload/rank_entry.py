@@ -32,7 +32,7 @@ class RankLoader(Protocol):
 
     @property
     def meta(self) -> dict[str, Any]:
-        """The last batch's figures (its tokens, the balance, documents a step)."""
+        """The last batch's meta (its tokens, the balance, documents a step)."""
         ...
 
     @property
