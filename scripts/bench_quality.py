@@ -22,6 +22,10 @@ sources by the weights, by stride scheduling):
                    DP clients in this process; attention within each packed document (cu_seqlens)
   omniload-nomask  omniload's batches, the model attending across a row's packed documents
                    with positions 0..seq_len-1 (TinyGPT(doc_mask=False)); evaluated alike
+  chunks-reshuffled  chunks under another shuffle of the same seed: its gap to chunks is the
+                   noise floor, what a sampler's own randomness moves the loss by
+  chunks-masked    chunks' rows with omniload's document mask (each piece attends to itself,
+                   positions from its start): the mask's effect apart from the sampler's
 
 Evaluations, per source on its held-out documents (the report weighs sources by the weights):
   windows    random seq_len windows of the held-out documents concatenated (favours the arms
@@ -322,16 +326,17 @@ def windows_steps(docs: list[list[np.ndarray]], rows: int, steps: int, seed: int
     )
 
 
-def chunks_steps(docs: list[list[np.ndarray]], rows: int, steps: int, seed: int) -> Steps:
+def chunks_steps(docs: list[list[np.ndarray]], rows: int, steps: int, seed: int, shuffle: int = 0) -> Steps:
     """Megatron's GPTDataset: documents shuffled, concatenated, cut into SEQ chunks (the last
-    partial one dropped), the chunks shuffled; a new epoch reshuffles both."""
+    partial one dropped), the chunks shuffled; a new epoch reshuffles both. `shuffle` picks
+    another shuffle of the same seed (the model's initialisation and evaluation stay)."""
     epochs: dict[tuple[int, int], tuple[_Streams, np.ndarray]] = {}
 
     def pick(s: int, k: int) -> tuple[np.ndarray, list]:
         per_epoch = sum(len(d) for d in docs[s]) // SEQ
         epoch, k = divmod(k, per_epoch)
         if (s, epoch) not in epochs:
-            rng = np.random.default_rng([seed, s, epoch, 0x3E6A])
+            rng = np.random.default_rng([seed, s, epoch, 0x3E6A] + ([shuffle] if shuffle else []))
             order = [np.arange(len(d)) for d in docs]
             order[s] = rng.permutation(len(docs[s]))
             epochs[(s, epoch)] = (_Streams(docs, order, only=s), rng.permutation(per_epoch))
@@ -339,6 +344,25 @@ def chunks_steps(docs: list[list[np.ndarray]], rows: int, steps: int, seed: int)
         return streams.row(s, int(chunks[k]) * SEQ)
 
     return _stream_steps(rows, steps, pick)
+
+
+def masked(steps: Steps) -> Steps:
+    """The same rows, each document's piece attending to itself alone, positions from the
+    piece's start and its last token predicting nothing (as omniload's batches)."""
+    out = []
+    for step in steps:
+        batches = []
+        for b in step:
+            cu = np.concatenate([[0], np.cumsum(b.seg_len)])
+            labels = b.labels.reshape(-1).copy()
+            labels[cu[1:] - 1] = -100
+            positions = np.concatenate([np.arange(n) for n in b.seg_len]).reshape(b.input_ids.shape)
+            shape = b.input_ids.shape
+            batches.append(
+                RankBatch(b.input_ids, labels.reshape(shape), positions, cu, b.seg_source, b.seg_doc, b.seg_len)
+            )
+        out.append(batches)
+    return out
 
 
 # -- what the batches hold --------------------------------------------------------------------
@@ -476,7 +500,7 @@ def heldout_loss(model: TinyGPT, per_source: list[list[EvalRows]]) -> dict[str, 
 
 
 # -- the run ----------------------------------------------------------------------------------
-ARMS = ("windows", "chunks", "omniload", "omniload-nomask")
+ARMS = ("windows", "chunks", "omniload", "omniload-nomask", "chunks-reshuffled", "chunks-masked")
 
 
 def run_seed(
@@ -500,6 +524,10 @@ def run_seed(
             steps_of_arm = windows_steps(docs, rows, steps, seed)
         elif arm == "chunks":
             steps_of_arm = chunks_steps(docs, rows, steps, seed)
+        elif arm == "chunks-reshuffled":
+            steps_of_arm = chunks_steps(docs, rows, steps, seed, shuffle=1)
+        elif arm == "chunks-masked":
+            steps_of_arm = masked(chunks_steps(docs, rows, steps, seed))
         elif arm == "omniload":
             steps_of_arm = batches["omniload"] = omniload_steps(root, rows, steps, seed, figures)
         else:  # the same batches, the model attending across the rows' documents
@@ -570,10 +598,10 @@ def quality_figures(run: dict) -> list[Figure]:
     count = len(run["seeds"].split(","))
     seeds = f"{count} seed" + ("s" if count > 1 else "")
 
-    def gap(baseline: str, evaluation: str) -> tuple[str, float]:
+    def gap(baseline: str, evaluation: str, arm: str = "omniload") -> tuple[str, float]:
         per_seed = [
             a[f"loss_{evaluation}"]["mix"] - b[f"loss_{evaluation}"]["mix"]
-            for a, b in zip(results["omniload"], results[baseline])
+            for a, b in zip(results[arm], results[baseline])
         ]
         spread = f"{_signed(min(per_seed))} to {_signed(max(per_seed))}"
         return f"{_signed(float(np.mean(per_seed)))} ({spread}, {seeds})", float(np.mean(per_seed))
@@ -584,6 +612,15 @@ def quality_figures(run: dict) -> list[Figure]:
         figures.append(
             Figure(
                 f"held-out loss on whole documents, omniload − Megatron's chunks, {setting} (within seed noise)",
+                value,
+                "permutation of chunks",
+            )
+        )
+    if "chunks-reshuffled" in results and "chunks" in results:
+        value, _ = gap("chunks", "documents", arm="chunks-reshuffled")
+        figures.append(
+            Figure(
+                f"noise floor: held-out loss on whole documents, chunks reshuffled − chunks, {setting}",
                 value,
                 "permutation of chunks",
             )

@@ -91,7 +91,9 @@ def test_bench_quality_runs(tmp_path):
     )
     assert "omniload - chunks: windows" in out and "omniload-nomask - chunks" in out
     figures = json.loads(results.read_text())["results"]
-    assert set(figures) == {"windows", "chunks", "omniload", "omniload-nomask"}
+    assert set(figures) == {"windows", "chunks", "omniload", "omniload-nomask", "chunks-reshuffled", "chunks-masked"}
+    named = {f["figure"].split(",")[0] for f in json.loads(results.read_text())["figures"]}
+    assert "noise floor: held-out loss on whole documents" in named, named
     for (arm,) in figures.values():
         assert {"loss_windows", "loss_starts", "loss_documents", "distinct_docs", "top_doc_share"} <= set(arm)
 
