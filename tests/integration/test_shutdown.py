@@ -14,7 +14,7 @@ import pytest
 
 import omniload
 from omniload.formats.ring import job_segments
-from tests.corpus import mixed_sources
+from tests.corpus import mixed_sources, source_flags
 from tests.jobs import PROBE, ROOT, workers_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -31,13 +31,7 @@ def _wait_gone(pids: list[int], seconds: float = 15.0) -> list[int]:
 
 
 def _endless_launch(corpus, tmp_path) -> subprocess.Popen:
-    args = ["launch", "--seq-len", "64", "--workers", "3", "--epochs", "0"]
-    for source in mixed_sources(corpus):
-        args += [
-            "--source",
-            f"{source['name']}={source['path']},weight={source['weight']}"
-            + (f",column={source['column']}" if "column" in source else ""),
-        ]
+    args = ["launch", "--seq-len", "64", "--workers", "3", "--epochs", "0", *source_flags(mixed_sources(corpus))]
     return subprocess.Popen(
         [sys.executable, "-m", "omniload.cli", *args, "--", sys.executable, str(PROBE), str(tmp_path / "out.json")],
         cwd=ROOT,

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import omniload
-from tests.corpus import mixed_sources, write_jsonl
+from tests.corpus import mixed_sources, source_flags, write_jsonl
 from tests.jobs import PROBE, ROOT, collect, start_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -134,13 +134,7 @@ def _private_small_shm_or_skip() -> None:
 
 
 def _launch_args(corpus: dict[str, str], *flags_then_cmd: str) -> list[str]:
-    args = [sys.executable, "-m", "omniload.cli", "launch", "--seq-len", "64"]
-    for source in mixed_sources(corpus):
-        args += [
-            "--source",
-            f"{source['name']}={source['path']},weight={source['weight']}"
-            + (f",column={source['column']}" if "column" in source else ""),
-        ]
+    args = [sys.executable, "-m", "omniload.cli", "launch", "--seq-len", "64", *source_flags(mixed_sources(corpus))]
     return args + list(flags_then_cmd)
 
 
