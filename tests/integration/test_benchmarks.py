@@ -90,9 +90,11 @@ def test_bench_quality_runs(tmp_path):
         str(results),
     )
     assert "omniload - chunks: windows" in out and "omniload-nomask - chunks" in out
-    figures = json.loads(results.read_text())["results"]
+    assert "chunks-reshuffled - chunks" in out and "chunks-masked - chunks" in out
+    written = json.loads(results.read_text())
+    figures = written["results"]
     assert set(figures) == {"windows", "chunks", "omniload", "omniload-nomask", "chunks-reshuffled", "chunks-masked"}
-    named = {f["figure"].split(",")[0] for f in json.loads(results.read_text())["figures"]}
+    named = {f["figure"].split(",")[0] for f in written["figures"]}
     assert "noise floor: held-out loss on whole documents" in named, named
     for (arm,) in figures.values():
         assert {"loss_windows", "loss_starts", "loss_documents", "distinct_docs", "top_doc_share"} <= set(arm)

@@ -40,7 +40,11 @@ def test_first_50_batches_are_identical_across_worker_counts_and_runs(corpus, tm
         assert three_per_source[rank]["hashes"] == hashes, f"rank {rank}: worker count changed the data"
         assert again[rank]["hashes"] == hashes, f"rank {rank}: a second run changed the data"
     assert one_per_source[0]["hashes"] != one_per_source[1]["hashes"]
-    assert _digest(one_per_source) == PINNED_BATCHES, "the batches changed: a refactor must not move them"
+    got = _digest(one_per_source)
+    assert got == PINNED_BATCHES, (
+        f"the batches changed: {got} != pinned {PINNED_BATCHES}; a refactor must not move them, and a "
+        "commit that changes the order on purpose sets PINNED_BATCHES and says why"
+    )
 
 
 def test_a_different_seed_gives_different_batches(corpus, tmp_path):
