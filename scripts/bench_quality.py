@@ -598,13 +598,18 @@ def quality_figures(run: dict) -> list[Figure]:
     count = len(run["seeds"].split(","))
     seeds = f"{count} seed" + ("s" if count > 1 else "")
 
-    def gap(baseline: str, evaluation: str, arm: str = "omniload") -> tuple[str, float]:
-        per_seed = [
+    def differences(arm: str, baseline: str, evaluation: str) -> list[float]:
+        return [
             a[f"loss_{evaluation}"]["mix"] - b[f"loss_{evaluation}"]["mix"]
             for a, b in zip(results[arm], results[baseline])
         ]
-        spread = f"{_signed(min(per_seed))} to {_signed(max(per_seed))}"
-        return f"{_signed(float(np.mean(per_seed)))} ({spread}, {seeds})", float(np.mean(per_seed))
+
+    def spread(per_seed: list[float]) -> str:
+        return f"{_signed(min(per_seed))} to {_signed(max(per_seed))}, {seeds}"
+
+    def gap(baseline: str, evaluation: str) -> tuple[str, float]:
+        per_seed = differences("omniload", baseline, evaluation)
+        return f"{_signed(float(np.mean(per_seed)))} ({spread(per_seed)})", float(np.mean(per_seed))
 
     figures = []
     if "omniload" in results and "chunks" in results:
@@ -618,15 +623,11 @@ def quality_figures(run: dict) -> list[Figure]:
         )
     if "chunks-reshuffled" in results and "chunks" in results:
         # a reshuffle's difference has mean 0: its size, not its sign, is the noise
-        per_seed = [
-            a["loss_documents"]["mix"] - b["loss_documents"]["mix"]
-            for a, b in zip(results["chunks-reshuffled"], results["chunks"])
-        ]
-        size = float(np.mean(np.abs(per_seed)))
+        per_seed = differences("chunks-reshuffled", "chunks", "documents")
         figures.append(
             Figure(
                 f"noise floor: held-out loss on whole documents, |chunks reshuffled − chunks|, {setting}",
-                f"{size:.3f} ({_signed(min(per_seed))} to {_signed(max(per_seed))}, {seeds})",
+                f"{float(np.mean(np.abs(per_seed))):.3f} ({spread(per_seed)})",
                 "permutation of chunks",
             )
         )
