@@ -90,7 +90,7 @@ class Spill:
         finally:
             data.release()
         self._flushed += len(self._buffer)
-        del self._buffer[:]  # (keeps its allocation: the next one grows no more)
+        del self._buffer[:]  # (frees its allocation; a buffer kept and written in place measured no fewer instructions)
 
     def _open_segment(self, first: int) -> None:
         """A new segment of segment_bytes (or of `first` bytes, a document larger than that)."""

@@ -119,7 +119,10 @@ class SourceSpreads:
                 return spread
             if self._breath_due():
                 yield 0.0
-            yield from self.read_into(spread)
+            if (doc := self.take(spread.epoch_end)) is not None:  # read_into's, without a generator a document
+                self.add(spread, doc)
+            else:
+                yield from self.read_into(spread)
 
     def draw_reading_on(self, spread: Spread, in_step: dict[DocKey, int], cap: int) -> Requests:
         """A unit within the cap found by taking up to _CAP_READS more documents (each makes

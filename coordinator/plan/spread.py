@@ -62,7 +62,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from omniload.coordinator.plan.documents import Doc
-from omniload.coordinator.plan.packer import DocKey
+from omniload.coordinator.plan.packer import DocKey, Segment
 from omniload.coordinator.plan.units import Unit, chunk_unit, unit_count, unit_span, units_of
 from omniload.order import sample_id
 from omniload.state import SpreadPosition
@@ -175,14 +175,23 @@ class Spread:
         """Take the source's next document: its units wait at their keys, its arrays in the
         store (while restoring, only the units not drawn). Advances the clock. Raises
         ValueError for a document that cannot be placed (units.unit_count)."""
-        length = len(doc.tokens)
+        tokens = doc.tokens
+        length = len(tokens)
         whole = doc.pixels is not None or doc.mask is not None
+        if 0 < length <= self._seq_len and not whole and self._restoring is None:
+            # most documents: one unit of text (unit_count's 1, _held's size, _keys' one key inline)
+            held = (tokens.nbytes + 1) // 2
+            r, self.clock = self.clock, self.clock + held
+            mixed = _mix64(hash((self._seed_key, doc.group, doc.pos)) & _MASK64)
+            key = max(r, self.fill) + ((self.horizon * (mixed >> 32)) >> 32)
+            self._push(key, sample_id(doc.source, doc.ordinal, 0), self._keep(doc, r, 1), 0)
+            return
         count = unit_count(length, self._seq_len, self._bucket_rows, whole)
         held = _held(doc)
         r, self.clock = self.clock, self.clock + held
         if not count:
             return
-        if count == 1 and self._restoring is None:  # most documents: one unit, no list
+        if count == 1 and self._restoring is None:  # a sample with images, a conversation: no list
             key = self._keys((doc.group, doc.pos), r, 1, held)[0]
             self._push(key, sample_id(doc.source, doc.ordinal, 0), self._keep(doc, r, 1), 0)
             return
@@ -270,8 +279,10 @@ class Spread:
         return self._heap[0] if self._heap else None
 
     def _due(self) -> bool:
-        first = self._first_due()
-        return first is not None and (self.ended or first[0] < self.clock)
+        heap = self._heap
+        if not heap and self._first_due() is None:
+            return False
+        return self.ended or heap[0][0] < self.clock
 
     # -- drawing ---------------------------------------------------------------------------
     def end(self) -> None:
@@ -311,8 +322,11 @@ class Spread:
                 self._passed.add(entry[:2])
         key, sid, slot, k = chosen
         self.waiting_units -= 1
-        self.frontier = max(self.frontier, (key, sid))
-        self._passed.discard((key, sid))
+        drawn = (key, sid)
+        if drawn > self.frontier:
+            self.frontier = drawn
+        if self._passed:
+            self._passed.discard(drawn)
         return self._unit(slot, k)
 
     def _fits(self, entry: tuple[int, int, int, int], step_tokens: dict[DocKey, int], cap: int) -> bool:
@@ -336,6 +350,9 @@ class Spread:
         dtype = _ID_DTYPES[flags & _UINT16]
         if flags & ~_UINT16:
             unit = self._whole_unit(handle, length, ordinal, (group, pos), flags, dtype)
+        elif length <= self._seq_len:  # most units: a whole document of text (chunk_unit's first case)
+            tokens = np.frombuffer(self._store.read(handle, 0, length * dtype.itemsize), dtype)
+            unit = (Segment(self.source, sample_id(self.source, ordinal, 0), length, tokens, origin=(group, pos)),)
         else:
             start, stop = unit_span(length, self._seq_len, self._bucket_rows, k)
             data = self._store.read(handle, start * dtype.itemsize, (stop - start) * dtype.itemsize)

@@ -214,7 +214,8 @@ class Stepper:
                 yield from reading.read_next_epoch(spread, tokens)
             queue.advance(tokens)
             self.tokens_drawn += tokens
-            key = doc_key(unit[0])
+            first = unit[0]
+            key = (first.source, *first.origin)  # doc_key's, inline: one a unit drawn
             in_step[key] = in_step.get(key, 0) + tokens
             fresh.extend(unit)
             need -= tokens
