@@ -139,7 +139,8 @@ class SourceIntake:
                 return Doc(
                     self.catalog.index, record.ordinal, tokens, record.group, record.pos, at, pixels, self.cursor
                 )
-            return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos, after=self.cursor)
+            after = (self.group, self.pos)  # (the cursor, without its property's call: once a document)
+            return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos, after=after)
         return None
 
     def _read(self, lane: int) -> bytes | None:

@@ -314,8 +314,10 @@ class Ring:
             size = _U64.unpack_from(self._mm, _HEADER)[0]
         if size > self.capacity - FRAME:
             return f"the record at offset {offset} (position {read}) claims {size} bytes, more than the ring holds"
-        frame = self._span_bytes(offset, FRAME)
-        _, seq, digest = _FRAME.unpack(frame)
+        if offset + FRAME <= self.capacity:  # (most frames: read in place, no copy)
+            _, seq, digest = _FRAME.unpack_from(self._mm, _HEADER + offset)
+        else:
+            _, seq, digest = _FRAME.unpack(self._span_bytes(offset, FRAME))
         if seq != expected:
             return f"the record at offset {offset} (position {read}) is number {seq}, not {expected}: out of place"
         data = self._span_bytes((offset + FRAME) % self.capacity, size)
