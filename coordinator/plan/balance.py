@@ -174,13 +174,6 @@ def _greedy_python(
     waits = may_wait.tolist() if may_wait is not None else None
     order_list = order.tolist()
 
-    def best_row(r: int, length: int) -> int:  # the fullest row that fits (the first of equals), or -1
-        best, rows = -1, room[r]
-        for row, left in enumerate(rows):
-            if left >= length and (best < 0 or left < rows[best]):
-                best = row
-        return best
-
     def place(i: int, r: int, row: int) -> None:
         room[r][row] -= length_of[i]
         cost[r] += cost_of[i]
@@ -196,7 +189,7 @@ def _greedy_python(
             if not items:
                 break
             # item k to rank k: the ranks differ, so every row is found before any is filled
-            rows = [best_row(r, length_of[i]) for i, r in zip(items, ranks)]
+            rows = [_fullest_fitting(room[r], length_of[i]) for i, r in zip(items, ranks)]
             missed = rows.count(-1)
             if missed == len(rows):
                 break  # another try would pair the same items with the same ranks
@@ -208,7 +201,7 @@ def _greedy_python(
             candidates = [r for r in range(dp) if max(room[r]) >= length_of[i]]
             if candidates:
                 r = min(candidates, key=cost.__getitem__)
-                place(i, r, best_row(r, length_of[i]))
+                place(i, r, _fullest_fitting(room[r], length_of[i]))
     free[:] = room
     rank_cost[:] = cost
 
@@ -271,58 +264,75 @@ def _refine(
     by_rank = movable[np.argsort(rank_of[movable], kind="stable")]
     bounds = np.searchsorted(rank_of[by_rank], np.arange(len(rank_cost) + 1))
     members = {r: by_rank[bounds[r] : bounds[r + 1]].tolist() for r in range(len(rank_cost))}
+    # The pairs' arithmetic on plain lists: a numpy scalar read costs ~100 ns and _improve makes
+    # several for each pair of segments (about 5% of a step at dp 64 as numpy). rank_cost stays
+    # numpy, for argmax and argmin over many ranks.
+    lists = _Lists(lengths.tolist(), costs.tolist(), row_of.tolist(), free.tolist())
     for _ in range(_MAX_REFINE):
         hi, lo = int(np.argmax(rank_cost)), int(np.argmin(rank_cost))
-        gap = rank_cost[hi] - rank_cost[lo]
-        if gap <= 0 or not _improve(hi, lo, gap, lengths, costs, rank_of, row_of, free, rank_cost, members):
-            return
+        gap = float(rank_cost[hi] - rank_cost[lo])
+        if gap <= 0 or not _improve(hi, lo, gap, lists, rank_of, rank_cost, members):
+            break
+    row_of[:] = lists.row_of
+    free[:] = lists.free
+
+
+@dataclass(slots=True)
+class _Lists:
+    """_refine's view of segments and rows as lists (the same values as the arrays)."""
+
+    length: list[int]
+    cost: list[float]
+    row_of: list[int]
+    free: list[list[int]]
+
+
+def _fullest_fitting(rows: list[int], length: int) -> int:
+    """The fullest row with room for `length` (the first of equals), or -1: _best_row on a list."""
+    best = -1
+    for row, left in enumerate(rows):
+        if left >= length and (best < 0 or left < rows[best]):
+            best = row
+    return best
 
 
 def _improve(
-    hi: int,
-    lo: int,
-    gap: float,
-    lengths: Ints,
-    costs: Floats,
-    rank_of: Ints,
-    row_of: Ints,
-    free: Ints,
-    rank_cost: Floats,
-    members: dict[int, list[int]],
+    hi: int, lo: int, gap: float, lists: _Lists, rank_of: Ints, rank_cost: Floats, members: dict[int, list[int]]
 ) -> bool:
     """The move or swap between ranks hi and lo that best halves their gap; False if none helps."""
     best: tuple[float, int, int | None, int] | None = None  # (distance from gap/2, x, y or None, row in lo)
-    lo_rows = free[lo]
+    length, cost, row_of = lists.length, lists.cost, lists.row_of
+    hi_rows, lo_rows = lists.free[hi], lists.free[lo]
     for x in members[hi]:
-        cx, lx, rx = costs[x], lengths[x], row_of[x]
+        cx, lx, rx = cost[x], length[x], row_of[x]
         if 0 < cx < gap:  # move x
-            row = _best_row(lo_rows, lx)
+            row = _fullest_fitting(lo_rows, lx)
             if row >= 0 and (best is None or abs(cx - gap / 2) < best[0]):
                 best = (abs(cx - gap / 2), x, None, row)
         for y in members[lo]:
-            delta = cx - costs[y]
+            delta = cx - cost[y]
             if not 0 < delta < gap:
                 continue
-            ly, ry = lengths[y], row_of[y]
-            if free[hi, rx] + lx >= ly and lo_rows[ry] + ly >= lx and (best is None or abs(delta - gap / 2) < best[0]):
+            ly, ry = length[y], row_of[y]
+            if hi_rows[rx] + lx >= ly and lo_rows[ry] + ly >= lx and (best is None or abs(delta - gap / 2) < best[0]):
                 best = (abs(delta - gap / 2), x, y, ry)
     if best is None:
         return False
     _, x, swap, row = best
     rx = row_of[x]
     if swap is not None:
-        free[hi, rx] += lengths[x] - lengths[swap]
-        free[lo, row] += lengths[swap] - lengths[x]
-        rank_cost[hi] += costs[swap] - costs[x]
-        rank_cost[lo] += costs[x] - costs[swap]
+        hi_rows[rx] += length[x] - length[swap]
+        lo_rows[row] += length[swap] - length[x]
+        rank_cost[hi] += cost[swap] - cost[x]
+        rank_cost[lo] += cost[x] - cost[swap]
         rank_of[swap], row_of[swap] = hi, rx
         members[lo].remove(swap)
         members[hi].append(swap)
     else:
-        free[hi, rx] += lengths[x]
-        free[lo, row] -= lengths[x]
-        rank_cost[hi] -= costs[x]
-        rank_cost[lo] += costs[x]
+        hi_rows[rx] += length[x]
+        lo_rows[row] -= length[x]
+        rank_cost[hi] -= cost[x]
+        rank_cost[lo] += cost[x]
     rank_of[x], row_of[x] = lo, row
     members[hi].remove(x)
     members[lo].append(x)
