@@ -3,11 +3,13 @@
 bench_planner times the Stepper in CPU seconds, and those move with this shared machine's load
 (up to 2x within minutes), so a change of a few percent cannot be read from them. This runs the
 same Stepper over bench_planner's documents under valgrind's callgrind and counts only the
-instructions of the timed steps: callgrind writes out its counts each time the run calls
-time.process_time, which it does right before and right after those steps. With --against
-COMMIT it counts that commit's tree too (a temporary git worktree), then this checkout, and
-prints the ratio. The same code gives the same count to the instruction (PYTHONHASHSEED is
-fixed), so one run a side is enough.
+instructions of the timed steps: callgrind writes out its counts each time the run enters
+CPython's time_process_time (time.process_time), which it calls right before and right after
+those steps. With --against COMMIT it counts that commit's tree too (a temporary git worktree),
+then this checkout, and prints the ratio; that commit needs bench_planner's `stepper(dp,
+steps, rings, spill)` and `HORIZON_BATCHES`. The same code gives the same count to the
+instruction (PYTHONHASHSEED is fixed), so one run a side is enough. A Python without its
+symbols (stripped) gives callgrind no time_process_time to stop at: the run then says so.
 
     python -m scripts.planner_instructions [--against COMMIT] [--dp 16] [--steps 10] [--intake memory|rings]
 
@@ -27,6 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from scripts.bench_planner import ROWS, SEQ_LEN
 from scripts.harness import ROOT, Figure, add_json_flag, write_results
 
 # Run in the tree measured (its omniload and its bench_planner), from that tree's folder.
@@ -58,7 +61,10 @@ def steps_instructions(out: Path) -> int:
     """The instructions between the two marks: callgrind's second dump of `out` (`out`.2)."""
     dumps = sorted(out.parent.glob(out.name + ".*"), key=lambda p: int(p.suffix[1:]))
     if len(dumps) != 2:
-        raise RuntimeError(f"expected 2 callgrind dumps of {out} (before and after the steps), found {len(dumps)}")
+        raise RuntimeError(
+            f"expected 2 callgrind dumps of {out} (before and after the steps), found {len(dumps)}"
+            + (": is this Python stripped of its symbols (no time_process_time)?" if not dumps else "")
+        )
     found = _TOTAL.search(dumps[1].read_text(errors="replace"))
     if found is None:
         raise RuntimeError(f"{dumps[1]}: no summary line")
@@ -96,7 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("planner_instructions needs valgrind (apt install valgrind)")
-    slots = args.dp * 4 * 2048  # bench_planner's ranks: 4 rows of 2,048 tokens
+    slots = args.dp * ROWS * SEQ_LEN
     counts: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="omniload-instructions-") as folder:
         if args.against:
@@ -104,8 +110,9 @@ def main() -> None:
             subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.against], cwd=ROOT, check=True)
             try:
                 counts[args.against] = count(tree, args.dp, args.steps, args.intake, Path(folder) / "against.out")
-            finally:
-                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=True)
+            finally:  # (never hiding the count's own error: a failed removal is pruned)
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+                subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=False)
         counts["checkout"] = count(ROOT, args.dp, args.steps, args.intake, Path(folder) / "checkout.out")
     print(f"dp {args.dp}, {args.steps} steps, intake {args.intake}: instructions a step (a token slot)")
     for name, total in counts.items():
@@ -116,7 +123,7 @@ def main() -> None:
         print(f"checkout / {args.against}: {ratio:.3f}")
         figures.append(
             Figure(
-                f"planner instructions a step, dp {args.dp}, intake {args.intake}, against {args.against}",
+                f"planner instructions a step, dp {args.dp}, intake {args.intake}",
                 f"{ratio:.3f}x ({counts['checkout'] / args.steps / 1e6:.1f}M against "
                 f"{counts[args.against] / args.steps / 1e6:.1f}M)",
                 args.against,

@@ -236,7 +236,7 @@ def _place_anywhere(
             continue  # carried to the next step
         candidates = np.flatnonzero(room >= length)
         r = int(candidates[np.argmin(rank_cost[candidates])])
-        row = _best_row(free[r], length)
+        row = _fullest_fitting(free[r].tolist(), length)
         free[r, row] -= length
         rank_cost[r] += costs[i]
         rank_of[i], row_of[i] = r, row
@@ -246,13 +246,6 @@ def _place_anywhere(
 
 def _by_cost(costs: Floats) -> Ints:
     return np.argsort(-costs, kind="stable")
-
-
-def _best_row(free_rows: Ints, length: int) -> int:
-    fits = np.flatnonzero(free_rows >= length)
-    if not len(fits):
-        return -1
-    return int(fits[np.argmin(free_rows[fits])])
 
 
 def _refine(
@@ -288,7 +281,7 @@ class _Lists:
 
 
 def _fullest_fitting(rows: list[int], length: int) -> int:
-    """The fullest row with room for `length` (the first of equals), or -1: _best_row on a list."""
+    """The fullest row with room for `length` (the first of equals), or -1."""
     best = -1
     for row, left in enumerate(rows):
         if left >= length and (best < 0 or left < rows[best]):

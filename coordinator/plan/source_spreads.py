@@ -119,10 +119,10 @@ class SourceSpreads:
                 return spread
             if self._breath_due():
                 yield 0.0
-            if (doc := self.take(spread.epoch_end)) is not None:  # read_into's, without a generator a document
+            if (doc := self.take(spread.epoch_end)) is not None:  # (read_into's first step, with no generator made)
                 self.add(spread, doc)
             else:
-                yield from self.read_into(spread)
+                yield from self.await_into(spread)
 
     def draw_reading_on(self, spread: Spread, in_step: dict[DocKey, int], cap: int) -> Requests:
         """A unit within the cap found by taking up to _CAP_READS more documents (each makes
@@ -150,7 +150,15 @@ class SourceSpreads:
         """Add the source's next document of the spread's epoch, waiting for its record; at the
         epoch's end (or the source's), end the spread. Returns whether a document was added.
         A spread never spans epochs; a document that is here (the most) costs no wait."""
-        doc = self.take(spread.epoch_end) or (yield from self.await_doc(spread.epoch_end))
+        if (doc := self.take(spread.epoch_end)) is None:
+            return (yield from self.await_into(spread))
+        self.add(spread, doc)
+        return True
+
+    def await_into(self, spread: Spread) -> Requests:
+        """read_into once take found nothing: wait for the record (one poll an attempt, as the
+        autoscaler counts empty polls) and add its document, or end the spread."""
+        doc = yield from self.await_doc(spread.epoch_end)
         if doc is None:
             spread.end()
             return False

@@ -179,7 +179,9 @@ class Spread:
         length = len(tokens)
         whole = doc.pixels is not None or doc.mask is not None
         if 0 < length <= self._seq_len and not whole and self._restoring is None:
-            # most documents: one unit of text (unit_count's 1, _held's size, _keys' one key inline)
+            # most documents: one unit of text (unit_count's 1, _held's size and _keys' one key,
+            # inline: this runs for every document read; a restore's re-read takes _keys, so a
+            # test that restores mid-spread fails if the two ever differ)
             held = (tokens.nbytes + 1) // 2
             r, self.clock = self.clock, self.clock + held
             mixed = _mix64(hash((self._seed_key, doc.group, doc.pos)) & _MASK64)
@@ -191,7 +193,7 @@ class Spread:
         r, self.clock = self.clock, self.clock + held
         if not count:
             return
-        if count == 1 and self._restoring is None:  # a sample with images, a conversation: no list
+        if count == 1 and self._restoring is None:  # the other one-unit documents: no list
             key = self._keys((doc.group, doc.pos), r, 1, held)[0]
             self._push(key, sample_id(doc.source, doc.ordinal, 0), self._keep(doc, r, 1), 0)
             return
@@ -224,7 +226,7 @@ class Spread:
         mixed = _mix64(hash((self._seed_key, origin[0], origin[1])) & _MASK64)
         phase = mixed >> 32  # u = phase / 2**32
         base = max(clock, self.fill)
-        if count == 1:
+        if count == 1:  # (add computes this key inline for a document of text)
             return [base + ((self.horizon * phase) >> 32)]
         span = max(self.horizon, int(self._stretch * held))
         if count <= _TURNS_IN_PYTHON:  # a seeded order of the units (a numpy Generator: ~15 us)

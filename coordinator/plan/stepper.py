@@ -215,7 +215,7 @@ class Stepper:
             queue.advance(tokens)
             self.tokens_drawn += tokens
             first = unit[0]
-            key = (first.source, *first.origin)  # doc_key's, inline: one a unit drawn
+            key = (first.source, *first.origin)  # (doc_key's, inline: this runs for every unit drawn)
             in_step[key] = in_step.get(key, 0) + tokens
             fresh.extend(unit)
             need -= tokens

@@ -139,8 +139,7 @@ class SourceIntake:
                 return Doc(
                     self.catalog.index, record.ordinal, tokens, record.group, record.pos, at, pixels, self.cursor
                 )
-            after = (self.group, self.pos)  # (the cursor, without its property's call: once a document)
-            return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos, after=after)
+            return Doc(self.catalog.index, record.ordinal, tokens, record.group, record.pos, after=self.cursor)
         return None
 
     def _read(self, lane: int) -> bytes | None:

@@ -134,8 +134,7 @@ def _flags(value: int) -> RecordFlag:
 
 def tokens_of(record: Record) -> np.ndarray:
     """A DOC or CHAT record's token ids: a read-only view of its payload (uint16 or int32)."""
-    ids = _UINT16_IDS if int(record.flags) & _UINT16 else _INT32_IDS  # (_dtype's, inline: once a document)
-    return np.frombuffer(record.payload, ids, record.token_count)
+    return np.frombuffer(record.payload, _dtype(record), record.token_count)
 
 
 def mask_of(record: Record) -> np.ndarray:
