@@ -249,13 +249,15 @@ class Spread:
                 parts += [doc.image_at.astype(np.int32, copy=False), doc.pixels]
                 flags |= len(doc.image_at) << 8
             handle = self._store.put(parts, units)
-        values = (handle, len(tokens), units, clock, doc.group, doc.pos, doc.ordinal, flags)
-        if self._free:
+        docs = self._docs
+        if self._free:  # (the fields one by one: a slice from a new array costs twice as much)
             slot = self._free.pop()
-            self._docs[8 * slot : 8 * slot + 8] = array("q", values)
+            at = 8 * slot
+            docs[at], docs[at + 1], docs[at + 2], docs[at + 3] = handle, len(tokens), units, clock
+            docs[at + 4], docs[at + 5], docs[at + 6], docs[at + 7] = doc.group, doc.pos, doc.ordinal, flags
         else:
-            slot = len(self._docs) // 8
-            self._docs.extend(values)
+            slot = len(docs) // 8
+            docs.extend((handle, len(tokens), units, clock, doc.group, doc.pos, doc.ordinal, flags))
         self._oldest.append(slot)
         return slot
 
@@ -280,12 +282,6 @@ class Spread:
             heapq.heapify(self._heap)
         return self._heap[0] if self._heap else None
 
-    def _due(self) -> bool:
-        heap = self._heap
-        if not heap and self._first_due() is None:
-            return False
-        return self.ended or heap[0][0] < self.clock
-
     # -- drawing ---------------------------------------------------------------------------
     def end(self) -> None:
         """The epoch has been read: every waiting unit is due."""
@@ -293,7 +289,10 @@ class Spread:
 
     def ready(self) -> bool:
         """Whether a unit can be drawn now (else add the source's next document, or end())."""
-        return self._due()
+        heap = self._heap
+        if not heap and self._first_due() is None:
+            return False
+        return self.ended or heap[0][0] < self.clock
 
     @property
     def exhausted(self) -> bool:
@@ -307,7 +306,7 @@ class Spread:
         chosen = heapq.heappop(heap)
         if not self._fits(chosen, step_tokens, cap):
             passed = [chosen]
-            while len(passed) < _SCAN and self._due():
+            while len(passed) < _SCAN and self.ready():
                 candidate = heapq.heappop(heap)
                 if self._fits(candidate, step_tokens, cap):
                     chosen = candidate
