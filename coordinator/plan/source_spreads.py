@@ -119,9 +119,7 @@ class SourceSpreads:
                 return spread
             if self._breath_due():
                 yield 0.0
-            if (doc := self.take(spread.epoch_end)) is not None:  # (read_into's first step, with no generator made)
-                self.add(spread, doc)
-            else:
+            if not self._take_into(spread):  # (read_into's, with no generator made when the record is here)
                 yield from self.await_into(spread)
 
     def draw_reading_on(self, spread: Spread, in_step: dict[DocKey, int], cap: int) -> Requests:
@@ -150,8 +148,12 @@ class SourceSpreads:
         """Add the source's next document of the spread's epoch, waiting for its record; at the
         epoch's end (or the source's), end the spread. Returns whether a document was added.
         A spread never spans epochs; a document that is here (the most) costs no wait."""
+        return self._take_into(spread) or (yield from self.await_into(spread))
+
+    def _take_into(self, spread: Spread) -> bool:
+        """Add the source's next document of the spread's epoch if its record is here."""
         if (doc := self.take(spread.epoch_end)) is None:
-            return (yield from self.await_into(spread))
+            return False
         self.add(spread, doc)
         return True
 

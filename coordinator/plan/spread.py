@@ -179,13 +179,10 @@ class Spread:
         length = len(tokens)
         whole = doc.pixels is not None or doc.mask is not None
         if 0 < length <= self._seq_len and not whole and self._restoring is None:
-            # most documents: one unit of text (unit_count's 1, _held's size and _keys' one key,
-            # inline: this runs for every document read; a restore's re-read takes _keys, so a
-            # test that restores mid-spread fails if the two ever differ)
-            held = (tokens.nbytes + 1) // 2
-            r, self.clock = self.clock, self.clock + held
-            mixed = _mix64(hash((self._seed_key, doc.group, doc.pos)) & _MASK64)
-            key = max(r, self.fill) + ((self.horizon * (mixed >> 32)) >> 32)
+            # most documents: one unit of text (unit_count's 1 and _held's size, inline: this
+            # runs for every document read)
+            r, self.clock = self.clock, self.clock + (tokens.nbytes + 1) // 2
+            key = self._one_key(self._mixed(doc.group, doc.pos), r)
             self._push(key, sample_id(doc.source, doc.ordinal, 0), self._keep(doc, r, 1), 0)
             return
         count = unit_count(length, self._seq_len, self._bucket_rows, whole)
@@ -219,21 +216,29 @@ class Spread:
     def _keys(self, origin: tuple[int, int], clock: int, count: int, held: int) -> list[int]:
         """The keys of a document's `count` units, taken at `clock`, holding `held` clock units
         (see the module's doc)."""
-        # CPython hashes a tuple of ints the same in every process and run (only str and bytes
-        # hashes are salted), but nearly linearly: consecutive documents' hashes differ by one
-        # of a few constants, which drew a source's documents in a lattice of its reading order
-        # (0.03 nats worse at 10x the short run). The finalizer breaks that: ~1 us a document.
-        mixed = _mix64(hash((self._seed_key, origin[0], origin[1])) & _MASK64)
+        mixed = self._mixed(*origin)
+        if count == 1:
+            return [self._one_key(mixed, clock)]
         phase = mixed >> 32  # u = phase / 2**32
         base = max(clock, self.fill)
-        if count == 1:  # (add computes this key inline for a document of text)
-            return [base + ((self.horizon * phase) >> 32)]
         span = max(self.horizon, int(self._stretch * held))
         if count <= _TURNS_IN_PYTHON:  # a seeded order of the units (a numpy Generator: ~15 us)
             turns = sorted(range(count), key=lambda k: _mix64(mixed ^ k))
         else:
             turns = np.argsort(_mix64_array(np.arange(count, dtype=np.uint64) ^ np.uint64(mixed))).tolist()
         return [base + (span * ((turn << 32) + phase)) // (count << 32) for turn in turns]
+
+    def _mixed(self, group: int, pos: int) -> int:
+        """The seeded 64-bit hash of a document's place (its units' phase and order)."""
+        # CPython hashes a tuple of ints the same in every process and run (only str and bytes
+        # hashes are salted), but nearly linearly: consecutive documents' hashes differ by one
+        # of a few constants, which drew a source's documents in a lattice of its reading order
+        # (0.03 nats worse at 10x the short run). The finalizer breaks that: ~1 us a document.
+        return _mix64(hash((self._seed_key, group, pos)) & _MASK64)
+
+    def _one_key(self, mixed: int, clock: int) -> int:
+        """The key of a one-unit document taken at `clock`: a uniform share of the horizon."""
+        return max(clock, self.fill) + ((self.horizon * (mixed >> 32)) >> 32)
 
     def _keep(self, doc: Doc, clock: int, units: int) -> int:
         tokens = doc.tokens

@@ -214,8 +214,7 @@ class Stepper:
                 yield from reading.read_next_epoch(spread, tokens)
             queue.advance(tokens)
             self.tokens_drawn += tokens
-            first = unit[0]
-            key = (first.source, *first.origin)  # (doc_key's, inline: this runs for every unit drawn)
+            key = doc_key(unit[0])
             in_step[key] = in_step.get(key, 0) + tokens
             fresh.extend(unit)
             need -= tokens
