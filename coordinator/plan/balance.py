@@ -257,9 +257,9 @@ def _refine(
     by_rank = movable[np.argsort(rank_of[movable], kind="stable")]
     bounds = np.searchsorted(rank_of[by_rank], np.arange(len(rank_cost) + 1))
     members = {r: by_rank[bounds[r] : bounds[r + 1]].tolist() for r in range(len(rank_cost))}
-    # The pairs' arithmetic on plain lists: a numpy scalar read costs ~100 ns and _improve makes
-    # several for each pair of segments (about 5% of a step at dp 64 as numpy). rank_cost stays
-    # numpy, for argmax and argmin over many ranks.
+    # The pairs' arithmetic on plain lists: a numpy scalar read costs ~50 ns more than a list's
+    # and _improve makes several for each pair of segments (about 5% of a step at dp 64 as numpy,
+    # py-spy). rank_cost stays numpy, for argmax and argmin over many ranks.
     lists = _Lists(lengths.tolist(), costs.tolist(), row_of.tolist(), free.tolist())
     for _ in range(_MAX_REFINE):
         hi, lo = int(np.argmax(rank_cost)), int(np.argmin(rank_cost))
