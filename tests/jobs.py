@@ -190,6 +190,14 @@ def workers_of(job: omniload.Job) -> list[psutil.Process]:
     return [p for server in coordinator.children() for p in server.children()]
 
 
+def alive(pid: int) -> bool:
+    """Whether a process runs (a zombie, or one gone between two looks, does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def forkserver_of(job: omniload.Job) -> list[psutil.Process]:
     """The forkserver the coordinator's workers come from (one, once the job has started)."""
     found = []

@@ -15,7 +15,7 @@ import pytest
 import omniload
 from omniload.formats.ring import job_segments
 from tests.corpus import mixed_sources, source_flags
-from tests.jobs import PROBE, ROOT, workers_of
+from tests.jobs import PROBE, ROOT, alive, workers_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -23,11 +23,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 def _wait_gone(pids: list[int], seconds: float = 15.0) -> list[int]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        if not alive:
+        left = [p for p in pids if alive(p)]
+        if not left:
             return []
         time.sleep(0.1)
-    return alive
+    return left
 
 
 def _endless_launch(corpus, tmp_path) -> subprocess.Popen:

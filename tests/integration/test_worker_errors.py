@@ -15,7 +15,7 @@ import pytest
 
 import omniload
 from tests.corpus import mixed_sources, source_flags, write_jsonl
-from tests.jobs import PROBE, ROOT, collect, start_ranks
+from tests.jobs import PROBE, ROOT, alive, collect, start_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -170,7 +170,7 @@ def test_launch_returns_only_after_every_process_of_its_job_is_gone(corpus, tmp_
     with open(tmp_path / "launch.err", "w") as err:
         launcher = subprocess.Popen(args, cwd=ROOT, stderr=err)
         seen, at_coordinator_exit = _watch(launcher)
-    left = [cmd for pid, cmd in seen.items() if _alive(pid)]  # checked at once: no grace period
+    left = [cmd for pid, cmd in seen.items() if alive(pid)]  # checked at once: no grace period
     assert launcher.returncode == 0, (tmp_path / "launch.err").read_text()
     assert len(seen) >= 7, f"expected coordinator, tracker, forkserver, 3 workers and the rank: {seen}"
     assert at_coordinator_exit == [], f"alive when the coordinator exited: {at_coordinator_exit}"
@@ -188,10 +188,10 @@ def _watch(launcher: subprocess.Popen) -> tuple[dict[int, str], list[str] | None
         seen.update(_descendants(launcher.pid))
         coordinator = coordinator or next((pid for pid, cmd in seen.items() if "omniload.coordinator" in cmd), None)
         if coordinator and at_coordinator_exit is None:
-            if _alive(coordinator):
+            if alive(coordinator):
                 under_coordinator.update(_descendants(coordinator))
             else:
-                at_coordinator_exit = [cmd for pid, cmd in under_coordinator.items() if _alive(pid)]
+                at_coordinator_exit = [cmd for pid, cmd in under_coordinator.items() if alive(pid)]
         time.sleep(0.01)
     return seen, at_coordinator_exit
 
@@ -201,10 +201,3 @@ def _descendants(pid: int) -> dict[int, str]:
         return {p.pid: " ".join(p.cmdline()) for p in psutil.Process(pid).children(recursive=True)}
     except psutil.Error:
         return {}
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
