@@ -32,7 +32,14 @@ from omniload.formats.lane_config import ChatConfig, ImageConfig, LaneConfig, Pr
 from omniload.formats.records import chat_record, doc_record, error_record, skip_record
 from omniload.formats.ring import RecordTooLarge, Ring
 from omniload.formats.shards import BadFile, Shard, part_name
-from omniload.order import group_members, groups_per_epoch, interleave_rows, row_permutation, shard_at, turns_of_lane
+from omniload.order import (
+    ShardOrder,
+    group_members,
+    groups_per_epoch,
+    interleave_rows,
+    row_permutation,
+    turns_of_lane,
+)
 from omniload.storage.disk_cache import DiskCache
 from omniload.storage.files import Files
 from omniload.storage.objects import StoreError
@@ -214,8 +221,9 @@ def _produce(lane: LaneConfig, files: Files = LOCAL, held: int = 1) -> Generator
     num_shards = len(lane.shards)
     end = lane.epochs * groups_per_epoch(num_shards, lane.interleave) if lane.epochs else None
     k, first_pos = lane.start_group, lane.start_pos
+    order = ShardOrder(num_shards, lane.seed, lane.source_index)
     while end is None or k < end:
-        if (yield from _produce_group(lane, transform, k, first_pos, files, transform_rows(lane, held))):
+        if (yield from _produce_group(lane, order, transform, k, first_pos, files, transform_rows(lane, held))):
             return
         k += 1
         first_pos = 0
@@ -223,6 +231,7 @@ def _produce(lane: LaneConfig, files: Files = LOCAL, held: int = 1) -> Generator
 
 def _produce_group(  # noqa: C901, PLR0912  (one branch a record kind: to split)
     lane: LaneConfig,
+    order: ShardOrder,
     transform: Callable[[list], list],
     k: int,
     first_pos: int,
@@ -235,10 +244,7 @@ def _produce_group(  # noqa: C901, PLR0912  (one branch a record kind: to split)
     batch of tokens held per lane, not one per shard; never into another lane's turn: its rows
     are that lane's to transform). An unreadable shard's rows (from where reading failed) are
     skipped (on_bad_file=skip) or its first due row is an ERROR; returns True after an ERROR."""
-    members = [
-        shard_at(g, len(lane.shards), lane.seed, lane.source_index)
-        for g in group_members(k, len(lane.shards), lane.interleave)
-    ]
+    members = [order.at(g) for g in group_members(k, len(lane.shards), lane.interleave)]
     shards = [lane.shards[index] for _, index in members]
     turns = list(turns_of_lane(lane.lane, lane.num_lanes, k, sum(shard.rows for shard in shards), first_pos))
     if not turns:  # a group smaller than a turn is often wholly another lane's
@@ -253,12 +259,7 @@ def _produce_group(  # noqa: C901, PLR0912  (one branch a record kind: to split)
     ]
     if files is not LOCAL:  # the next group's first bytes come in while this one is read
         for g in group_members(k + 1, len(lane.shards), lane.interleave):
-            warm(
-                lane.shards[shard_at(g, len(lane.shards), lane.seed, lane.source_index)[1]],
-                lane.column,
-                lane.image_column,
-                files,
-            )
+            warm(lane.shards[order.at(g)[1]], lane.column, lane.image_column, files)
 
     def due(m: int, pos: int) -> int:  # shard m's rows this lane has from position pos on
         return int(np.count_nonzero(member[positions[positions >= pos]] == m))

@@ -18,14 +18,12 @@ import logging
 import threading
 from collections.abc import Callable
 
-import numpy as np
-
 from omniload.coordinator.plan.documents import Doc
 from omniload.coordinator.pool.catalog import SourceCatalog
 from omniload.errors import SourceFailed
 from omniload.formats.records import HEAD_SIZE, RecordFlag, RecordKind, decode, images_of, mask_of, tokens_of
 from omniload.formats.ring import Ring, RingCorrupt
-from omniload.order import group_members, groups_per_epoch, lane_of, shard_permutation
+from omniload.order import ShardOrder, group_members, groups_per_epoch, lane_of
 
 log = logging.getLogger("omniload")
 # looked up once: an enum member read off its class costs ~70 ns, and poll reads three a document
@@ -49,13 +47,13 @@ class SourceIntake:
         self.rings = rings
         self._lock = lock or threading.Lock()
         self.on_corrupt = on_corrupt
-        self._seed = seed
         self.interleave = interleave
         self.docs = self.tokens = self.images = 0  # taken so far (figures.py makes rates of them)
         self.chats_truncated = self.chats_dropped = 0  # conversations longer than seq_len (--long-chats)
         self.empty_polls = 0  # polls that found the due ring empty: the planner waited on this source
         self._end = catalog.epochs * groups_per_epoch(len(catalog.shards), interleave) if catalog.epochs else None
-        self._rows_by_epoch: tuple[int, np.ndarray] | None = None
+        self._order = ShardOrder(len(catalog.shards), seed, catalog.index)
+        self._rows = catalog.shards.column("rows")
         self._group_rows: tuple[int, int] = (-1, 0)
         self.group, self.pos = 0, 0
         self._advance(0)
@@ -158,13 +156,7 @@ class SourceIntake:
         return None
 
     def _shard_rows(self, g: int) -> int:
-        n = len(self.catalog.shards)
-        epoch, position = divmod(g, n)
-        if self._rows_by_epoch is None or self._rows_by_epoch[0] != epoch:
-            order = shard_permutation(n, self._seed, self.catalog.index, epoch)
-            rows = self.catalog.shards.column("rows")[order]
-            self._rows_by_epoch = (epoch, rows)
-        return int(self._rows_by_epoch[1][position])
+        return int(self._rows[self._order.at(g)[1]])
 
     def _rows_of_group(self, k: int) -> int:
         if self._group_rows[0] != k:

@@ -6,6 +6,7 @@ from omniload.errors import ConfigError
 from omniload.layout import Layout
 from omniload.order import (
     TURN,
+    ShardOrder,
     Slicing,
     group_members,
     groups_per_epoch,
@@ -14,7 +15,6 @@ from omniload.order import (
     lane_of,
     row_permutation,
     sample_id,
-    shard_at,
     shard_permutation,
     turns_of_lane,
 )
@@ -79,8 +79,16 @@ def test_permutations_are_seeded_per_epoch_and_source():
     assert (shard_permutation(50, 7, 0, 0) != shard_permutation(50, 7, 0, 1)).any()
     assert (shard_permutation(50, 7, 0, 0) != shard_permutation(50, 7, 1, 0)).any()
     assert (row_permutation(50, 7, 0, 0, 3) != row_permutation(50, 7, 0, 0, 4)).any()
-    epoch, shard = shard_at(23, 10, 7, 0)
+    epoch, shard = ShardOrder(10, 7, 0).at(23)
     assert epoch == 2 and shard == shard_permutation(10, 7, 0, 2)[3]
+
+
+def test_the_shard_order_answers_as_a_permutation_drawn_afresh_whatever_it_keeps():
+    order = ShardOrder(7, 3, 1)
+    # forward, into the next epoch, back one, and back past the epochs it keeps (a resumed lane)
+    for g in [0, 6, 7, 13, 20, 1, 14, 2, 30, 8, 0]:
+        epoch, position = divmod(g, 7)
+        assert order.at(g) == (epoch, int(shard_permutation(7, 3, 1, epoch)[position]))
 
 
 def test_sample_ids_are_distinct_across_sources_ordinals_and_chunks():
