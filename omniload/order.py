@@ -80,6 +80,8 @@ def row_permutation(
 ) -> np.ndarray:
     """A shard's rows (file row numbers) in the order they are consumed: the slices one after
     another, each one's rows shuffled; the coordinator's shuffle window mixes across slices."""
+    if num_rows <= 1:  # (a shard of one row, an object of one document: no generator to seed, ~15 us)
+        return np.arange(num_rows, dtype=index_dtype(num_rows))
     rng = np.random.default_rng([seed, source, epoch, shard, 0x2057])
     if slicing is None or slicing.count == 1:
         rows = np.arange(num_rows, dtype=index_dtype(num_rows))

@@ -79,6 +79,9 @@ def test_permutations_are_seeded_per_epoch_and_source():
     assert (shard_permutation(50, 7, 0, 0) != shard_permutation(50, 7, 0, 1)).any()
     assert (shard_permutation(50, 7, 0, 0) != shard_permutation(50, 7, 1, 0)).any()
     assert (row_permutation(50, 7, 0, 0, 3) != row_permutation(50, 7, 0, 0, 4)).any()
+    for rows in (0, 1):  # nothing to shuffle: no generator seeded, the dtype of any other shard's
+        assert row_permutation(rows, 7, 0, 0, 3).tolist() == list(range(rows))
+        assert row_permutation(rows, 7, 0, 0, 3).dtype == row_permutation(50, 7, 0, 0, 3).dtype
     epoch, shard = ShardOrder(10, 7, 0).at(23)
     assert epoch == 2 and shard == shard_permutation(10, 7, 0, 2)[3]
 
