@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-import select
 import signal
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Generator, Iterator
@@ -48,6 +46,7 @@ from omniload.workers.chat import ChatError, ChatSample, encode, jinja_render
 from omniload.workers.images import DECODE_ERRORS, ImageTransform, load_image_transform, place_images, text_pieces
 from omniload.workers.readers import DATA_ERRORS, LOCAL, iter_slices, use_system_allocator, warm
 from omniload.workers.transforms import Transform, load_transform
+from omniload.workers.watchdog import exit_with
 
 _BURST = 64  # records per lane before the worker looks at its other lanes
 # positions transformed at once, never into another lane's turn: the tokenizers library encodes
@@ -74,7 +73,7 @@ def run_worker(config: WorkerConfig, inbox: Connection | None = None) -> None:
     # A worker is one core, as autoscaling counts them: the tokenizers library's own thread
     # pool would spread each worker over every core (and a malloc arena per thread with it)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _exit_with(config.coordinator_pid)
+    exit_with(config.coordinator_pid)
     try:
         _serve(config, inbox)
     except Exception as exc:
@@ -582,31 +581,3 @@ def _load_libc() -> ctypes.CDLL | None:
 
 
 _LIBC = _load_libc()
-
-
-def _exit_with(pid: int) -> None:
-    """End this process as soon as the coordinator `pid` is gone, even mid-transform.
-
-    The worker's parent is the forkserver, which by design outlives the coordinator while
-    any worker lives, so the worker must watch the coordinator itself."""
-
-    def watch() -> None:
-        try:
-            pidfd = os.pidfd_open(pid)
-            select.select([pidfd], [], [])  # readable when the process exits
-        except (AttributeError, OSError):  # no pidfd (old kernel, not Linux): poll
-            while _alive(pid):
-                time.sleep(0.5)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="omniload-watchdog", daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True

@@ -39,6 +39,7 @@ from omniload.workers.chat import chat_config
 from omniload.workers.hub_tokenizer import fetch_tokenizer, is_model_id
 from omniload.workers.images import load_image_transform, require_pillow
 from omniload.workers.transforms import load_transform, vocab_size
+from omniload.workers.watchdog import exit_with
 
 log = logging.getLogger("omniload")
 CATALOG_FILE = "catalog-{key}.npz"
@@ -124,7 +125,7 @@ def build_catalog(spec: Spec) -> list[SourceCatalog]:
     found = {source.name: _find_files(source) for source in spec.sources if source.manifest is None}
     # a source with a manifest is read from it at every start: the kept catalog holds the others
     remote = any(is_remote(p) for source in spec.sources if source.manifest is None for p in source.path)
-    with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
+    with _indexing_child() as child:
         vocabs = _checked_tokenizers(spec, child)
         cached = _cached_catalog(spec) if remote else None
         if cached is not None:
@@ -148,7 +149,7 @@ def write_manifests(spec: Spec, folder: Path) -> list[tuple[Path, int, int, list
     for source in spec.sources:
         _check_images(source, spec)
     found = {source.name: _find_files(source) for source in spec.sources}
-    with ProcessPoolExecutor(1, mp_context=forkserver_context()) as child:
+    with _indexing_child() as child:
         # every file, bad ones recorded (they count no rows): the job reading the manifest decides
         # by its own --on-bad-file whether a bad file stops it
         indexed = _index_in(child, spec, found, _checked_tokenizers(spec, child), stop_at_bad=False)
@@ -194,6 +195,16 @@ def _definition(source: Source) -> dict[str, Any]:
     fields = without_later_defaults(dataclasses.asdict(source))
     fields["path"] = list(source.path)
     return {k: v for k, v in fields.items() if k not in ("name", "weight", "epochs", "tokenizer", *STORE_FIELDS)}
+
+
+def _indexing_child() -> ProcessPoolExecutor:
+    """The child that loads tokenizers and lists and indexes the sources, forked from the
+    workers' forkserver. It ends with this process: a coordinator killed while it indexed a
+    large bucket (a SIGKILL, the Job's startup timeout) left it listing and reading the store,
+    and the forkserver waiting on it, for as long as the index took."""
+    child = ProcessPoolExecutor(1, mp_context=forkserver_context())
+    child.submit(exit_with, os.getpid()).result()
+    return child
 
 
 def _checked_tokenizers(spec: Spec, child: ProcessPoolExecutor) -> dict[str, int | None]:

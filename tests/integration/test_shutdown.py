@@ -3,19 +3,24 @@ Invariants, "Nothing left behind")."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
 import pytest
 
 import omniload
+from omniload.errors import OmniloadError
 from omniload.formats.ring import job_segments
 from tests.corpus import mixed_sources, source_flags
 from tests.jobs import PROBE, ROOT, alive, workers_of
+from tests.s3_store import FaultyProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -69,6 +74,48 @@ def test_killed_launcher_takes_the_coordinator_and_workers_with_it(corpus, tmp_p
     launcher.kill()
     launcher.wait()
     assert _wait_gone(pids, 30) == [], "orphans survived the launcher"
+
+
+def test_a_coordinator_killed_while_it_indexes_a_bucket_takes_its_indexing_child(s3, tmp_path, monkeypatch):
+    """The indexing child lists and reads the store for as long as the index takes (minutes at
+    10^5 objects) and its parent is the forkserver: a coordinator killed meanwhile (SIGKILL, a
+    Job's startup timeout) must take it, and the forkserver with it, not leave them indexing."""
+    folder = tmp_path / "slow" / "data"
+    folder.mkdir(parents=True)
+    for i in range(64):
+        (folder / f"part-{i:03d}.jsonl").write_text(json.dumps({"text": f"document {i}"}) + "\n")
+    s3.upload("slow", tmp_path / "slow")
+    proxy = FaultyProxy(s3.port, delay_s=3.0)  # a listing, then two requests an object 32 at a time: ~15 s
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    job = omniload.Job({"sources": [{"name": "slow", "path": "s3://slow/data/*.jsonl"}], "seq_len": 64, "workers": 1})
+
+    def start() -> None:
+        with contextlib.suppress(OmniloadError):  # it never gets ready: its coordinator is killed
+            job.start()
+
+    starting = threading.Thread(target=start, daemon=True)
+    starting.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (getattr(job, "_process", None) and _indexing(job._process.pid)):
+            assert time.monotonic() < deadline, "the indexing child never started"
+            time.sleep(0.1)
+        time.sleep(1.0)  # well inside the index, which takes ~15 s
+        pids = [p.pid for p in psutil.Process(job._process.pid).children(recursive=True)]
+        os.kill(job._process.pid, signal.SIGKILL)
+        assert _wait_gone(pids, 5) == [], "the indexing child or the forkserver outlived the coordinator"
+    finally:
+        starting.join(30)
+        job.stop()
+        proxy.close()
+
+
+def _indexing(coordinator: int) -> bool:
+    """Whether the coordinator's forkserver has forked its indexing child."""
+    try:
+        return any(c.children() for c in psutil.Process(coordinator).children())
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_killed_coordinator_takes_its_workers_and_the_next_job_removes_its_segments(corpus, tmp_path):
