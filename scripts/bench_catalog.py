@@ -23,8 +23,9 @@ top folder in its own thread), put with 32 boto3 threads. The source is
   trip; the issue's 25 ms each way is 50), and each launch prints the requests it made by kind.
 - `--shuffle-window W --shuffle-fill F` (in seq_len segments of 256 tokens, as the CLI's): the
   jobs' shuffle. At the defaults the first batch waits for the whole bucket to be read (the
-  horizon, 2**28 tokens, is longer than the epoch: no unit is due before its end); these
-  objects hold some 15 tokens each, so even a fill of 256 segments is thousands of objects.
+  fill, 2**27 tokens, is longer than the epoch); these objects hold some 15 tokens each, so even
+  a fill of 256 segments is thousands of objects, and with the default horizon (2**28 tokens)
+  almost no unit is due before the epoch's end.
   `--shuffle-window 16 --shuffle-fill 4` (1,024 tokens, some 70 objects) shows the start alone.
 
     python -m scripts.bench_catalog [--objects 10000,100000] [--rounds 3] [--rtt-ms 50]
@@ -104,7 +105,9 @@ def first_batch_s(spec: dict) -> float:
     import omniload
 
     started = time.perf_counter()
-    with omniload.Job(spec) as job:
+    # a cold start on this store indexes some 200 objects a second: longer than the Job's default
+    # startup timeout (600 s) at 10^5 objects
+    with omniload.Job(spec, startup_timeout=3600) as job:
         loader = omniload.connect(job.addr, job.token, rank=0, world_size=1)
         next(iter(loader))
         seconds = time.perf_counter() - started
