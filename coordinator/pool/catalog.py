@@ -203,7 +203,11 @@ def _indexing_child() -> ProcessPoolExecutor:
     large bucket (a SIGKILL, the Job's startup timeout) left it listing and reading the store,
     and the forkserver waiting on it, for as long as the index took."""
     child = ProcessPoolExecutor(1, mp_context=forkserver_context())
-    child.submit(exit_with, os.getpid()).result()
+    try:
+        child.submit(exit_with, os.getpid()).result()
+    except BaseException:
+        child.shutdown(cancel_futures=True)
+        raise
     return child
 
 

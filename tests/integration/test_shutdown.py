@@ -86,22 +86,17 @@ def test_a_coordinator_killed_while_it_indexes_a_bucket_takes_its_indexing_child
         (folder / f"part-{i:03d}.jsonl").write_text(json.dumps({"text": f"document {i}"}) + "\n")
     s3.upload("slow", tmp_path / "slow")
     proxy = FaultyProxy(s3.port, delay_s=3.0)  # a listing, then two requests an object 32 at a time: ~15 s
-    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
     job = omniload.Job({"sources": [{"name": "slow", "path": "s3://slow/data/*.jsonl"}], "seq_len": 64, "workers": 1})
-
-    def start() -> None:
-        with contextlib.suppress(OmniloadError):  # it never gets ready: its coordinator is killed
-            job.start()
-
-    starting = threading.Thread(target=start, daemon=True)
-    starting.start()
+    starting = threading.Thread(target=_start_failing, args=(job,), daemon=True)
     try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        starting.start()
         deadline = time.monotonic() + 30
-        while not (getattr(job, "_process", None) and _indexing(job._process.pid)):
-            assert time.monotonic() < deadline, "the indexing child never started"
+        while not sum(proxy.requests.values()):  # the child asks the store once it is indexing
+            assert time.monotonic() < deadline, "the indexing child never asked the store"
             time.sleep(0.1)
-        time.sleep(1.0)  # well inside the index, which takes ~15 s
         pids = [p.pid for p in psutil.Process(job._process.pid).children(recursive=True)]
+        assert any(psutil.Process(pid).ppid() != job._process.pid for pid in pids), "no indexing child"
         os.kill(job._process.pid, signal.SIGKILL)
         assert _wait_gone(pids, 5) == [], "the indexing child or the forkserver outlived the coordinator"
     finally:
@@ -110,12 +105,9 @@ def test_a_coordinator_killed_while_it_indexes_a_bucket_takes_its_indexing_child
         proxy.close()
 
 
-def _indexing(coordinator: int) -> bool:
-    """Whether the coordinator's forkserver has forked its indexing child."""
-    try:
-        return any(c.children() for c in psutil.Process(coordinator).children())
-    except psutil.NoSuchProcess:
-        return False
+def _start_failing(job: omniload.Job) -> None:
+    with contextlib.suppress(OmniloadError):  # it never gets ready: its coordinator is killed
+        job.start()
 
 
 def test_killed_coordinator_takes_its_workers_and_the_next_job_removes_its_segments(corpus, tmp_path):
