@@ -233,16 +233,28 @@ class Job:
             if process.poll() is not None:
                 process.wait()
                 time.sleep(0.1)  # let the relay thread take the last lines
-                last = [line.removeprefix("omniload: ") for line in self._stderr_tail if line.startswith("omniload: ")]
+                last = self._last_line()
                 reason = (
                     self._last_error()
                     or f"the coordinator exited with code {process.returncode} before it was ready"
-                    + (f": {last[-1]}" if last else "")
+                    + (f": {last}" if last else "")
                 )
                 error = ConfigError if process.returncode == 2 else OmniloadError
                 raise error(reason)
+        last = self._last_line()
         self.stop()
-        raise OmniloadError(f"the coordinator was not ready after {self._startup_timeout:.0f}s")
+        raise OmniloadError(
+            f"the coordinator was not ready after {self._startup_timeout:.0f}s"
+            + (f" (its last line: {last})" if last else "")
+            + "; a start without a kept catalog lists and indexes every object of its sources first: give "
+            "a large bucket more time (Job(..., startup_timeout=SECONDS)), or start from the catalog a "
+            "finished start kept (--cache-dir) or from a manifest (`omniload index`)"
+        )
+
+    def _last_line(self) -> str | None:
+        """The coordinator's last line of its own on stderr, without its prefix."""
+        mine = [line.removeprefix("omniload: ") for line in self._stderr_tail if line.startswith("omniload: ")]
+        return mine[-1] if mine else None
 
     def _last_error(self) -> str | None:
         """The coordinator's last error message, with the lines that continue it."""

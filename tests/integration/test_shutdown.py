@@ -76,20 +76,31 @@ def test_killed_launcher_takes_the_coordinator_and_workers_with_it(corpus, tmp_p
     assert _wait_gone(pids, 30) == [], "orphans survived the launcher"
 
 
-def test_a_coordinator_killed_while_it_indexes_a_bucket_takes_its_indexing_child(s3, tmp_path, monkeypatch):
-    """The indexing child lists and reads the store for as long as the index takes (minutes at
-    10^5 objects) and its parent is the forkserver: a coordinator killed meanwhile (SIGKILL, a
-    Job's startup timeout) must take it, and the forkserver with it, not leave them indexing."""
+@pytest.fixture
+def slow_bucket(s3, tmp_path, monkeypatch):
+    """64 one-line objects behind a proxy holding each request 3 s: a listing, then two requests
+    an object 32 at a time, so the index takes some 15 s. Yields (source spec, proxy)."""
     folder = tmp_path / "slow" / "data"
     folder.mkdir(parents=True)
     for i in range(64):
         (folder / f"part-{i:03d}.jsonl").write_text(json.dumps({"text": f"document {i}"}) + "\n")
     s3.upload("slow", tmp_path / "slow")
-    proxy = FaultyProxy(s3.port, delay_s=3.0)  # a listing, then two requests an object 32 at a time: ~15 s
-    job = omniload.Job({"sources": [{"name": "slow", "path": "s3://slow/data/*.jsonl"}], "seq_len": 64, "workers": 1})
-    starting = threading.Thread(target=_start_failing, args=(job,), daemon=True)
+    proxy = FaultyProxy(s3.port, delay_s=3.0)
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        yield {"sources": [{"name": "slow", "path": "s3://slow/data/*.jsonl"}], "seq_len": 64, "workers": 1}, proxy
+    finally:
+        proxy.close()
+
+
+def test_a_coordinator_killed_while_it_indexes_a_bucket_takes_its_indexing_child(slow_bucket):
+    """The indexing child lists and reads the store for as long as the index takes (minutes at
+    10^5 objects) and its parent is the forkserver: a coordinator killed meanwhile (SIGKILL, a
+    Job's startup timeout) must take it, and the forkserver with it, not leave them indexing."""
+    spec, proxy = slow_bucket
+    job = omniload.Job(spec)
+    starting = threading.Thread(target=_start_failing, args=(job,), daemon=True)
+    try:
         starting.start()
         deadline = time.monotonic() + 30
         while not sum(proxy.requests.values()):  # the child asks the store once it is indexing
@@ -102,7 +113,16 @@ def test_a_coordinator_killed_while_it_indexes_a_bucket_takes_its_indexing_child
     finally:
         starting.join(30)
         job.stop()
-        proxy.close()
+
+
+def test_a_start_past_its_timeout_names_the_fix_and_leaves_nothing(slow_bucket):
+    """A Job whose coordinator is still indexing at its startup timeout says why and what to do,
+    and stops every process of the job (the conftest's check: none left, no segment)."""
+    spec, _ = slow_bucket
+    started = time.monotonic()
+    with pytest.raises(OmniloadError, match=r"not ready after 2s.*startup_timeout=SECONDS.*--cache-dir"):
+        omniload.Job(spec, startup_timeout=2).start()
+    assert time.monotonic() - started < 15, "the timeout waited for the index"
 
 
 def _start_failing(job: omniload.Job) -> None:
