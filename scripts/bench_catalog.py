@@ -27,9 +27,12 @@ top folder in its own thread), put with 32 boto3 threads. The source is
   a fill of 256 segments is thousands of objects, and with the default horizon (2**28 tokens)
   almost no unit is due before the epoch's end.
   `--shuffle-window 16 --shuffle-fill 4` (1,024 tokens, some 70 objects) shows the start alone.
+- `--against COMMIT`: the cached launches alternate between this checkout and COMMIT's tree (a
+  temporary git worktree on PYTHONPATH, which the coordinator and its workers inherit) on the
+  same bucket and kept catalog, this checkout first in odd rounds, COMMIT first in even ones.
 
     python -m scripts.bench_catalog [--objects 10000,100000] [--rounds 3] [--rtt-ms 50]
-        [--shuffle-window 16 --shuffle-fill 4]
+        [--shuffle-window 16 --shuffle-fill 4] [--against COMMIT]
 
 Goals (issue 44, with 50 ms a request): at 100,000 objects <= 15 s to the first batch cold,
 <= 3 s with the kept catalog or a manifest; at 10,000 <= 5 s cold; <= 100 bytes an object.
@@ -38,16 +41,18 @@ Goals (issue 44, with 50 ms a request): at 100,000 objects <= 15 s to the first 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import math
 import os
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from scripts.harness import Figure, add_json_flag, min_median_max, write_results
+from scripts.harness import ROOT, Figure, add_json_flag, commit_tree, min_median_max, write_results
 
 _PUT_THREADS = 32
 _GET_THREADS = 16
@@ -141,13 +146,19 @@ def _launches(values: list[float]) -> str:
     return ", ".join(f"{v:.2f}" for v in values) + " s"
 
 
-def figures_of(rows: list[tuple], setup: str = "") -> list[Figure]:
+def figures_of(
+    rows: list[tuple], setup: str = "", against: tuple[str, dict[int, list[float]]] | None = None
+) -> list[Figure]:
     """A start figure a bucket size, and the bytes an object over all sizes; `setup` says how
-    the store was reached and the fill, where not the defaults."""
+    the store was reached and the fill, where not the defaults; `against`: (commit, its kept
+    launches by size), alternated with this checkout's."""
     figures = [
         Figure(
             f"start on {n:,} S3 objects{setup}, cold / kept catalog",
-            f"{_launches(cold)} / {_launches(cached)}, moto serving {gets:,.0f} GETs/s",
+            f"{_launches(cold)} / {_launches(cached)}"
+            + (f"; {against[0]} kept: {_launches(against[1][n])}" if against else "")
+            + f", moto serving {gets:,.0f} GETs/s",
+            f"{against[0]}, alternating" if against else "none",
         )
         for n, cold, cached, _, _, _, gets in rows
     ]
@@ -201,7 +212,9 @@ def timed_launch(spec: dict, proxy, n: int, what: str) -> float:  # noqa: ANN001
     return seconds
 
 
-def report(args: argparse.Namespace, rows: list[tuple], loads: list[float]) -> None:
+def report(
+    args: argparse.Namespace, rows: list[tuple], loads: list[float], against: dict[int, list[float]], setup: str
+) -> None:
     """The table of every size, the goals, and the figures and raw numbers for --json."""
     print(
         f"\n{'objects':>9}{'cold s min/med/max':>22}{'cached s min/med/max':>24}{'B/object':>10}"
@@ -219,14 +232,9 @@ def report(args: argparse.Namespace, rows: list[tuple], loads: list[float]) -> N
     raw.update(shuffle_window=args.shuffle_window, shuffle_fill=args.shuffle_fill)
     unmeasured = [tuple(None if isinstance(x, float) and math.isnan(x) else x for x in row) for row in rows]
     raw.update(sizes=[dict(zip(keys, row)) for row in unmeasured], kept_load_s=loads)  # JSON has no NaN
-    setup = (f", {args.rtt_ms:g} ms a request" if args.rtt_ms else "") + (
-        "".join(
-            f", --shuffle-{name} {value}"
-            for name, value in (("window", args.shuffle_window), ("fill", args.shuffle_fill))
-            if value
-        )
-    )
-    figures = figures_of(rows, setup)
+    if against:
+        raw["against"] = {"commit": args.against, "cached_s": against}
+    figures = figures_of(rows, setup, (args.against, against) if args.against else None)
     if loads:
         within = "**met**" if max(loads) <= 1 else "**missed**"
         figures.append(
@@ -236,6 +244,69 @@ def report(args: argparse.Namespace, rows: list[tuple], loads: list[float]) -> N
             )
         )
     write_results(args.json, figures, raw)
+
+
+def measure(
+    args: argparse.Namespace,
+    store,  # noqa: ANN001  (tests.s3_store.MotoServer)
+    proxy,  # noqa: ANN001  (tests.s3_store.FaultyProxy or None)
+    n: int,
+    tree: Path | None,
+    against: list[float],
+) -> tuple:
+    """One bucket size: fill it, moto's own rates, the cold and cached launches (those of
+    `tree`'s code, --against, alternating with this checkout's into `against`), the memory."""
+    bucket = f"catalog-{n}"
+    endpoint = proxy.endpoint if proxy else store.endpoint
+    shuffle = (args.shuffle_window, args.shuffle_fill)
+    puts = fill(store, bucket, n, args.folders)
+    listed, gets = raw_rates(store, bucket, n)
+    print(
+        f"N={n:,}: moto PUT {puts:,.0f}/s (32 threads), LIST {listed:,.0f} keys/s (one listing), "
+        f"GET {gets:,.0f}/s (16 threads)",
+        flush=True,
+    )
+    cold: list[float] = []
+    cached: list[float] = []
+    # the first cold launch writes the catalog the cached launches read: one kept folder a size
+    with tempfile.TemporaryDirectory(prefix="bench-catalog-kept-") as kept:
+        for round_ in range(args.cold_rounds or args.rounds):
+            with tempfile.TemporaryDirectory(prefix="bench-catalog-") as fresh:
+                spec = spec_for(endpoint, bucket, kept if round_ == 0 else fresh, shuffle)
+                cold.append(timed_launch(spec, proxy, n, "cold"))
+        catalog_file = sum(p.stat().st_size for p in Path(kept, "catalogs").glob("catalog-*.npz"))
+        for round_ in range(args.rounds):
+            sides = [(None, cached), (tree, against)] if tree else [(None, cached)]
+            for side, into in sides if round_ % 2 == 0 else sides[::-1]:
+                with _code_of(side):
+                    into.append(
+                        timed_launch(
+                            spec_for(endpoint, bucket, kept, shuffle),
+                            proxy,
+                            n,
+                            f"cached ({args.against})" if side else "cached",
+                        )
+                    )
+    held = math.nan  # the tracemalloc pass lists and indexes the bucket once more: not at every size
+    if n <= args.memory_objects:
+        with tempfile.TemporaryDirectory(prefix="bench-catalog-") as cache:
+            held = catalog_bytes(spec_for(endpoint, bucket, cache))
+    print(f"  catalog in memory: {held / n:.0f} B/object; catalog file {catalog_file / n:.0f} B/object", flush=True)
+    return (n, cold, cached, held / n, catalog_file / n, listed, gets)
+
+
+@contextlib.contextmanager
+def _code_of(tree: Path | None) -> Iterator[None]:
+    """The coordinator and workers a launch starts import omniload from `tree` (None: this checkout)."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tree or ROOT)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def main() -> None:
@@ -257,6 +328,7 @@ def main() -> None:
     parser.add_argument("--rtt-ms", type=float, default=0, help="each request held this long by a proxy (0: none)")
     parser.add_argument("--shuffle-window", type=int, default=0, help="the jobs' --shuffle-window (0: the default)")
     parser.add_argument("--shuffle-fill", type=int, default=0, help="the jobs' --shuffle-fill (0: the default)")
+    parser.add_argument("--against", help="a commit whose cached launches alternate with this checkout's")
     add_json_flag(parser)
     args = parser.parse_args()
     loads = kept_load_s(args.load_objects, 5) if args.load_objects else []
@@ -269,57 +341,27 @@ def main() -> None:
     os.environ.update(CREDENTIALS)
     store = MotoServer()
     proxy = FaultyProxy(store.port, delay_s=args.rtt_ms / 1000) if args.rtt_ms else None
-    endpoint = proxy.endpoint if proxy else store.endpoint
     shuffle = (args.shuffle_window, args.shuffle_fill)
-    print(
-        f"machine: {os.cpu_count()} cores; store: moto {__import__('moto').__version__} on loopback"
-        + (f" behind a proxy holding each request {args.rtt_ms:g} ms" if proxy else "")
-        + f"; {args.folders} folders; {args.rounds} cached launches per size, "
-        f"{args.cold_rounds or args.rounds} cold; --shuffle-window {args.shuffle_window or 'default'} "
-        f"--shuffle-fill {args.shuffle_fill or 'default'}"
+    # how the store is reached and the shuffle, where not the defaults: in the log and the figures
+    setup = (f", {args.rtt_ms:g} ms a request" if args.rtt_ms else "") + "".join(
+        f", --shuffle-{name} {value}" for name, value in (("window", shuffle[0]), ("fill", shuffle[1])) if value
     )
-    rows = []
+    print(
+        f"machine: {os.cpu_count()} cores; store: moto {__import__('moto').__version__} on loopback{setup}; "
+        f"{args.folders} folders; {args.rounds} cached launches per size, {args.cold_rounds or args.rounds} cold"
+        + (f", each alternating with {args.against}'s" if args.against else "")
+    )
+    rows: list[tuple] = []
+    against: dict[int, list[float]] = {}  # size: COMMIT's kept launches
     try:
-        for n in [int(x) for x in args.objects.split(",") if x and int(x)]:
-            bucket = f"catalog-{n}"
-            puts = fill(store, bucket, n, args.folders)
-            listed, gets = raw_rates(store, bucket, n)
-            print(
-                f"N={n:,}: moto PUT {puts:,.0f}/s (32 threads), LIST {listed:,.0f} keys/s (one listing), "
-                f"GET {gets:,.0f}/s (16 threads)",
-                flush=True,
-            )
-            cold, cached = [], []
-            # the first cold launch writes the catalog the cached launches read: one kept folder a size
-            with tempfile.TemporaryDirectory(prefix="bench-catalog-kept-") as kept:
-                for round_ in range(args.cold_rounds or args.rounds):
-                    with tempfile.TemporaryDirectory(prefix="bench-catalog-") as fresh:
-                        spec = spec_for(endpoint, bucket, kept if round_ == 0 else fresh, shuffle)
-                        cold.append(timed_launch(spec, proxy, n, "cold"))
-                catalog_file = sum(p.stat().st_size for p in Path(kept, "catalogs").glob("catalog-*.npz"))
-                for _ in range(args.rounds):
-                    cached.append(
-                        timed_launch(
-                            spec_for(endpoint, bucket, kept, shuffle),
-                            proxy,
-                            n,
-                            "cached",
-                        )
-                    )
-            held = math.nan  # the tracemalloc pass lists and indexes the bucket once more: not at every size
-            if n <= args.memory_objects:
-                with tempfile.TemporaryDirectory(prefix="bench-catalog-") as cache:
-                    held = catalog_bytes(spec_for(endpoint, bucket, cache))
-            rows.append((n, cold, cached, held / n, catalog_file / n, listed, gets))
-            print(
-                f"  catalog in memory: {held / n:.0f} B/object; catalog file {catalog_file / n:.0f} B/object",
-                flush=True,
-            )
+        with commit_tree(args.against) if args.against else contextlib.nullcontext() as tree:
+            for n in [int(x) for x in args.objects.split(",") if x and int(x)]:
+                rows.append(measure(args, store, proxy, n, tree, against.setdefault(n, [])))
     finally:
         if proxy:
             proxy.close()
         store.stop()
-    report(args, rows, loads)
+    report(args, rows, loads, {n: v for n, v in against.items() if v}, setup)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ hand; `python -m scripts.render_results FILE...` writes the rows into the docume
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -19,6 +20,8 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +74,20 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", type=Path, help="write the results here (python -m scripts.render_results reads them)"
     )
+
+
+@contextlib.contextmanager
+def commit_tree(commit: str) -> Iterator[Path]:
+    """`commit`'s tree in a temporary git worktree, removed after (a benchmark's A/B side: its
+    processes import omniload from there with PYTHONPATH at it)."""
+    with tempfile.TemporaryDirectory(prefix="omniload-against-") as folder:
+        tree = Path(folder) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT, check=True)
+        try:
+            yield tree
+        finally:  # (never hiding the caller's own error: a failed removal is pruned)
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+            subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=False)
 
 
 def command_line() -> str:

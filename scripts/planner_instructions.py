@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from scripts.bench_planner import ROWS, SEQ_LEN
-from scripts.harness import ROOT, Figure, add_json_flag, write_results
+from scripts.harness import ROOT, Figure, add_json_flag, commit_tree, write_results
 
 # Run in the tree measured (its omniload and its bench_planner), from that tree's folder.
 _CHILD = """
@@ -106,13 +106,8 @@ def main() -> None:
     counts: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="omniload-instructions-") as folder:
         if args.against:
-            tree = Path(folder) / "against"
-            subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.against], cwd=ROOT, check=True)
-            try:
+            with commit_tree(args.against) as tree:
                 counts[args.against] = count(tree, args.dp, args.steps, args.intake, Path(folder) / "against.out")
-            finally:  # (never hiding the count's own error: a failed removal is pruned)
-                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
-                subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=False)
         counts["checkout"] = count(ROOT, args.dp, args.steps, args.intake, Path(folder) / "checkout.out")
     print(f"dp {args.dp}, {args.steps} steps, intake {args.intake}: instructions a step (a token slot)")
     for name, total in counts.items():
