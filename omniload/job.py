@@ -246,9 +246,9 @@ class Job:
         raise OmniloadError(
             f"the coordinator was not ready after {self._startup_timeout:.0f}s"
             + (f" (its last line: {last})" if last else "")
-            + "; a start without a kept catalog lists and indexes every object of its sources first: give "
-            "a large bucket more time (Job(..., startup_timeout=SECONDS)), or start from the catalog a "
-            "finished start kept (--cache-dir) or from a manifest (`omniload index`)"
+            + "; the usual cause is a large bucket: a start without a kept catalog lists and indexes every "
+            "object of its sources first. Give it more time (Job(..., startup_timeout=SECONDS)), or start "
+            "from the catalog a finished start kept (--cache-dir) or from a manifest (`omniload index`)"
         )
 
     def _last_line(self) -> str | None:

@@ -45,6 +45,8 @@ import contextlib
 import gc
 import math
 import os
+import subprocess
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -297,12 +299,21 @@ def measure(
 
 @contextlib.contextmanager
 def _code_of(tree: Path | None) -> Iterator[None]:
-    """The coordinator and workers a launch starts import omniload from `tree` (None: this checkout)."""
-    before = os.environ.get("PYTHONPATH")
+    """The coordinator and workers a launch starts import omniload from `tree` (None: this
+    checkout): it is their working folder, which `python -m` puts first on sys.path, ahead of
+    PYTHONPATH, and their PYTHONPATH, which the forkserver's workers inherit."""
+    folder, before = os.getcwd(), os.environ.get("PYTHONPATH")
+    os.chdir(tree or ROOT)
     os.environ["PYTHONPATH"] = str(tree or ROOT)
     try:
+        where = subprocess.run(
+            [sys.executable, "-c", "import omniload; print(omniload.__file__)"], capture_output=True, text=True
+        ).stdout.strip()
+        if not where.startswith(str(tree or ROOT)):  # the A/B would compare a side with itself
+            raise SystemExit(f"a launch meant for {tree or ROOT} would import omniload from {where}")
         yield
     finally:
+        os.chdir(folder)
         if before is None:
             os.environ.pop("PYTHONPATH")
         else:
